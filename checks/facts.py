@@ -1,0 +1,185 @@
+"""Facts about a machine, as the probe gathers them: frozen records, no behaviour.
+
+Every field a query can fail to answer is optional: ``None`` means "not supported / not readable here",
+never zero. Units follow NVML (bytes, milliwatts, MHz) so a recorded snapshot is the raw truth; checks
+convert for display. These records are also the machine snapshot format (see ``checks/snapshot.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on a GPU (host PID: it may not resolve inside a container)."""
+
+    pid: int
+    used_memory: int | None = None  # bytes; None under WDDM or when hidden
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    """Row-remapper state (Ampere and newer): ``nvmlDeviceGetRemappedRows``."""
+
+    correctable: int = 0
+    uncorrectable: int = 0
+    pending: bool = False
+    failure: bool = False
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """One GPU as NVML sees it. ``error`` is set when the GPU stopped answering (lost, fallen off the bus)."""
+
+    index: int
+    name: str
+    uuid: str | None = None
+    bus_id: str | None = None
+    pci_device_id: int | None = None  # 0xDDDD10DE: device id in the high 16 bits
+    brand: str | None = None  # "geforce", "geforce-rtx", "nvidia", "tesla", "quadro", ... (lower-cased NVML brand)
+    compute_capability: tuple[int, int] | None = None
+    memory_total: int | None = None  # bytes
+    memory_used: int | None = None  # bytes, includes the driver's reservation on v1
+    memory_reserved: int | None = None  # bytes, driver reservation (v2 only)
+    power_limit_mw: int | None = None
+    power_default_limit_mw: int | None = None
+    power_enforced_limit_mw: int | None = None
+    power_max_limit_mw: int | None = None
+    power_usage_mw: int | None = None
+    pcie_gen_current: int | None = None
+    pcie_gen_max: int | None = None  # device AND system (slot) maximum
+    pcie_gen_gpu_max: int | None = None  # the GPU's own maximum
+    pcie_width_current: int | None = None
+    pcie_width_max: int | None = None  # device AND system maximum
+    pcie_gen_loaded: int | None = None  # sampled while a host-to-device copy ran; None: not measured
+    pcie_width_loaded: int | None = None
+    nvlink_total: int | None = None  # links that exist; None: no NVLink / not supported
+    nvlink_active: int | None = None
+    clock_event_reasons: int | None = None  # bit mask, see checks/gpu.py
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    temperature_c: int | None = None
+    slowdown_temp_c: int | None = None
+    ecc_enabled: bool | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    ecc_corrected_volatile: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows: RemappedRows | None = None
+    mig_enabled: bool | None = None
+    mig_pending: bool | None = None
+    mig_devices: int | None = None
+    persistence_mode: bool | None = None
+    compute_mode: int | None = None  # 0 default, 2 prohibited, 3 exclusive-process
+    processes: tuple[GpuProcess, ...] | None = None  # None: the query is not supported
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class NvmlFacts:
+    """Driver-level facts. ``error`` is the reason NVML could not be used at all (then ``gpus`` is empty)."""
+
+    error: str | None = None
+    error_kind: str | None = None  # library-not-found, driver-not-loaded, version-mismatch, no-permission, other
+    driver_version: str | None = None  # "570.124.06"
+    cuda_driver_version: int | None = None  # 12080 means CUDA 12.8
+    gpus: tuple[GpuFacts, ...] = ()
+
+
+@dataclass(frozen=True)
+class TorchFacts:
+    """The torch build in this Python environment, probed in a subprocess.
+
+    ``error`` is set when torch is missing (``error_kind="missing"``), fails to import, or the probe timed
+    out (``"timeout"``). ``cuda_init_error`` is the text CUDA initialisation produced, e.g. error 802/804.
+    """
+
+    error: str | None = None
+    error_kind: str | None = None  # missing, import-error, timeout, crashed
+    version: str | None = None
+    cuda: str | None = None  # torch.version.cuda, e.g. "12.8"; None on CPU and ROCm builds
+    hip: str | None = None
+    arch_list: tuple[str, ...] = ()
+    cudnn_version: int | None = None  # 91002 for 9.10.2
+    cudnn_compiled_version: str | None = None  # "9.10.2"
+    nccl_version: str | None = None  # "2.27.3"
+    cuda_available: bool = False
+    device_count: int = 0
+    cuda_init_error: str | None = None
+    requires: tuple[str, ...] = ()  # Requires-Dist pins of the torch distribution (nvidia-* packages)
+    installed_libs: dict[str, str] = field(default_factory=dict)  # installed nvidia-* distributions -> version
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """CPU, memory, limits and loader environment of the host (or container)."""
+
+    hostname: str = "unknown"
+    kernel: str | None = None
+    python: str | None = None
+    cpu_model: str | None = None
+    cpu_logical: int | None = None  # os.cpu_count(): what the host has, not what we may use
+    cpu_affinity: int | None = None  # CPUs in this process's affinity mask
+    cgroup_cpu_quota: float | None = None  # cores allowed by cpu.max / cfs_quota; None: unlimited
+    mem_total: int | None = None  # bytes
+    mem_available: int | None = None
+    cgroup_mem_limit: int | None = None  # bytes; None: unlimited
+    shm_total: int | None = None  # /dev/shm size in bytes; None: missing
+    shm_free: int | None = None
+    nofile_soft: int | None = None  # -1 means unlimited
+    nofile_hard: int | None = None
+    memlock_soft: int | None = None  # bytes, -1 unlimited
+    memlock_hard: int | None = None
+    in_container: bool = False
+    cuda_compat_paths: tuple[str, ...] = ()  # directories with a forward-compat libcuda on the loader path
+    nvswitch_count: int = 0  # NVSwitch PCI functions on this host
+    fabric_manager_running: bool | None = None  # None: cannot tell (no process table access)
+    env: dict[str, str] = field(default_factory=dict)  # relevant variables only (see probe_host.ENV_KEYS)
+
+
+@dataclass(frozen=True)
+class GpuBench:
+    """Micro-benchmark figures for one GPU (CUDA events after warm-up, median of repeats)."""
+
+    index: int
+    h2d_gb_s: float | None = None  # pinned host -> device
+    d2h_gb_s: float | None = None  # device -> pinned host
+    d2d_gb_s: float | None = None  # device copy, counted as bytes read + bytes written
+    matmul_tflops: float | None = None
+    matmul_dtype: str | None = None  # "bfloat16", "float16" or "float32"
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class BenchFacts:
+    """The GPU micro-benchmarks, or why they did not run."""
+
+    gpus: tuple[GpuBench, ...] = ()
+    skipped: str | None = None
+    recorded: bool = False  # replayed from a snapshot rather than measured now
+
+
+@dataclass(frozen=True)
+class AllocFacts:
+    """What a fresh login-shell Python process saw of the allocator configuration."""
+
+    wanted: str  # the value the provision step wrote
+    variable: str  # PYTORCH_ALLOC_CONF or PYTORCH_CUDA_ALLOC_CONF
+    env_seen: str | None = None  # the variable's value inside the fresh process
+    torch_settings: str | None = None  # torch's own parsed allocator settings, when readable
+    source: str | None = None  # how torch_settings was read: "accelerator-api", "cuda-snapshot"
+    error: str | None = None  # torch rejected the value, or the process failed
+    skipped: str | None = None
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    """Everything the checks judge; one snapshot file holds exactly this."""
+
+    nvml: NvmlFacts
+    torch: TorchFacts
+    host: HostFacts
+    bench: BenchFacts | None = None
+    alloc: AllocFacts | None = None

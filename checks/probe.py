@@ -1,0 +1,109 @@
+"""The hardware seam: the only way checks learn about a machine.
+
+``LocalProbe`` reads the live machine through the adapters (``probe_nvml``: NVML; ``probe_torch``: torch in a
+child process with a timeout; ``probe_host``: /proc, /sys, cgroups, psutil). ``SnapshotProbe`` replays a
+recorded machine from a snapshot file, so every line above this seam runs in tests without a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Protocol
+
+from checks.config import PreflightConfig
+from checks.facts import AllocFacts, BenchFacts, MachineFacts
+from checks.probe_host import read_host
+from checks.probe_nvml import PcieLinkSampler, read_nvml
+from checks.probe_torch import read_alloc, read_torch, run_bench
+from checks.snapshot import load_snapshot
+
+
+class Probe(Protocol):
+    """Where facts come from: the live machine or a snapshot."""
+
+    live: bool
+    label: str  # "live" or the snapshot's file name
+
+    def machine(self) -> MachineFacts:
+        """Driver, GPU, torch and host facts (cheap: seconds)."""
+        ...
+
+    def measure(self, facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
+        """Run the GPU micro-benchmarks, reading PCIe links while they load the bus; return updated facts."""
+        ...
+
+    def alloc(self, wanted: str, variables: tuple[str, ...], cfg: PreflightConfig) -> AllocFacts:
+        """Read the allocator settings back from a fresh login shell."""
+        ...
+
+
+class LocalProbe:
+    """The machine this process runs on."""
+
+    live = True
+    label = "live"
+
+    def __init__(self, torch_timeout_s: float = 60.0) -> None:
+        self.torch_timeout_s = torch_timeout_s
+
+    def machine(self) -> MachineFacts:
+        nvml = read_nvml()
+        host = read_host()
+        torch = read_torch(timeout=self.torch_timeout_s)
+        return MachineFacts(nvml=nvml, torch=torch, host=host)
+
+    def measure(self, facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
+        reason = _bench_precondition(facts, cfg)
+        if reason:
+            return dataclasses.replace(facts, bench=BenchFacts(skipped=reason))
+        settings = {k: getattr(cfg.bench, k) for k in ("copy_mib", "d2d_mib", "matmul_n", "warmup", "repeats")}
+        with PcieLinkSampler() as sampler:
+            bench = run_bench(settings, cfg.bench.timeout_s, while_running=sampler.sample)
+            peak = sampler.peak()
+        gpus = tuple(
+            dataclasses.replace(g, pcie_gen_loaded=peak[g.index][0], pcie_width_loaded=peak[g.index][1])
+            if g.index in peak else g
+            for g in facts.nvml.gpus
+        )
+        return dataclasses.replace(facts, bench=bench, nvml=dataclasses.replace(facts.nvml, gpus=gpus))
+
+    def alloc(self, wanted: str, variables: tuple[str, ...], cfg: PreflightConfig) -> AllocFacts:
+        return read_alloc(wanted, variables, cfg.probe.alloc_timeout_s)
+
+
+def _bench_precondition(facts: MachineFacts, cfg: PreflightConfig) -> str | None:
+    if not cfg.bench.enabled:
+        return "disabled (preflight.bench.enabled: false, or --no-bench)"
+    if facts.nvml.error or not facts.nvml.gpus:
+        return "no NVIDIA GPU visible (see driver)"
+    if not facts.torch.cuda_available:
+        return "torch cannot use CUDA here (see torch-build and cuda-compat)"
+    return None
+
+
+class SnapshotProbe:
+    """A recorded machine, replayed. Measurements it does not hold are skipped with that reason."""
+
+    live = False
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.facts, self.header = load_snapshot(path)
+        self.label = f"snapshot {path.name}" + (" (recorded)" if self.header.get("recorded") else "")
+
+    def machine(self) -> MachineFacts:
+        return dataclasses.replace(self.facts, bench=None, alloc=None)
+
+    def measure(self, facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
+        recorded = self.facts.bench
+        if recorded is None:
+            bench = BenchFacts(skipped="replayed snapshot: GPU micro-benchmarks need the live machine")
+        else:
+            bench = dataclasses.replace(recorded, recorded=True)
+        return dataclasses.replace(facts, bench=bench)
+
+    def alloc(self, wanted: str, variables: tuple[str, ...], cfg: PreflightConfig) -> AllocFacts:
+        if self.facts.alloc is not None:
+            return self.facts.alloc
+        return AllocFacts(wanted=wanted, variable=variables[0], skipped="replayed snapshot: the allocator read-back needs the live machine")

@@ -1,0 +1,174 @@
+"""CPU, RAM, shared memory and limits per GPU, and the DataLoader settings that follow from them.
+
+The seed article's most common hidden bottleneck: a cheap box with 2 vCPUs per GPU decoding JPEGs, or a
+container with Docker's 64 MB /dev/shm. Thresholds are config keys under ``preflight.host`` with sources.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from checks.config import PreflightConfig
+from checks.facts import MachineFacts
+from checks.result import Result, fail, ok, warn
+
+GIB, MIB = 1024**3, 1024**2
+
+
+def _gpu_count(m: MachineFacts) -> int:
+    return sum(1 for g in m.nvml.gpus if g.error is None) if not m.nvml.error else 0
+
+
+def usable_cores(m: MachineFacts) -> float:
+    """Cores this process may really use: affinity mask and cgroup quota, not os.cpu_count()."""
+    h = m.host
+    candidates = [c for c in (h.cpu_affinity, h.cgroup_cpu_quota, h.cpu_logical) if c]
+    return float(min(candidates)) if candidates else 1.0
+
+
+def _limit_source(m: MachineFacts, cores: float) -> str:
+    h = m.host
+    if h.cgroup_cpu_quota and h.cgroup_cpu_quota <= cores:
+        return f"cgroup quota {h.cgroup_cpu_quota:g} of {h.cpu_logical} host CPUs"
+    if h.cpu_affinity and h.cpu_logical and h.cpu_affinity < h.cpu_logical:
+        return f"affinity {h.cpu_affinity} of {h.cpu_logical} host CPUs"
+    return f"{h.cpu_logical} CPUs"
+
+
+def cpu_cores(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
+    """Enough usable CPU cores per GPU to feed it (affinity and cgroup quota count, not the host total).
+
+    Command line equivalent: nproc; cat /sys/fs/cgroup/cpu.max
+    """
+    cores, gpus = usable_cores(m), _gpu_count(m)
+    src = _limit_source(m, cores)
+    if gpus == 0:
+        return [ok("cpu-cores", f"{cores:g} usable cores ({src}); no GPU to feed", value=cores)]
+    per = cores / gpus
+    summary = f"{per:.1f} usable cores per GPU ({cores:g} cores: {src}; {gpus} GPU(s))"
+    kw = {"value": round(per, 2), "expected": f">= {cfg.host.cores_per_gpu_warn:g} per GPU"}
+    hint = ("too few cores to decode and augment data for the GPU: pick an offer with more vCPUs per GPU, or "
+            "pre-decode the dataset once (invoke stage-data) so workers only copy arrays")
+    if per < cfg.host.cores_per_gpu_fail:
+        return [fail("cpu-cores", summary, hint, **kw)]
+    if per < cfg.host.cores_per_gpu_warn:
+        return [warn("cpu-cores", summary, hint, **kw)]
+    return [ok("cpu-cores", summary, **kw)]
+
+
+def _ram_bytes(m: MachineFacts) -> int | None:
+    values = [v for v in (m.host.mem_total, m.host.cgroup_mem_limit) if v]
+    return min(values) if values else None
+
+
+def ram(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
+    """Host RAM (or the container's memory limit) per GPU is at least that GPU's memory.
+
+    Command line equivalent: free -g; cat /sys/fs/cgroup/memory.max
+    """
+    total, gpus = _ram_bytes(m), [g for g in m.nvml.gpus if g.error is None and g.memory_total]
+    if total is None:
+        return [warn("ram", "memory size not readable", "check `free -g`")]
+    limited = " (container limit)" if m.host.cgroup_mem_limit and m.host.cgroup_mem_limit == total else ""
+    if not gpus:
+        return [ok("ram", f"{total / GIB:.0f} GiB RAM{limited}", value=round(total / GIB, 1))]
+    per = total / len(gpus)
+    need = cfg.host.ram_per_gpu_min_ratio * max(g.memory_total or 0 for g in gpus)
+    summary = f"{per / GIB:.0f} GiB RAM per GPU{limited} for {need / GIB / cfg.host.ram_per_gpu_min_ratio:.0f} GiB GPUs"
+    kw = {"value": round(per / GIB, 1), "expected": f">= {need / GIB:.0f} GiB per GPU"}
+    if per < need:
+        hint = "loading checkpoints and worker prefetch need host RAM: expect swapping or OOM kills; pick an offer with more RAM"
+        return [warn("ram", summary, hint, **kw)]
+    return [ok("ram", summary, **kw)]
+
+
+@dataclass(frozen=True)
+class LoaderAdvice:
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int | None
+    reasons: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
+                "persistent_workers": self.persistent_workers, "prefetch_factor": self.prefetch_factor}
+
+
+def _cpu_workers(m: MachineFacts, cfg: PreflightConfig) -> tuple[float, int]:
+    """Cores per GPU, and the workers per GPU they can run (before any shared-memory limit)."""
+    per = usable_cores(m) / max(1, _gpu_count(m))
+    dl = cfg.dataloader
+    return per, max(0, min(dl.max_workers, math.floor(per) - dl.reserve_cores))
+
+
+def loader_advice(m: MachineFacts, cfg: PreflightConfig) -> LoaderAdvice:
+    """Recommended DataLoader settings per training process (one process per GPU)."""
+    gpus, dl = max(1, _gpu_count(m)), cfg.dataloader
+    per, workers = _cpu_workers(m, cfg)
+    reasons = [f"{per:.1f} cores per GPU - {dl.reserve_cores} for the training process -> {workers} workers"]
+    if workers == dl.max_workers:
+        reasons.append(f"capped at {dl.max_workers} (more workers contend for memory bandwidth)")
+    shm = m.host.shm_total
+    if shm is not None and workers:
+        fit = int(shm / gpus // (cfg.host.shm_per_worker_mib * MIB))
+        if fit < workers:
+            workers = max(0, fit)
+            reasons.append(f"/dev/shm {shm / MIB:.0f} MiB holds {fit} workers' batches per GPU")
+    has_gpu = _gpu_count(m) > 0
+    reasons.append("pin_memory for async host-to-GPU copies" if has_gpu else "no GPU: pin_memory off")
+    return LoaderAdvice(workers, has_gpu, workers > 0, dl.prefetch_factor if workers else None, tuple(reasons))
+
+
+def shm(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
+    """/dev/shm holds what the DataLoader workers pass to the training process.
+
+    Command line equivalent: df -h /dev/shm
+    """
+    size = m.host.shm_total
+    if size is None:
+        return [fail("shm", "/dev/shm is missing", "DataLoader workers need it: mount tmpfs on /dev/shm (docker run --shm-size=16g)")]
+    gpus = max(1, _gpu_count(m))
+    wanted_workers = _cpu_workers(m, cfg)[1]
+    need = max(cfg.host.shm_min_mib * MIB, wanted_workers * gpus * cfg.host.shm_per_worker_mib * MIB)
+    summary = f"/dev/shm {size / MIB:.0f} MiB for {wanted_workers} worker(s) x {gpus} GPU(s)"
+    kw = {"value": round(size / MIB), "expected": f">= {need / MIB:.0f} MiB"}
+    hint = f"docker run --shm-size={math.ceil(need / GIB)}g (or remount /dev/shm larger); too small ends in 'Bus error' in workers"
+    if size < cfg.host.shm_min_mib * MIB:
+        return [fail("shm", summary + ": DataLoader workers will die with 'Bus error'", hint, **kw)]
+    if size < need:
+        return [warn("shm", summary + ": fewer workers fit", hint, **kw)]
+    return [ok("shm", summary, **kw)]
+
+
+def ulimits(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
+    """Open-file and locked-memory limits fit DataLoader workers and NCCL.
+
+    Command line equivalent: ulimit -n; ulimit -l
+    """
+    h, problems, hints = m.host, [], []
+    if h.nofile_soft is not None and h.nofile_soft != -1 and h.nofile_soft < cfg.host.nofile_min:
+        problems.append(f"open files {h.nofile_soft} < {cfg.host.nofile_min}")
+        target = "unlimited" if h.nofile_hard == -1 else str(h.nofile_hard)
+        hints.append(f"`ulimit -n {target}` in the training shell ('Too many open files' with many workers)")
+    memlock_min = int(cfg.host.memlock_min_gib * GIB)
+    if _gpu_count(m) > 1 and h.memlock_soft is not None and h.memlock_soft != -1 and h.memlock_soft < memlock_min:
+        problems.append(f"locked memory {h.memlock_soft / MIB:.0f} MiB < {cfg.host.memlock_min_gib:g} GiB")
+        hints.append("`ulimit -l unlimited` (RDMA / NCCL over InfiniBand need it)")
+    value = {"nofile": h.nofile_soft, "memlock": h.memlock_soft}
+    if problems:
+        return [warn("ulimits", "; ".join(problems), "; ".join(hints), value=value)]
+    lock = "unlimited" if h.memlock_soft == -1 else f"{(h.memlock_soft or 0) / MIB:.0f} MiB"
+    return [ok("ulimits", f"open files {h.nofile_soft}, locked memory {lock}", value=value)]
+
+
+def dataloader_advice(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
+    """Recommend num_workers, pin_memory, persistent_workers and prefetch_factor for this box."""
+    a = loader_advice(m, cfg)
+    settings = ", ".join(f"{k}={v}" for k, v in a.as_dict().items())
+    summary = f"DataLoader({settings}): " + "; ".join(a.reasons)
+    if a.num_workers == 0 and _gpu_count(m) > 0:
+        hint = "no core to spare for workers: loading runs inside the training loop; pre-decode the data (invoke stage-data)"
+        return [warn("dataloader-advice", summary, hint, value=a.as_dict())]
+    return [ok("dataloader-advice", summary, value=a.as_dict())]

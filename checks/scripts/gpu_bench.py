@@ -1,0 +1,108 @@
+"""Child process: GPU micro-benchmarks, one JSON line out. Run by checks/probe_torch.py; imports no project code.
+
+argv[1] is a JSON object: copy_mib, d2d_mib, matmul_n, warmup, repeats, and "device" ("cuda", or "cpu" so the
+timing code itself can be exercised without a GPU). Each figure is the median of ``repeats`` timings taken
+after ``warmup`` runs; on CUDA the timings are CUDA events (ref/health-checks.md §6: median over samples,
+warm up first).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+MIB = 1024**2
+
+
+def _timer(torch: Any, device: str) -> Callable[[Callable[[], object]], float]:
+    """Return a function that times one call in seconds (CUDA events on a GPU)."""
+    if device.startswith("cuda"):
+
+        def time_cuda(fn: Callable[[], object]) -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return float(start.elapsed_time(end)) / 1000.0
+
+        return time_cuda
+
+    def time_cpu(fn: Callable[[], object]) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    return time_cpu
+
+
+def _median(timer: Callable[[Callable[[], object]], float], fn: Callable[[], object], warmup: int, repeats: int) -> float:
+    for _ in range(warmup):
+        timer(fn)
+    return statistics.median(timer(fn) for _ in range(repeats))
+
+
+def _dtype(torch: Any, device: str) -> Any:
+    if not device.startswith("cuda"):
+        return torch.float32
+    major, _ = torch.cuda.get_device_capability(device)
+    if major >= 8:
+        return torch.bfloat16
+    return torch.float16 if major >= 7 else torch.float32
+
+
+def bench_device(torch: Any, device: str, s: dict[str, Any]) -> dict[str, Any]:
+    timer, w, r = _timer(torch, device), int(s["warmup"]), int(s["repeats"])
+    pin = device.startswith("cuda")
+    n_copy = int(s["copy_mib"]) * MIB
+    host = torch.empty(n_copy, dtype=torch.uint8, pin_memory=pin)
+    dev = torch.empty(n_copy, dtype=torch.uint8, device=device)
+    h2d = _median(timer, lambda: dev.copy_(host, non_blocking=True), w, r)
+    d2h = _median(timer, lambda: host.copy_(dev, non_blocking=True), w, r)
+    del host, dev
+    n_d2d = int(s["d2d_mib"]) * MIB
+    a = torch.empty(n_d2d, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    d2d = _median(timer, lambda: b.copy_(a), w, r)
+    del a, b
+    n, dtype = int(s["matmul_n"]), _dtype(torch, device)
+    x = torch.randn(n, n, device=device, dtype=dtype)
+    y = torch.randn(n, n, device=device, dtype=dtype)
+    mm = _median(timer, lambda: torch.matmul(x, y), w, r)
+    return {
+        "h2d_gb_s": n_copy / h2d / 1e9,
+        "d2h_gb_s": n_copy / d2h / 1e9,
+        "d2d_gb_s": 2 * n_d2d / d2d / 1e9,  # a copy reads and writes every byte
+        "matmul_tflops": 2 * n**3 / mm / 1e12,
+        "matmul_dtype": str(dtype).replace("torch.", ""),
+    }
+
+
+def main(settings: dict[str, Any]) -> dict[str, Any]:
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001
+        return {"skipped": f"torch cannot be imported: {exc}"}
+    if settings.get("device", "cuda") == "cpu":
+        return {"gpus": [{"index": 0, **bench_device(torch, "cpu", settings)}]}
+    if not torch.cuda.is_available():
+        return {"skipped": "CUDA is not available to torch (see cuda-compat)"}
+    rows = []
+    for i in range(torch.cuda.device_count()):
+        try:
+            torch.cuda.set_device(i)
+            rows.append({"index": i, **bench_device(torch, f"cuda:{i}", settings)})
+        except Exception as exc:  # noqa: BLE001 - one failing GPU is a row, not an abort
+            rows.append({"index": i, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+        finally:
+            torch.cuda.empty_cache()
+    return {"gpus": rows}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))
+    sys.stdout.flush()

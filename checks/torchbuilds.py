@@ -1,0 +1,131 @@
+"""Facts about PyTorch CUDA builds: which GPU architectures a build's kernels run on, and which build to
+install for a GPU and driver. Pure data and arithmetic; sources are ref/compat.md §2.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_ARCH = re.compile(r"^(sm|compute)_(\d+)(\d)([af]?)$")
+
+# Devices a code SM must not run on although the "same major, lower minor" rule says it would: the Jetson
+# parts (torch 2.14 DEVICE_REQUIREMENT, ref/compat.md §2.3).
+_EXCLUDED = {(7, 0): {(7, 2)}, (8, 0): {(8, 7)}, (8, 6): {(8, 7)}, (5, 0): {(5, 3)}, (6, 0): {(6, 2)}, (10, 0): {(10, 1)}}
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One entry of ``torch.cuda.get_arch_list()``: SASS (``sm_90``) or PTX (``compute_90``)."""
+
+    kind: str  # "sm" or "compute"
+    cc: tuple[int, int]
+    suffix: str  # "a"/"f": architecture-specific, not forward compatible
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}_{self.cc[0]}{self.cc[1]}{self.suffix}"
+
+
+def parse_arch(text: str) -> Arch | None:
+    m = _ARCH.match(text.strip())
+    if not m:
+        return None
+    return Arch(m.group(1), (int(m.group(2)), int(m.group(3))), m.group(4))
+
+
+def sass_runs_on(arch: Arch, device: tuple[int, int]) -> bool:
+    """SASS runs on the same major with an equal or higher minor (ref/compat.md §0.2, §2.3)."""
+    if arch.kind != "sm":
+        return False
+    if arch.suffix:
+        return arch.cc == device
+    if device in _EXCLUDED.get(arch.cc, set()):
+        return False
+    return arch.cc[0] == device[0] and arch.cc[1] <= device[1]
+
+
+def ptx_runs_on(arch: Arch, device: tuple[int, int]) -> bool:
+    """PTX JIT-compiles for the same or any newer architecture."""
+    return arch.kind == "compute" and not arch.suffix and arch.cc <= device
+
+
+@dataclass(frozen=True)
+class Coverage:
+    sass: tuple[str, ...]
+    ptx: tuple[str, ...]
+
+    @property
+    def covered(self) -> bool:
+        return bool(self.sass or self.ptx)
+
+
+def coverage(arch_list: tuple[str, ...], device: tuple[int, int]) -> Coverage:
+    """Which entries of a build's arch list can run on a device of compute capability ``device``."""
+    archs = [a for a in (parse_arch(t) for t in arch_list) if a is not None]
+    return Coverage(
+        sass=tuple(a.label for a in archs if sass_runs_on(a, device)),
+        ptx=tuple(a.label for a in archs if ptx_runs_on(a, device)),
+    )
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A PyTorch CUDA wheel variant (index name ``cuXYZ``) and the code SMs its wheels carry."""
+
+    name: str
+    cuda: tuple[int, int]
+    sms: frozenset[tuple[int, int]]
+    torch: str  # which torch releases publish it
+
+
+# Newest first. ref/compat.md §2.1-2.2: cu128 carries sm_70 only for torch 2.8-2.10, so it is left out here
+# (V100 gets cu126); cu118-cu126 carry 5.0 ... 9.0.
+_OLD = frozenset({(5, 0), (6, 0), (7, 0), (7, 5), (8, 0), (8, 6), (9, 0)})
+_NEW = frozenset({(7, 5), (8, 0), (8, 6), (9, 0), (10, 0), (12, 0)})
+VARIANTS = (
+    Variant("cu130", (13, 0), _NEW, ">= 2.9"),
+    Variant("cu128", (12, 8), _NEW, ">= 2.7"),
+    Variant("cu126", (12, 6), _OLD, ">= 2.6"),
+    Variant("cu124", (12, 4), _OLD, "2.4 - 2.6"),
+    Variant("cu121", (12, 1), _OLD, "2.1 - 2.5"),
+    Variant("cu118", (11, 8), _OLD | {(3, 7)}, "2.0 - 2.7"),
+)
+
+
+def variant_covers(variant: Variant, device: tuple[int, int]) -> bool:
+    return any(sass_runs_on(Arch("sm", sm, ""), device) for sm in variant.sms)
+
+
+def best_variant(devices: list[tuple[int, int]], driver_cuda: tuple[int, int] | None) -> Variant | None:
+    """The newest variant the driver can run whose kernels cover every device (None: there is none)."""
+    for variant in VARIANTS:
+        if driver_cuda is not None and variant.cuda > driver_cuda:
+            continue
+        if all(variant_covers(variant, d) for d in devices):
+            return variant
+    return None
+
+
+def install_command(variant_name: str, wheel_index: str) -> str:
+    """A pip command for a variant; never upgrades anything else (``--no-deps`` is not safe for torch)."""
+    index = wheel_index.rstrip("/") if wheel_index else "<PyTorch wheel index>"
+    command = f"pip install torch --index-url {index}/{variant_name}"
+    if not wheel_index:
+        command += " (the index address is on pytorch.org/get-started/locally)"
+    return command
+
+
+def parse_cuda(text: str | None) -> tuple[int, int] | None:
+    """'12.8' -> (12, 8)."""
+    if not text:
+        return None
+    m = re.match(r"^(\d+)\.(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def driver_cuda(version: int | None) -> tuple[int, int] | None:
+    """NVML's 12080 -> (12, 8)."""
+    if not version:
+        return None
+    return version // 1000, (version % 1000) // 10

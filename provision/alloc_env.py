@@ -1,0 +1,126 @@
+"""Write the CUDA caching-allocator setting into the shell start-up files, idempotently and reversibly.
+
+The setting lives in a marked block; re-running with the same value changes nothing, a new value replaces
+the block, ``remove`` takes it out again. Files are rewritten atomically (temporary sibling, then rename) and
+keep their permissions.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+BEGIN = "# >>> gpu-preflight: allocator settings >>>"
+END = "# <<< gpu-preflight: allocator settings <<<"
+_BLOCK = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.DOTALL)
+
+
+def _version(text: str | None) -> tuple[int, int]:
+    m = re.match(r"^(\d+)\.(\d+)", text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def choose_value(configured: str, torch_version: str | None) -> str:
+    """The allocator value: the configured one, else by torch version.
+
+    expandable_segments needs torch >= 2.2 (axolotl gates it there); older torch gets the seed article's
+    max_split_size_mb:64, which fights fragmentation on every version.
+    """
+    if configured:
+        return configured
+    return "expandable_segments:True" if _version(torch_version) >= (2, 2) else "max_split_size_mb:64"
+
+
+def variables_for(torch_version: str | None) -> tuple[str, ...]:
+    """Which variables to export; the first is the one the read-back checks.
+
+    PYTORCH_CUDA_ALLOC_CONF always: torch 2.9-2.11 silently ignored expandable_segments given only through
+    PYTORCH_ALLOC_CONF (pytorch/pytorch#183387). PYTORCH_ALLOC_CONF too from 2.9, where it is the documented
+    name (ref/diagnosis.md §1.11); the same value in both cannot conflict.
+    """
+    if _version(torch_version) >= (2, 9):
+        return ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+    return ("PYTORCH_CUDA_ALLOC_CONF",)
+
+
+def render_block(value: str, variables: tuple[str, ...]) -> str:
+    lines = [BEGIN, "# written by `invoke bootstrap` / `invoke alloc-conf`; remove with `invoke alloc-conf --undo`"]
+    lines += [f"export {var}={shlex.quote(value)}" for var in variables]
+    return "\n".join(lines + [END]) + "\n"
+
+
+@dataclass(frozen=True)
+class Change:
+    """What applying (or removing) the block would do to one file."""
+
+    path: Path
+    before: str | None  # None: the file does not exist
+    after: str
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after and not (self.before is None and self.after == "")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+
+
+def plan_apply(path: Path, block: str) -> Change:
+    """Replace an existing marked block in place, or append one."""
+    before = _read(path)
+    text = before or ""
+    if _BLOCK.search(text):
+        after = _BLOCK.sub(lambda _: block, text, count=1)
+    else:
+        after = text + ("\n" if text and not text.endswith("\n") else "") + block
+    return Change(path, before, after)
+
+
+def plan_remove(path: Path) -> Change:
+    before = _read(path)
+    return Change(path, before, _BLOCK.sub("", before or ""))
+
+
+def write(change: Change) -> None:
+    """Write atomically, keeping the file's mode."""
+    path = change.path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(change.after)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def ensure_alloc_conf(paths: list[Path], value: str, variables: tuple[str, ...], dry_run: bool = False) -> list[Change]:
+    """Make every file carry the block for ``value``; return the changes (made unless ``dry_run``)."""
+    block = render_block(value, variables)
+    changes = [c for c in (plan_apply(p, block) for p in paths) if c.changed]
+    if not dry_run:
+        for change in changes:
+            write(change)
+    return changes
+
+
+def ensure_alloc_conf_removed(paths: list[Path], dry_run: bool = False) -> list[Change]:
+    """Take the block out of every file; return the changes (made unless ``dry_run``)."""
+    changes = [c for c in (plan_remove(p) for p in paths) if c.changed]
+    if not dry_run:
+        for change in changes:
+            write(change)
+    return changes

@@ -1,0 +1,8 @@
+"""Make the repository root importable for the tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
