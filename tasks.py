@@ -18,18 +18,16 @@ from typing import Any
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # run from the checkout, never installed
-
-from checks.config import PreflightConfig, load_defaults, make_config  # noqa: E402
-from checks.env_config import check_env_overrides  # noqa: E402
-from checks.errors import ExitStatus, PreflightError  # noqa: E402
-from checks.facts import AllocFacts, MachineFacts  # noqa: E402
-from checks.probe import LocalProbe, Probe, SnapshotProbe  # noqa: E402
-from checks.render import render_text, use_colour  # noqa: E402
-from checks.result import Report  # noqa: E402
-from checks.runner import run_checks  # noqa: E402
-from checks.snapshot import dump_snapshot, to_jsonable, write_snapshot  # noqa: E402
-from provision.alloc_env import Change, choose_value, ensure_alloc_conf, ensure_alloc_conf_removed, variables_for  # noqa: E402
+from checks.config import PreflightConfig, load_defaults, make_config
+from checks.env_config import check_env_overrides
+from checks.errors import ExitStatus, PreflightError
+from checks.facts import AllocFacts, MachineFacts
+from checks.probe import LocalProbe, Probe, SnapshotProbe
+from checks.render import render_text, use_colour
+from checks.result import Report
+from checks.runner import run_checks
+from checks.snapshot import dump_snapshot, to_jsonable, write_snapshot
+from provision.alloc_env import Change, choose_value, ensure_alloc_conf, ensure_alloc_conf_removed, variables_for
 
 check_env_overrides(os.environ, load_defaults())  # before Invoke casts them: a bad value is one line, exit 2
 
@@ -62,7 +60,9 @@ def _diff(change: Change) -> str:
     return "".join(difflib.unified_diff(before, after, f"{change.path} (now)", f"{change.path} (after)"))
 
 
-def _alloc(probe: Probe, facts: MachineFacts, cfg: PreflightConfig, dry_run: bool, apply: bool) -> tuple[AllocFacts, list[str]]:
+def _alloc(
+    probe: Probe, facts: MachineFacts, cfg: PreflightConfig, dry_run: bool, apply: bool
+) -> tuple[AllocFacts, list[str]]:
     """Apply the allocator setting (unless dry run / disabled / replay) and read it back."""
     value, variables = choose_value(cfg.alloc_conf.value, facts.torch.version), variables_for(facts.torch.version)
     if not probe.live:
@@ -93,7 +93,9 @@ def _emit(report: Report, json_path: str) -> None:
         tmp.write_text(payload, encoding="utf-8")
         tmp.replace(path)
     except OSError as exc:
-        raise PreflightError(f"cannot write the JSON report to {path}: {exc.strerror}", hint="pick a writable --json path") from None
+        raise PreflightError(
+            f"cannot write the JSON report to {path}: {exc.strerror}", hint="pick a writable --json path"
+        ) from None
 
 
 def _measurements(facts: MachineFacts, cfg: PreflightConfig, notes: list[str]) -> dict[str, Any]:
@@ -102,8 +104,11 @@ def _measurements(facts: MachineFacts, cfg: PreflightConfig, notes: list[str]) -
     out: dict[str, Any] = {"dataloader": loader_advice(facts, cfg).as_dict()}
     if facts.bench is not None and facts.bench.gpus:
         out["gpu_bench"] = to_jsonable(facts.bench.gpus)
-    links = {f"gpu{g.index}": {"gen": g.pcie_gen_loaded, "width": g.pcie_width_loaded}
-             for g in facts.nvml.gpus if g.pcie_gen_loaded}
+    links = {
+        f"gpu{g.index}": {"gen": g.pcie_gen_loaded, "width": g.pcie_width_loaded}
+        for g in facts.nvml.gpus
+        if g.pcie_gen_loaded
+    }
     if links:
         out["pcie_under_load"] = links
     if notes:
@@ -120,8 +125,9 @@ def _measurements(facts: MachineFacts, cfg: PreflightConfig, notes: list[str]) -
         "dry_run": "show what the allocator setting would change in the shell files, write nothing",
     }
 )
-def bootstrap(c: Context, json: str = "", machine: str = "", strict: bool = False, bench: bool = True,
-              dry_run: bool = False) -> None:
+def bootstrap(
+    c: Context, json: str = "", machine: str = "", strict: bool = False, bench: bool = True, dry_run: bool = False
+) -> None:
     """Check this machine right after renting it: driver, CUDA, torch build, GPUs, CPU/RAM/shm, benchmarks."""
     cfg = settings(c)
     if not bench:

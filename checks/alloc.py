@@ -34,18 +34,48 @@ def alloc_conf(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
         return [skip("alloc-conf", a.skipped)]
     kw = {"value": a.torch_settings or a.env_seen, "expected": a.wanted}
     if a.error:
-        return [fail("alloc-conf", f"{a.variable}={a.wanted} was rejected: {a.error}",
-                     "fix preflight.alloc_conf.value (see torch's CUDA memory notes)", **kw)]
+        return [
+            fail(
+                "alloc-conf",
+                f"{a.variable}={a.wanted} was rejected: {a.error}",
+                "fix preflight.alloc_conf.value (see torch's CUDA memory notes)",
+                **kw,
+            )
+        ]
     if a.env_seen != a.wanted:
         seen = "unset" if a.env_seen is None else repr(a.env_seen)
-        return [fail("alloc-conf", f"a fresh login shell sees {a.variable} {seen}, not {a.wanted!r}",
-                     "another start-up file overrides it, or the shell does not read the files in preflight.alloc_conf.rc_files", **kw)]
+        return [
+            fail(
+                "alloc-conf",
+                f"a fresh login shell sees {a.variable} {seen}, not {a.wanted!r}",
+                "another start-up file overrides it, or the shell does not read the files in preflight.alloc_conf.rc_files",
+                **kw,
+            )
+        ]
     if a.torch_settings is None:
-        return [warn("alloc-conf", f"{a.variable}={a.wanted} is exported, but this torch cannot report its parsed settings",
-                     "torch >= 2.9 reports them; the variable alone is what older torch reads", **kw)]
+        return [
+            warn(
+                "alloc-conf",
+                f"{a.variable}={a.wanted} is exported, but this torch cannot report its parsed settings",
+                "torch >= 2.9 reports them; the variable alone is what older torch reads",
+                **kw,
+            )
+        ]
     parsed = _options(a.torch_settings)
     missing = {k: v for k, v in _options(a.wanted).items() if not _matches(k, v, parsed)}
     if missing:
-        return [fail("alloc-conf", f"torch parsed {a.torch_settings!r}, missing {missing}",
-                     "torch ignored part of the value: check the option names for this torch version", **kw)]
-    return [ok("alloc-conf", f"{a.variable}={a.wanted} is live in a fresh login shell (torch reads back {a.torch_settings!r} via {a.source})", **kw)]
+        return [
+            fail(
+                "alloc-conf",
+                f"torch parsed {a.torch_settings!r}, missing {missing}",
+                "torch ignored part of the value: check the option names for this torch version",
+                **kw,
+            )
+        ]
+    return [
+        ok(
+            "alloc-conf",
+            f"{a.variable}={a.wanted} is live in a fresh login shell (torch reads back {a.torch_settings!r} via {a.source})",
+            **kw,
+        )
+    ]

@@ -38,18 +38,46 @@ def _peak(spec: GpuSpec, b: GpuBench) -> float | None:
 
 
 METRICS = (
-    _Metric("gpu-h2d", "pinned host->device", "GB/s", lambda b: b.h2d_gb_s, lambda s, b: s.host_link_gb_s,
-            lambda c: c.link_warn_fraction, lambda c: c.link_fail_fraction,
-            "slow host link: see gpu-pcie (riser, x8 slot, Gen3); NUMA placement also matters"),
-    _Metric("gpu-d2h", "device->pinned host", "GB/s", lambda b: b.d2h_gb_s, lambda s, b: s.host_link_gb_s,
-            lambda c: c.link_warn_fraction, lambda c: c.link_fail_fraction,
-            "slow host link: see gpu-pcie (riser, x8 slot, Gen3)"),
-    _Metric("gpu-d2d", "device copy", "GB/s", lambda b: b.d2d_gb_s, lambda s, b: s.mem_bw_gb_s,
-            lambda c: c.d2d_warn_fraction, lambda c: c.d2d_fail_fraction,
-            "memory bandwidth far below spec: check gpu-throttle and clocks; a repeat after a minute rules out warm-up"),
-    _Metric("gpu-matmul", "dense matmul", "TFLOPS", lambda b: b.matmul_tflops, _peak,
-            lambda c: c.matmul_warn_fraction, lambda c: c.matmul_fail_fraction,
-            "compute far below spec: check gpu-power (cap), gpu-throttle (thermal) and other processes"),
+    _Metric(
+        "gpu-h2d",
+        "pinned host->device",
+        "GB/s",
+        lambda b: b.h2d_gb_s,
+        lambda s, b: s.host_link_gb_s,
+        lambda c: c.link_warn_fraction,
+        lambda c: c.link_fail_fraction,
+        "slow host link: see gpu-pcie (riser, x8 slot, Gen3); NUMA placement also matters",
+    ),
+    _Metric(
+        "gpu-d2h",
+        "device->pinned host",
+        "GB/s",
+        lambda b: b.d2h_gb_s,
+        lambda s, b: s.host_link_gb_s,
+        lambda c: c.link_warn_fraction,
+        lambda c: c.link_fail_fraction,
+        "slow host link: see gpu-pcie (riser, x8 slot, Gen3)",
+    ),
+    _Metric(
+        "gpu-d2d",
+        "device copy",
+        "GB/s",
+        lambda b: b.d2d_gb_s,
+        lambda s, b: s.mem_bw_gb_s,
+        lambda c: c.d2d_warn_fraction,
+        lambda c: c.d2d_fail_fraction,
+        "memory bandwidth far below spec: check gpu-throttle and clocks; a repeat after a minute rules out warm-up",
+    ),
+    _Metric(
+        "gpu-matmul",
+        "dense matmul",
+        "TFLOPS",
+        lambda b: b.matmul_tflops,
+        _peak,
+        lambda c: c.matmul_warn_fraction,
+        lambda c: c.matmul_fail_fraction,
+        "compute far below spec: check gpu-power (cap), gpu-throttle (thermal) and other processes",
+    ),
 )
 
 
@@ -66,8 +94,9 @@ def gpu_bench(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     return results
 
 
-def _judge_metric(metric: _Metric, benches: tuple[GpuBench, ...], gpus: dict[int, GpuFacts],
-                  cfg: BenchConfig, recorded: bool) -> list[Result]:
+def _judge_metric(
+    metric: _Metric, benches: tuple[GpuBench, ...], gpus: dict[int, GpuFacts], cfg: BenchConfig, recorded: bool
+) -> list[Result]:
     medians = _sibling_medians(metric, benches, gpus)
     out = []
     for b in benches:
@@ -86,11 +115,18 @@ def _sibling_medians(metric: _Metric, benches: tuple[GpuBench, ...], gpus: dict[
     return {name: statistics.median(vals) for name, vals in by_name.items() if len(vals) >= 2}
 
 
-def _judge_one(metric: _Metric, b: GpuBench, name: str, median: float | None, cfg: BenchConfig, recorded: bool) -> Result:
+def _judge_one(
+    metric: _Metric, b: GpuBench, name: str, median: float | None, cfg: BenchConfig, recorded: bool
+) -> Result:
     subject, value = f"gpu{b.index}", metric.read(b)
     if b.error or value is None:
-        return Result(metric.id, Status.ERROR, f"benchmark failed: {b.error or 'no figure'}", subject=subject,
-                      hint="rerun bootstrap; a repeat failure on one GPU points at that GPU")
+        return Result(
+            metric.id,
+            Status.ERROR,
+            f"benchmark failed: {b.error or 'no figure'}",
+            subject=subject,
+            hint="rerun bootstrap; a repeat failure on one GPU points at that GPU",
+        )
     spec = datasheet.lookup(name)
     expected = metric.spec(spec, b) if spec else None
     label = f"{metric.label} {value:.1f} {metric.unit}" + (f" ({b.matmul_dtype})" if metric.id == "gpu-matmul" else "")
@@ -106,8 +142,17 @@ def _judge_one(metric: _Metric, b: GpuBench, name: str, median: float | None, cf
     else:
         parts.append(f"no datasheet figure for {name}")
     if median and value < cfg.outlier_fraction * median:
-        parts.append(f"outlier: {value / median:.0%} of the {median:.1f} {metric.unit} median of identical GPUs in this box")
+        parts.append(
+            f"outlier: {value / median:.0%} of the {median:.1f} {metric.unit} median of identical GPUs in this box"
+        )
         status = Status.FAIL if status is Status.FAIL else Status.WARN
         hint = hint or "one GPU far below its identical siblings: report it, or exclude it with CUDA_VISIBLE_DEVICES"
-    return Result(metric.id, status, ", ".join(parts), value=round(value, 2),
-                  expected=f"{expected * metric.warn(cfg):.1f} {metric.unit}" if expected else None, hint=hint, subject=subject)
+    return Result(
+        metric.id,
+        status,
+        ", ".join(parts),
+        value=round(value, 2),
+        expected=f"{expected * metric.warn(cfg):.1f} {metric.unit}" if expected else None,
+        hint=hint,
+        subject=subject,
+    )

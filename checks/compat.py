@@ -45,14 +45,24 @@ def torch_build(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     Command line equivalent: python -c 'import torch; print(torch.__version__, torch.version.cuda)'.
     """
     t, gpus = m.torch, [g for g in m.nvml.gpus if g.error is None]
-    variant = best_variant([g.compute_capability for g in gpus if g.compute_capability], driver_cuda(m.nvml.cuda_driver_version))
-    to_install = install_command(variant.name if variant else "cu128", cfg.torch.wheel_index) if gpus else (
-        install_command("cpu", cfg.torch.wheel_index)
+    variant = best_variant(
+        [g.compute_capability for g in gpus if g.compute_capability], driver_cuda(m.nvml.cuda_driver_version)
+    )
+    to_install = (
+        install_command(variant.name if variant else "cu128", cfg.torch.wheel_index)
+        if gpus
+        else (install_command("cpu", cfg.torch.wheel_index))
     )
     if t.error_kind == "missing":
-        return [fail("torch-build", "torch is not installed in this Python", f"install the build that fits: {to_install}")]
+        return [
+            fail("torch-build", "torch is not installed in this Python", f"install the build that fits: {to_install}")
+        ]
     if t.error:
-        return [fail("torch-build", f"torch probe failed: {t.error}", "run `python -c 'import torch'` to see the full error")]
+        return [
+            fail(
+                "torch-build", f"torch probe failed: {t.error}", "run `python -c 'import torch'` to see the full error"
+            )
+        ]
     kind = f"CUDA {t.cuda}" if t.cuda else (f"ROCm {t.hip}" if t.hip else "CPU-only")
     summary = f"torch {t.version} ({kind} build)"
     value = {"version": t.version, "cuda": t.cuda, "hip": t.hip}
@@ -75,11 +85,20 @@ def cuda_compat(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     if not problems:
         rt = m.torch.cuda
         summary = f"driver supports CUDA {drv_text}; torch needs {rt}" if rt else f"driver supports CUDA {drv_text}"
-        return [ok("cuda-compat", summary, value={"driver_cuda": drv_text, "torch_cuda": rt}, expected=f">= {rt}" if rt else None)]
+        return [
+            ok(
+                "cuda-compat",
+                summary,
+                value={"driver_cuda": drv_text, "torch_cuda": rt},
+                expected=f">= {rt}" if rt else None,
+            )
+        ]
     worst = Status.FAIL if any(s is Status.FAIL for s, _, _ in problems) else Status.WARN
     summary = "; ".join(text for _, text, _ in problems)
     hint = " | ".join(h for _, _, h in problems)
-    return [Result("cuda-compat", worst, summary, value={"driver_cuda": drv_text, "torch_cuda": m.torch.cuda}, hint=hint)]
+    return [
+        Result("cuda-compat", worst, summary, value={"driver_cuda": drv_text, "torch_cuda": m.torch.cuda}, hint=hint)
+    ]
 
 
 _Problem = tuple[Status, str, str] | None
@@ -105,7 +124,11 @@ def _forward_compat(m: MachineFacts) -> _Problem:
         return None
     paths = ", ".join(m.host.cuda_compat_paths)
     text = f"CUDA forward-compat libcuda on the loader path ({paths}) with a GeForce card: CUDA error 804"
-    return Status.FAIL, text, "remove the compat directory from LD_LIBRARY_PATH / ld.so.conf (then ldconfig), or use an image matching the host driver"
+    return (
+        Status.FAIL,
+        text,
+        "remove the compat directory from LD_LIBRARY_PATH / ld.so.conf (then ldconfig), or use an image matching the host driver",
+    )
 
 
 def _fabric_manager(m: MachineFacts) -> _Problem:
@@ -155,10 +178,24 @@ def _arch_result(m: MachineFacts, cfg: PreflightConfig, index: int, name: str, c
         drv, rt = driver_cuda(m.nvml.cuda_driver_version), parse_cuda(m.torch.cuda)
         text = f"{name} ({sm}) has only PTX ({', '.join(cov.ptx)}): kernels JIT-compile on first use"
         if drv and rt and drv < rt:
-            return fail("torch-arch", text + ", and this driver is older than the toolkit that made the PTX", _arch_fix(m, cfg, cc), value=sm, subject=subject)
-        return warn("torch-arch", text, "slow first start; a build with native kernels: " + _arch_fix(m, cfg, cc), value=sm, subject=subject)
+            return fail(
+                "torch-arch",
+                text + ", and this driver is older than the toolkit that made the PTX",
+                _arch_fix(m, cfg, cc),
+                value=sm,
+                subject=subject,
+            )
+        return warn(
+            "torch-arch",
+            text,
+            "slow first start; a build with native kernels: " + _arch_fix(m, cfg, cc),
+            value=sm,
+            subject=subject,
+        )
     summary = f"{name} ({sm}) is not in torch {m.torch.version}'s arch list [{built}]: 'no kernel image is available'"
-    return fail("torch-arch", summary, _arch_fix(m, cfg, cc), value=sm, expected=f"a {sm}-compatible kernel", subject=subject)
+    return fail(
+        "torch-arch", summary, _arch_fix(m, cfg, cc), value=sm, expected=f"a {sm}-compatible kernel", subject=subject
+    )
 
 
 def _arch_fix(m: MachineFacts, cfg: PreflightConfig, cc: tuple[int, int]) -> str:
@@ -210,7 +247,12 @@ def _cudnn_runtime_vs_compiled(runtime: int, compiled: str) -> list[tuple[Status
     rt = [int(x) for x in (_cudnn_text(runtime) or "0.0.0").split(".")]
     ct = [int(x) for x in compiled.split(".")[:2]]
     if rt[0] != ct[0] or rt[1] < ct[1]:
-        return [(Status.FAIL, f"cuDNN runtime {_cudnn_text(runtime)} is incompatible with the {compiled} torch was compiled against")]
+        return [
+            (
+                Status.FAIL,
+                f"cuDNN runtime {_cudnn_text(runtime)} is incompatible with the {compiled} torch was compiled against",
+            )
+        ]
     return []
 
 

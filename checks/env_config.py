@@ -20,9 +20,9 @@ PREFIX = "INVOKE_PREFLIGHT_"
 def _leaves(tree: dict[str, Any], path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
     for key, value in tree.items():
         if isinstance(value, dict):
-            yield from _leaves(value, path + (key,))
+            yield from _leaves(value, (*path, key))
         else:
-            yield path + (key,), value
+            yield (*path, key), value
 
 
 def env_names(defaults: dict[str, Any]) -> dict[str, tuple[tuple[str, ...], Any]]:
@@ -34,8 +34,9 @@ def _check_value(name: str, path: tuple[str, ...], default: Any, raw: str) -> No
     key = "preflight." + ".".join(path)
     if isinstance(default, bool):
         if raw not in ("0", "1", ""):
-            raise PreflightError(f"{name}={raw!r} for {key}: use 1 or 0",
-                                 hint="Invoke reads every value except '0' and '' as true")
+            raise PreflightError(
+                f"{name}={raw!r} for {key}: use 1 or 0", hint="Invoke reads every value except '0' and '' as true"
+            )
     elif isinstance(default, (list, tuple)):
         raise PreflightError(f"{name} cannot set the list {key}", hint="set it in invoke.yaml or a -f FILE instead")
     elif isinstance(default, (int, float)):

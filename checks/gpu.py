@@ -54,7 +54,9 @@ def gpu_inventory(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
 
 def _inventory_one(g: GpuFacts) -> Result:
     if g.error:
-        hint = "the GPU stopped answering (Xid 79 'fallen off the bus' or lost): reset or ask the provider for another box"
+        hint = (
+            "the GPU stopped answering (Xid 79 'fallen off the bus' or lost): reset or ask the provider for another box"
+        )
         return fail("gpu-inventory", f"{g.name}: {g.error}", hint, subject=_sub(g), value=g.bus_id)
     cc = f"sm_{g.compute_capability[0]}{g.compute_capability[1]}" if g.compute_capability else "sm_?"
     mem = f"{g.memory_total / GIB:.0f} GiB" if g.memory_total else "memory ?"
@@ -80,8 +82,10 @@ def _power_one(g: GpuFacts, cfg: PreflightConfig) -> Result:
     summary = f"power limit {limit / 1000:.0f} W is {frac:.0%} of the default {default / 1000:.0f} W"
     kw = {"value": round(limit / 1000, 1), "expected": f">= {need:.0f} W", "subject": _sub(g)}
     if frac < cfg.gpu.power_min_fraction:
-        hint = (f"the card is capped: `nvidia-smi -i {g.index} -pl {default / 1000:.0f}` as root on the host; on a "
-                "rented box ask the provider or pick another offer (expect ~10-20% lower throughput)")
+        hint = (
+            f"the card is capped: `nvidia-smi -i {g.index} -pl {default / 1000:.0f}` as root on the host; on a "
+            "rented box ask the provider or pick another offer (expect ~10-20% lower throughput)"
+        )
         return warn("gpu-power", summary, hint, **kw)
     return ok("gpu-power", summary, **kw)
 
@@ -105,10 +109,10 @@ def _pcie_one(g: GpuFacts, cfg: PreflightConfig) -> Result:
     gpu_gen = g.pcie_gen_gpu_max or (spec.pcie_gen if spec else None)
     gpu_width = spec.pcie_width if spec else 16
     full = _link_rate(gpu_gen, gpu_width)
-    if g.pcie_gen_loaded and g.pcie_width_loaded:
-        gen, width, how = g.pcie_gen_loaded, g.pcie_width_loaded, "under load"
-    else:
-        gen, width, how = g.pcie_gen_max, g.pcie_width_max, "slot capability (not measured under load)"
+    loaded = bool(g.pcie_gen_loaded and g.pcie_width_loaded)
+    gen = g.pcie_gen_loaded if loaded else g.pcie_gen_max
+    width = g.pcie_width_loaded if loaded else g.pcie_width_max
+    how = "under load" if loaded else "slot capability (not measured under load)"
     have = _link_rate(gen, width)
     if full is None or have is None:
         return skip("gpu-pcie", "PCIe link not readable on this card (vGPU or unsupported)", subject=_sub(g))
@@ -163,13 +167,13 @@ def _throttle_one(g: GpuFacts, cfg: PreflightConfig) -> Result:
         return skip("gpu-throttle", "clock event reasons not readable on this card", subject=_sub(g))
     active = [(name, status) for bit, (name, status) in _REASONS.items() if g.clock_event_reasons & bit]
     temp = f", {g.temperature_c} C" if g.temperature_c is not None else ""
-    kw = {"value": hex(g.clock_event_reasons), "subject": _sub(g)}
+    value, subject = hex(g.clock_event_reasons), _sub(g)
     if not active:
-        return ok("gpu-throttle", f"no throttling{temp}", **kw)
+        return ok("gpu-throttle", f"no throttling{temp}", value=value, subject=subject)
     worst = Status.FAIL if any(s is Status.FAIL for _, s in active) else Status.WARN
     names = ", ".join(n for n, _ in active)
     hint = "thermal: check fans/airflow and the slowdown temperature; power: see gpu-power; hardware slowdown: report the box"
-    return Result("gpu-throttle", worst, f"clocks held back: {names}{temp}", hint=hint, **kw)
+    return Result("gpu-throttle", worst, f"clocks held back: {names}{temp}", value=value, hint=hint, subject=subject)
 
 
 def gpu_ecc(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
@@ -189,9 +193,17 @@ def _ecc_findings(g: GpuFacts) -> Iterator[tuple[Status, str, str]]:
     if g.retired_pages_pending:
         yield Status.FAIL, "page retirement pending", "reset the GPU or reboot before training"
     if g.ecc_uncorrected_volatile:
-        yield Status.FAIL, f"{g.ecc_uncorrected_volatile} uncorrected ECC errors since driver load", "the GPU corrupts data: ask for another box"
+        yield (
+            Status.FAIL,
+            f"{g.ecc_uncorrected_volatile} uncorrected ECC errors since driver load",
+            "the GPU corrupts data: ask for another box",
+        )
     if g.ecc_uncorrected_aggregate:
-        yield Status.WARN, f"{g.ecc_uncorrected_aggregate} uncorrected ECC errors in its lifetime", "watch for Xid 48/94/95; keep checkpoints frequent"
+        yield (
+            Status.WARN,
+            f"{g.ecc_uncorrected_aggregate} uncorrected ECC errors in its lifetime",
+            "watch for Xid 48/94/95; keep checkpoints frequent",
+        )
 
 
 def _ecc_one(g: GpuFacts, cfg: PreflightConfig) -> Result:
@@ -219,13 +231,23 @@ def _mig_one(g: GpuFacts, cfg: PreflightConfig) -> Result:
     if g.mig_enabled is None:
         return ok("gpu-mig", "MIG not available on this card", **kw)
     if g.mig_enabled and not g.mig_devices:
-        return fail("gpu-mig", "MIG is on with no instances: CUDA sees no device here",
-                    "create instances (nvidia-smi mig -cgi ... -C) or disable MIG (nvidia-smi -mig 0, then reset)", **kw)
+        return fail(
+            "gpu-mig",
+            "MIG is on with no instances: CUDA sees no device here",
+            "create instances (nvidia-smi mig -cgi ... -C) or disable MIG (nvidia-smi -mig 0, then reset)",
+            **kw,
+        )
     if g.mig_enabled:
-        return warn("gpu-mig", f"MIG is on: the GPU is split into {g.mig_devices} instance(s); a process sees one slice",
-                    "for full-GPU training disable MIG (nvidia-smi -i N -mig 0, then reset) or rent an unpartitioned GPU", **kw)
+        return warn(
+            "gpu-mig",
+            f"MIG is on: the GPU is split into {g.mig_devices} instance(s); a process sees one slice",
+            "for full-GPU training disable MIG (nvidia-smi -i N -mig 0, then reset) or rent an unpartitioned GPU",
+            **kw,
+        )
     if g.mig_pending:
-        return warn("gpu-mig", "MIG is off but enabling it is pending a GPU reset", "a reset will partition the GPU", **kw)
+        return warn(
+            "gpu-mig", "MIG is off but enabling it is pending a GPU reset", "a reset will partition the GPU", **kw
+        )
     return ok("gpu-mig", "MIG off", **kw)
 
 
@@ -250,7 +272,9 @@ def _processes_one(g: GpuFacts, cfg: PreflightConfig) -> Result:
     used = (g.memory_used or 0) - (g.memory_reserved or 0)
     if total and used / total > cfg.gpu.idle_memory_warn_fraction:
         summary = f"{used / GIB:.1f} GiB in use with no process visible ({used / total:.0%} of memory)"
-        hint = "another container may share this GPU (its processes are invisible here), or a zombie context holds memory"
+        hint = (
+            "another container may share this GPU (its processes are invisible here), or a zombie context holds memory"
+        )
         return warn("gpu-processes", summary, hint, value=0, **kw)
     if g.processes is None:
         return skip("gpu-processes", "process list not readable on this card", **kw)
@@ -270,8 +294,13 @@ def _persistence_one(g: GpuFacts, cfg: PreflightConfig) -> Result:
         return skip("gpu-persistence", "persistence mode not readable here", subject=_sub(g))
     if g.persistence_mode:
         return ok("gpu-persistence", "persistence mode on", subject=_sub(g), value=True)
-    return warn("gpu-persistence", "persistence mode off: each CUDA start re-initialises the GPU (seconds)",
-                "as root on the host: nvidia-smi -pm 1, or run nvidia-persistenced", subject=_sub(g), value=False)
+    return warn(
+        "gpu-persistence",
+        "persistence mode off: each CUDA start re-initialises the GPU (seconds)",
+        "as root on the host: nvidia-smi -pm 1, or run nvidia-persistenced",
+        subject=_sub(g),
+        value=False,
+    )
 
 
 def gpu_compute_mode(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
@@ -285,10 +314,19 @@ def gpu_compute_mode(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
 def _compute_mode_one(g: GpuFacts, cfg: PreflightConfig) -> Result:
     mode, kw = g.compute_mode, {"subject": _sub(g), "value": g.compute_mode}
     if mode == 2:
-        return fail("gpu-compute-mode", "compute mode Prohibited: no CUDA context can be created", "nvidia-smi -i N -c DEFAULT (root)", **kw)
+        return fail(
+            "gpu-compute-mode",
+            "compute mode Prohibited: no CUDA context can be created",
+            "nvidia-smi -i N -c DEFAULT (root)",
+            **kw,
+        )
     if mode == 3:
-        return warn("gpu-compute-mode", "compute mode Exclusive_Process: a second process on this GPU fails with error 46",
-                    "fine for one training process; nvidia-smi -i N -c DEFAULT to share", **kw)
+        return warn(
+            "gpu-compute-mode",
+            "compute mode Exclusive_Process: a second process on this GPU fails with error 46",
+            "fine for one training process; nvidia-smi -i N -c DEFAULT to share",
+            **kw,
+        )
     if mode is None:
         return skip("gpu-compute-mode", "compute mode not readable here", **kw)
     return ok("gpu-compute-mode", "compute mode Default", **kw)

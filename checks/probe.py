@@ -63,7 +63,8 @@ class LocalProbe:
             peak = sampler.peak()
         gpus = tuple(
             dataclasses.replace(g, pcie_gen_loaded=peak[g.index][0], pcie_width_loaded=peak[g.index][1])
-            if g.index in peak else g
+            if g.index in peak
+            else g
             for g in facts.nvml.gpus
         )
         return dataclasses.replace(facts, bench=bench, nvml=dataclasses.replace(facts.nvml, gpus=gpus))
@@ -106,4 +107,8 @@ class SnapshotProbe:
     def alloc(self, wanted: str, variables: tuple[str, ...], cfg: PreflightConfig) -> AllocFacts:
         if self.facts.alloc is not None:
             return self.facts.alloc
-        return AllocFacts(wanted=wanted, variable=variables[0], skipped="replayed snapshot: the allocator read-back needs the live machine")
+        return AllocFacts(
+            wanted=wanted,
+            variable=variables[0],
+            skipped="replayed snapshot: the allocator read-back needs the live machine",
+        )

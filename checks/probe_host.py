@@ -125,9 +125,7 @@ def cgroup_mem_limit(root: Path, cgroups: Mapping[str, str]) -> int | None:
     """
     base = root / "sys" / "fs" / "cgroup"
     found = [_mem_limit(d / "memory.max") for d in _walk_up(base, cgroups.get("", "/"))]
-    found += [
-        _mem_limit(d / "memory.limit_in_bytes") for d in _walk_up(base / "memory", cgroups.get("memory", "/"))
-    ]
+    found += [_mem_limit(d / "memory.limit_in_bytes") for d in _walk_up(base / "memory", cgroups.get("memory", "/"))]
     return _tightest(found)
 
 

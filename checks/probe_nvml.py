@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, Self
+from typing import Any
 
 from checks.facts import GpuFacts, GpuProcess, NvmlFacts, RemappedRows
 
@@ -65,7 +65,7 @@ class _Query:
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
         # AttributeError: bindings too old to have the function (or the struct version) at all.
-        self._absent = _error_classes(nvml, _ABSENT_ERRORS) + (AttributeError,)
+        self._absent: tuple[type[BaseException], ...] = (*_error_classes(nvml, _ABSENT_ERRORS), AttributeError)
         self._gone = _error_classes(nvml, _GPU_GONE_ERRORS)
 
     def __call__(self, function: str, *args: Any, **kwargs: Any) -> Any:
@@ -261,9 +261,7 @@ def _memory_health(q: _Query, handle: Any) -> dict[str, Any]:
     """nvidia-smi --query-gpu=retired_pages.pending and nvidia-smi -q -d ROW_REMAPPER."""
     pending = q("nvmlDeviceGetRetiredPagesPendingStatus", handle)
     rows = q("nvmlDeviceGetRemappedRows", handle)  # (correctable, uncorrectable, pending, failure)
-    remapped = (
-        None if rows is None else RemappedRows(int(rows[0]), int(rows[1]), bool(rows[2]), bool(rows[3]))
-    )
+    remapped = None if rows is None else RemappedRows(int(rows[0]), int(rows[1]), bool(rows[2]), bool(rows[3]))
     return {"retired_pages_pending": None if pending is None else bool(pending), "remapped_rows": remapped}
 
 
@@ -322,7 +320,7 @@ class PcieLinkSampler:
         self._handles: dict[int, Any] = {}
         self._peak: dict[int, tuple[int | None, int | None]] = {}
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> PcieLinkSampler:
         nvml, failure = _start(self._nvml)
         if failure is None:
             self._query = _Query(nvml)

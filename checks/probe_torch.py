@@ -6,6 +6,7 @@ The child scripts live in ``checks/scripts/`` and print one JSON object on their
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -32,16 +33,27 @@ class ChildFailed(Exception):
         self.kind = kind
 
 
-def run_child(argv: list[str], timeout: float, env: Mapping[str, str] | None = None,
-              while_running: Callable[[], None] | None = None) -> dict[str, Any]:
+def run_child(
+    argv: list[str],
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    while_running: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """Run a child, return the JSON object on its last stdout line; kill its process group on timeout.
 
     The child runs in a neutral directory: run from the checkout, ``datasets/`` would shadow Hugging Face's.
     ``while_running`` is called about every 50 ms until the child exits (used to sample NVML under load).
     """
     with tempfile.TemporaryDirectory(prefix="gpu-preflight-") as cwd:
-        proc = subprocess.Popen(argv, cwd=cwd, env=dict(env) if env is not None else None, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout
         try:
             while proc.poll() is None:
@@ -58,10 +70,8 @@ def run_child(argv: list[str], timeout: float, env: Mapping[str, str] | None = N
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 9)
-        except ProcessLookupError:
-            pass
         proc.wait()
 
 
@@ -88,8 +98,12 @@ def read_torch(python: str = sys.executable, timeout: float = 60.0) -> TorchFact
     return facts
 
 
-def run_bench(settings: Mapping[str, Any], timeout: float, python: str = sys.executable,
-              while_running: Callable[[], None] | None = None) -> BenchFacts:
+def run_bench(
+    settings: Mapping[str, Any],
+    timeout: float,
+    python: str = sys.executable,
+    while_running: Callable[[], None] | None = None,
+) -> BenchFacts:
     """Run the GPU micro-benchmarks in a child; ``settings`` go to the script as JSON."""
     argv = [python, str(SCRIPTS / "gpu_bench.py"), json.dumps(dict(settings))]
     try:
@@ -102,8 +116,14 @@ def run_bench(settings: Mapping[str, Any], timeout: float, python: str = sys.exe
     return BenchFacts(gpus=gpus)
 
 
-def read_alloc(wanted: str, variables: tuple[str, ...], timeout: float, python: str = sys.executable,
-               environ: Mapping[str, str] | None = None, shell: str = "bash") -> AllocFacts:
+def read_alloc(
+    wanted: str,
+    variables: tuple[str, ...],
+    timeout: float,
+    python: str = sys.executable,
+    environ: Mapping[str, str] | None = None,
+    shell: str = "bash",
+) -> AllocFacts:
     """Start a fresh login shell without the allocator variables, run Python in it, read the settings back."""
     env = {k: v for k, v in (environ if environ is not None else os.environ).items() if k not in ALLOC_VARIABLES}
     variable = variables[0]
@@ -114,5 +134,11 @@ def read_alloc(wanted: str, variables: tuple[str, ...], timeout: float, python: 
         return AllocFacts(wanted=wanted, variable=variable, error=f"read-back {exc}")
     except FileNotFoundError:
         return AllocFacts(wanted=wanted, variable=variable, skipped=f"no {shell} to start a login shell with")
-    return AllocFacts(wanted=wanted, variable=variable, env_seen=data.get("env"), torch_settings=data.get("settings"),
-                      source=data.get("source"), error=data.get("error"))
+    return AllocFacts(
+        wanted=wanted,
+        variable=variable,
+        env_seen=data.get("env"),
+        torch_settings=data.get("settings"),
+        source=data.get("source"),
+        error=data.get("error"),
+    )

@@ -48,8 +48,10 @@ def cpu_cores(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     per = cores / gpus
     summary = f"{per:.1f} usable cores per GPU ({cores:g} cores: {src}; {gpus} GPU(s))"
     kw = {"value": round(per, 2), "expected": f">= {cfg.host.cores_per_gpu_warn:g} per GPU"}
-    hint = ("too few cores to decode and augment data for the GPU: pick an offer with more vCPUs per GPU, or "
-            "pre-decode the dataset once (invoke stage-data) so workers only copy arrays")
+    hint = (
+        "too few cores to decode and augment data for the GPU: pick an offer with more vCPUs per GPU, or "
+        "pre-decode the dataset once (invoke stage-data) so workers only copy arrays"
+    )
     if per < cfg.host.cores_per_gpu_fail:
         return [fail("cpu-cores", summary, hint, **kw)]
     if per < cfg.host.cores_per_gpu_warn:
@@ -92,8 +94,12 @@ class LoaderAdvice:
     reasons: tuple[str, ...]
 
     def as_dict(self) -> dict[str, object]:
-        return {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
-                "persistent_workers": self.persistent_workers, "prefetch_factor": self.prefetch_factor}
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers,
+            "prefetch_factor": self.prefetch_factor,
+        }
 
 
 def _cpu_workers(m: MachineFacts, cfg: PreflightConfig) -> tuple[float, int]:
@@ -128,7 +134,13 @@ def shm(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     """
     size = m.host.shm_total
     if size is None:
-        return [fail("shm", "/dev/shm is missing", "DataLoader workers need it: mount tmpfs on /dev/shm (docker run --shm-size=16g)")]
+        return [
+            fail(
+                "shm",
+                "/dev/shm is missing",
+                "DataLoader workers need it: mount tmpfs on /dev/shm (docker run --shm-size=16g)",
+            )
+        ]
     gpus = max(1, _gpu_count(m))
     wanted_workers = _cpu_workers(m, cfg)[1]
     need = max(cfg.host.shm_min_mib * MIB, wanted_workers * gpus * cfg.host.shm_per_worker_mib * MIB)

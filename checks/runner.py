@@ -49,12 +49,21 @@ def run_check(check_id: str, check: Check, facts: MachineFacts, cfg: PreflightCo
     except Exception as exc:  # noqa: BLE001 - isolation is the point: one crash must not stop the others
         where = traceback.extract_tb(exc.__traceback__)[-1]
         summary = f"check crashed: {type(exc).__name__}: {exc} ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"
-        results = [Result(check_id, Status.ERROR, summary, hint="a bug in gpu-preflight: please report it with the snapshot (invoke snapshot)")]
+        results = [
+            Result(
+                check_id,
+                Status.ERROR,
+                summary,
+                hint="a bug in gpu-preflight: please report it with the snapshot (invoke snapshot)",
+            )
+        ]
     spent = (time.perf_counter() - start) / max(1, len(results))
     return [timed(r, spent) for r in results]
 
 
-def run_checks(facts: MachineFacts, cfg: PreflightConfig, checks: tuple[tuple[str, Check], ...] = CHECKS) -> list[Result]:
+def run_checks(
+    facts: MachineFacts, cfg: PreflightConfig, checks: tuple[tuple[str, Check], ...] = CHECKS
+) -> list[Result]:
     """Run all checks in order and return their results."""
     results: list[Result] = []
     for check_id, check in checks:

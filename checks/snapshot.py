@@ -65,10 +65,12 @@ def _build(tp: Any, data: Any, where: str) -> Any:
     if origin is tuple:
         if not isinstance(data, list):
             raise SnapshotError(f"{where}: expected a list, got {type(data).__name__}")
-        args = typing.get_args(tp)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_build(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
-        return tuple(_build(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data, strict=True)))
+        items = typing.get_args(tp)
+        if len(items) == 2 and items[1] is Ellipsis:
+            return tuple(_build(items[0], v, f"{where}[{i}]") for i, v in enumerate(data))
+        if len(items) != len(data):
+            raise SnapshotError(f"{where}: expected {len(items)} items, got {len(data)}")
+        return tuple(_build(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(items, data, strict=True)))
     if origin is dict:
         if not isinstance(data, dict):
             raise SnapshotError(f"{where}: expected an object, got {type(data).__name__}")
@@ -115,7 +117,9 @@ def load_snapshot(path: Path) -> tuple[MachineFacts, dict[str, Any]]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SnapshotError(f"machine snapshot {path} does not exist", hint="record one with `invoke snapshot --out FILE`") from None
+        raise SnapshotError(
+            f"machine snapshot {path} does not exist", hint="record one with `invoke snapshot --out FILE`"
+        ) from None
     except OSError as exc:
         raise SnapshotError(f"machine snapshot {path} cannot be read: {exc.strerror}") from None
     try:
@@ -123,7 +127,9 @@ def load_snapshot(path: Path) -> tuple[MachineFacts, dict[str, Any]]:
     except json.JSONDecodeError as exc:
         raise SnapshotError(f"machine snapshot {path} is not JSON (line {exc.lineno}: {exc.msg})") from None
     if not isinstance(doc, dict) or "machine" not in doc:
-        raise SnapshotError(f"machine snapshot {path} has no 'machine' object", hint="is this a bootstrap report instead?")
+        raise SnapshotError(
+            f"machine snapshot {path} has no 'machine' object", hint="is this a bootstrap report instead?"
+        )
     schema = doc.get("snapshot")
     if not isinstance(schema, int) or schema < 1:
         raise SnapshotError(f"machine snapshot {path} has no valid 'snapshot' version")

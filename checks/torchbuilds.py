@@ -11,7 +11,14 @@ _ARCH = re.compile(r"^(sm|compute)_(\d+)(\d)([af]?)$")
 
 # Devices a code SM must not run on although the "same major, lower minor" rule says it would: the Jetson
 # parts (torch 2.14 DEVICE_REQUIREMENT, ref/compat.md §2.3).
-_EXCLUDED = {(7, 0): {(7, 2)}, (8, 0): {(8, 7)}, (8, 6): {(8, 7)}, (5, 0): {(5, 3)}, (6, 0): {(6, 2)}, (10, 0): {(10, 1)}}
+_EXCLUDED = {
+    (7, 0): {(7, 2)},
+    (8, 0): {(8, 7)},
+    (8, 6): {(8, 7)},
+    (5, 0): {(5, 3)},
+    (6, 0): {(6, 2)},
+    (10, 0): {(10, 1)},
+}
 
 
 @dataclass(frozen=True)

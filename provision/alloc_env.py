@@ -50,7 +50,7 @@ def variables_for(torch_version: str | None) -> tuple[str, ...]:
 def render_block(value: str, variables: tuple[str, ...]) -> str:
     lines = [BEGIN, "# written by `invoke bootstrap` / `invoke alloc-conf`; remove with `invoke alloc-conf --undo`"]
     lines += [f"export {var}={shlex.quote(value)}" for var in variables]
-    return "\n".join(lines + [END]) + "\n"
+    return "\n".join([*lines, END]) + "\n"
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 MIB = 1024**2
+Timer = Callable[[Callable[[], object]], float]
 
 
-def _timer(torch: Any, device: str) -> Callable[[Callable[[], object]], float]:
+def _timer(torch: Any, device: str) -> Timer:
     """Return a function that times one call in seconds (CUDA events on a GPU)."""
     if device.startswith("cuda"):
 
@@ -40,7 +41,7 @@ def _timer(torch: Any, device: str) -> Callable[[Callable[[], object]], float]:
     return time_cpu
 
 
-def _median(timer: Callable[[Callable[[], object]], float], fn: Callable[[], object], warmup: int, repeats: int) -> float:
+def _median(timer: Timer, fn: Callable[[], object], warmup: int, repeats: int) -> float:
     for _ in range(warmup):
         timer(fn)
     return statistics.median(timer(fn) for _ in range(repeats))
@@ -55,31 +56,35 @@ def _dtype(torch: Any, device: str) -> Any:
     return torch.float16 if major >= 7 else torch.float32
 
 
-def bench_device(torch: Any, device: str, s: dict[str, Any]) -> dict[str, Any]:
-    timer, w, r = _timer(torch, device), int(s["warmup"]), int(s["repeats"])
-    pin = device.startswith("cuda")
-    n_copy = int(s["copy_mib"]) * MIB
-    host = torch.empty(n_copy, dtype=torch.uint8, pin_memory=pin)
-    dev = torch.empty(n_copy, dtype=torch.uint8, device=device)
+def _copy_rates(torch: Any, device: str, nbytes: int, timer: Timer, w: int, r: int) -> tuple[float, float]:
+    """Host<->device GB/s with pinned host memory (pageable memory would measure the staging copy)."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.startswith("cuda"))
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
     h2d = _median(timer, lambda: dev.copy_(host, non_blocking=True), w, r)
     d2h = _median(timer, lambda: host.copy_(dev, non_blocking=True), w, r)
-    del host, dev
-    n_d2d = int(s["d2d_mib"]) * MIB
-    a = torch.empty(n_d2d, dtype=torch.uint8, device=device)
+    return nbytes / h2d / 1e9, nbytes / d2h / 1e9
+
+
+def _d2d_rate(torch: Any, device: str, nbytes: int, timer: Timer, w: int, r: int) -> float:
+    a = torch.empty(nbytes, dtype=torch.uint8, device=device)
     b = torch.empty_like(a)
-    d2d = _median(timer, lambda: b.copy_(a), w, r)
-    del a, b
-    n, dtype = int(s["matmul_n"]), _dtype(torch, device)
+    return 2 * nbytes / _median(timer, lambda: b.copy_(a), w, r) / 1e9  # a copy reads and writes every byte
+
+
+def _matmul_rate(torch: Any, device: str, n: int, timer: Timer, w: int, r: int) -> tuple[float, str]:
+    dtype = _dtype(torch, device)
     x = torch.randn(n, n, device=device, dtype=dtype)
     y = torch.randn(n, n, device=device, dtype=dtype)
-    mm = _median(timer, lambda: torch.matmul(x, y), w, r)
-    return {
-        "h2d_gb_s": n_copy / h2d / 1e9,
-        "d2h_gb_s": n_copy / d2h / 1e9,
-        "d2d_gb_s": 2 * n_d2d / d2d / 1e9,  # a copy reads and writes every byte
-        "matmul_tflops": 2 * n**3 / mm / 1e12,
-        "matmul_dtype": str(dtype).replace("torch.", ""),
-    }
+    seconds = _median(timer, lambda: torch.matmul(x, y), w, r)
+    return 2 * n**3 / seconds / 1e12, str(dtype).replace("torch.", "")
+
+
+def bench_device(torch: Any, device: str, s: dict[str, Any]) -> dict[str, Any]:
+    timer, w, r = _timer(torch, device), int(s["warmup"]), int(s["repeats"])
+    h2d, d2h = _copy_rates(torch, device, int(s["copy_mib"]) * MIB, timer, w, r)
+    d2d = _d2d_rate(torch, device, int(s["d2d_mib"]) * MIB, timer, w, r)
+    tflops, dtype = _matmul_rate(torch, device, int(s["matmul_n"]), timer, w, r)
+    return {"h2d_gb_s": h2d, "d2h_gb_s": d2h, "d2d_gb_s": d2d, "matmul_tflops": tflops, "matmul_dtype": dtype}
 
 
 def main(settings: dict[str, Any]) -> dict[str, Any]:

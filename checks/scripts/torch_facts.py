@@ -45,7 +45,9 @@ def main() -> dict[str, Any]:
         "arch_list": _try(lambda: list(torch.cuda.get_arch_list()), []),
         "cudnn_version": _try(lambda: torch.backends.cudnn.version()) if torch.version.cuda else None,
         "cudnn_compiled_version": ".".join(str(x) for x in compiled) if compiled else None,
-        "nccl_version": ".".join(str(x) for x in nccl[:3]) if isinstance(nccl, tuple) else (str(nccl) if nccl else None),
+        "nccl_version": ".".join(str(x) for x in nccl[:3])
+        if isinstance(nccl, tuple)
+        else (str(nccl) if nccl else None),
         "cuda_available": available,
         "device_count": _try(lambda: torch.cuda.device_count(), 0) if available else 0,
         "cuda_init_error": init[0] if init and not available else None,

@@ -243,9 +243,7 @@ def test_shm_from_statvfs(tmp_path: Path) -> None:
 
 
 def test_env_keeps_only_listed_keys() -> None:
-    assert {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "PYTORCH_ALLOC_CONF", "NCCL_P2P_DISABLE"} <= set(
-        ENV_KEYS
-    )
+    assert {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "PYTORCH_ALLOC_CONF", "NCCL_P2P_DISABLE"} <= set(ENV_KEYS)
     environ = {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_IB_DISABLE": "1", "HOME": "/root", "HF_TOKEN": "secret"}
     facts = read_host(Path("/nonexistent-root"), environ)
     assert facts.env == {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_IB_DISABLE": "1"}
@@ -260,9 +258,7 @@ def test_empty_tree_gives_unknowns_not_errors(tmp_path: Path) -> None:
     assert facts.cgroup_cpu_quota is None and facts.cgroup_mem_limit is None
     assert facts.mem_total is None and facts.mem_available is None
     assert facts.shm_total is None and facts.shm_free is None
-    assert (
-        facts.nofile_soft is None and facts.memlock_hard is None
-    )  # live limits are not read under a fake root
+    assert facts.nofile_soft is None and facts.memlock_hard is None  # live limits are not read under a fake root
     assert facts.in_container is False and facts.cuda_compat_paths == ()
     assert facts.nvswitch_count == 0 and facts.fabric_manager_running is None and facts.env == {}
 

@@ -97,9 +97,7 @@ class FakeNvml:
 
 
 def _is_error(answer: Any) -> bool:
-    return isinstance(answer, BaseException) or (
-        isinstance(answer, type) and issubclass(answer, BaseException)
-    )
+    return isinstance(answer, BaseException) or (isinstance(answer, type) and issubclass(answer, BaseException))
 
 
 MEM_V2 = SimpleNamespace(total=80 * GIB, reserved=GIB // 2, free=79 * GIB, used=GIB // 2)
@@ -201,9 +199,7 @@ def geforce() -> dict[str, Any]:
         "GetPciInfo": SimpleNamespace(busId="00000000:01:00.0", pciDeviceId=0x268410DE),
         "GetBrand": pynvml.NVML_BRAND_GEFORCE,
         "GetCudaComputeCapability": (8, 9),
-        "GetMemoryInfo": lambda version=None: SimpleNamespace(
-            total=24 * GIB, free=23 * GIB, used=GIB, reserved=0
-        ),
+        "GetMemoryInfo": lambda version=None: SimpleNamespace(total=24 * GIB, free=23 * GIB, used=GIB, reserved=0),
         "GetPowerManagementLimit": 250_000,
         "GetPowerManagementDefaultLimit": 450_000,
         "GetEnforcedPowerLimit": 250_000,
@@ -443,18 +439,14 @@ def test_health_counters_pending_remap_and_retirement() -> None:
 
 def test_processes_with_and_without_memory_and_names() -> None:
     procs = [SimpleNamespace(pid=4242, usedGpuMemory=3 * GIB), SimpleNamespace(pid=77, usedGpuMemory=None)]
-    fake = FakeNvml(
-        [{**h100(), "GetComputeRunningProcesses": procs}], system={"ProcessNames": {4242: "python3"}}
-    )
+    fake = FakeNvml([{**h100(), "GetComputeRunningProcesses": procs}], system={"ProcessNames": {4242: "python3"}})
     assert read_nvml(fake).gpus[0].processes == (
         GpuProcess(pid=4242, used_memory=3 * GIB, name="python3"),
         GpuProcess(pid=77, used_memory=None, name=None),
     )
 
 
-@pytest.mark.parametrize(
-    "error", [pynvml.NVMLError_NotSupported(), pynvml.NVMLLibraryMismatchError("old driver")]
-)
+@pytest.mark.parametrize("error", [pynvml.NVMLError_NotSupported(), pynvml.NVMLLibraryMismatchError("old driver")])
 def test_processes_none_only_when_the_query_is_unsupported(error: BaseException) -> None:
     facts = read_nvml(FakeNvml([{**h100(), "GetComputeRunningProcesses": error}])).gpus[0]
     assert facts.processes is None and facts.error is None
