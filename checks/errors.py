@@ -24,6 +24,9 @@ class PreflightError(Exit):
         text = f"gpu-preflight: {message}" + (f" ({hint})" if hint else "")
         super().__init__(text, code=int(code))
 
+    def __str__(self) -> str:
+        return self.message or ""
+
 
 class SnapshotError(PreflightError):
     """A machine snapshot that is missing, not JSON, or of an unknown schema."""

@@ -154,6 +154,14 @@ def shm(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     return [ok("shm", summary, **kw)]
 
 
+def _nofile_hint(hard: int | None, soft: int, wanted: int) -> str:
+    if hard == -1 or (hard is not None and hard > soft):
+        target = "unlimited" if hard == -1 else str(hard)
+        return f"`ulimit -n {target}` in the training shell ('Too many open files' with many workers)"
+    return (f"the hard limit is {hard}: raise it as root (docker run --ulimit nofile={wanted}:{wanted}, "
+            "or /etc/security/limits.conf) to avoid 'Too many open files' with many workers")
+
+
 def ulimits(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     """Open-file and locked-memory limits fit DataLoader workers and NCCL.
 
@@ -162,8 +170,7 @@ def ulimits(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     h, problems, hints = m.host, [], []
     if h.nofile_soft is not None and h.nofile_soft != -1 and h.nofile_soft < cfg.host.nofile_min:
         problems.append(f"open files {h.nofile_soft} < {cfg.host.nofile_min}")
-        target = "unlimited" if h.nofile_hard == -1 else str(h.nofile_hard)
-        hints.append(f"`ulimit -n {target}` in the training shell ('Too many open files' with many workers)")
+        hints.append(_nofile_hint(h.nofile_hard, h.nofile_soft, cfg.host.nofile_min))
     memlock_min = int(cfg.host.memlock_min_gib * GIB)
     if _gpu_count(m) > 1 and h.memlock_soft is not None and h.memlock_soft != -1 and h.memlock_soft < memlock_min:
         problems.append(f"locked memory {h.memlock_soft / MIB:.0f} MiB < {cfg.host.memlock_min_gib:g} GiB")

@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from provision.alloc_env import (
+    BEGIN,
+    END,
+    choose_value,
+    ensure_alloc_conf,
+    ensure_alloc_conf_removed,
+    render_block,
+    variables_for,
+)
+
+BOTH = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+@pytest.mark.parametrize(
+    ("configured", "torch", "value"),
+    [
+        ("", "2.13.0+cpu", "expandable_segments:True"),
+        ("", "2.1.2+cu121", "max_split_size_mb:64"),
+        ("", None, "max_split_size_mb:64"),
+        ("garbage_collection_threshold:0.6", "2.13.0", "garbage_collection_threshold:0.6"),
+    ],
+)
+def test_value_by_torch_version(configured: str, torch: str | None, value: str) -> None:
+    assert choose_value(configured, torch) == value
+
+
+def test_variables_by_torch_version() -> None:
+    assert variables_for("2.9.1+cu128") == BOTH
+    assert variables_for("2.8.0") == ("PYTORCH_CUDA_ALLOC_CONF",)
+
+
+def test_block_quotes_the_value() -> None:
+    block = render_block("a:1, b:2", ("PYTORCH_CUDA_ALLOC_CONF",))
+    assert "export PYTORCH_CUDA_ALLOC_CONF='a:1, b:2'" in block
+    assert block.startswith(BEGIN) and block.rstrip().endswith(END)
+
+
+def test_apply_is_idempotent_and_keeps_the_rest(tmp_path: Path) -> None:
+    rc = tmp_path / ".bashrc"
+    rc.write_text("alias ll='ls -l'\nexport PATH=$HOME/bin:$PATH")  # no trailing newline
+    rc.chmod(0o600)
+    assert len(ensure_alloc_conf([rc], "expandable_segments:True", BOTH)) == 1
+    first = rc.read_bytes()
+    assert first.count(BEGIN.encode()) == 1
+    assert first.startswith(b"alias ll='ls -l'\nexport PATH=$HOME/bin:$PATH\n")
+    assert ensure_alloc_conf([rc], "expandable_segments:True", BOTH) == []
+    assert rc.read_bytes() == first
+    assert stat.S_IMODE(rc.stat().st_mode) == 0o600
+
+
+def test_a_new_value_replaces_the_block_in_place(tmp_path: Path) -> None:
+    rc = tmp_path / ".profile"
+    rc.write_text("before\n")
+    ensure_alloc_conf([rc], "expandable_segments:True", BOTH)
+    rc.write_text(rc.read_text() + "after\n")
+    ensure_alloc_conf([rc], "max_split_size_mb:64", BOTH)
+    text = rc.read_text()
+    assert text.count(BEGIN) == 1 and "expandable_segments" not in text
+    assert text.startswith("before\n") and text.endswith("after\n")
+
+
+def test_remove_restores_the_file(tmp_path: Path) -> None:
+    rc = tmp_path / ".bashrc"
+    original = "line one\nline two\n"
+    rc.write_text(original)
+    ensure_alloc_conf([rc], "expandable_segments:True", BOTH)
+    assert len(ensure_alloc_conf_removed([rc])) == 1
+    assert rc.read_text() == original
+    assert ensure_alloc_conf_removed([rc]) == []
+
+
+def test_missing_files_are_created_and_dry_run_writes_nothing(tmp_path: Path) -> None:
+    rc = tmp_path / "sub" / ".profile"
+    changes = ensure_alloc_conf([rc], "expandable_segments:True", BOTH, dry_run=True)
+    assert [c.path for c in changes] == [rc] and changes[0].before is None
+    assert not rc.exists()
+    ensure_alloc_conf([rc], "expandable_segments:True", BOTH)
+    assert rc.read_text() == render_block("expandable_segments:True", BOTH)
+    assert ensure_alloc_conf_removed([rc], dry_run=True) and BEGIN in rc.read_text()
+    assert list(rc.parent.glob("*.tmp")) == []
+
+
+def test_removing_from_a_missing_file_is_no_change(tmp_path: Path) -> None:
+    assert ensure_alloc_conf_removed([tmp_path / ".bashrc"]) == []
+    assert not (tmp_path / ".bashrc").exists()
