@@ -142,9 +142,9 @@ def _init_error(m: MachineFacts) -> _Problem:
     err = m.torch.cuda_init_error
     if not err or m.torch.cuda_available:
         return None
-    if "802" in err and m.host.nvswitch_count and m.host.fabric_manager_running is False:
+    if "802" in err and _fabric_manager(m):
         return None  # already explained by _fabric_manager
-    if "804" in err and m.host.cuda_compat_paths:
+    if "804" in err and _forward_compat(m):
         return None  # already explained by _forward_compat
     hint = "error 802: start nvidia-fabricmanager; 804: remove cuda-compat from the loader path; 803: reboot"
     return Status.FAIL, f"CUDA initialisation failed in torch: {err.strip().splitlines()[0][:200]}", hint

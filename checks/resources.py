@@ -158,8 +158,10 @@ def _nofile_hint(hard: int | None, soft: int, wanted: int) -> str:
     if hard == -1 or (hard is not None and hard > soft):
         target = "unlimited" if hard == -1 else str(hard)
         return f"`ulimit -n {target}` in the training shell ('Too many open files' with many workers)"
-    return (f"the hard limit is {hard}: raise it as root (docker run --ulimit nofile={wanted}:{wanted}, "
-            "or /etc/security/limits.conf) to avoid 'Too many open files' with many workers")
+    return (
+        f"the hard limit is {hard}: raise it as root (docker run --ulimit nofile={wanted}:{wanted}, "
+        "or /etc/security/limits.conf) to avoid 'Too many open files' with many workers"
+    )
 
 
 def ulimits(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:

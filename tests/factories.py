@@ -68,8 +68,13 @@ def gpu(index: int = 0, **changes: Any) -> GpuFacts:
     return replace(H100, index=index, uuid=f"GPU-{index}", **changes)
 
 
-def machine(gpus: tuple[GpuFacts, ...] | None = None, nvml: dict[str, Any] | None = None,
-            torch: dict[str, Any] | None = None, host: dict[str, Any] | None = None, **rest: Any) -> MachineFacts:
+def machine(
+    gpus: tuple[GpuFacts, ...] | None = None,
+    nvml: dict[str, Any] | None = None,
+    torch: dict[str, Any] | None = None,
+    host: dict[str, Any] | None = None,
+    **rest: Any,
+) -> MachineFacts:
     nv = NvmlFacts(driver_version="570.124.06", cuda_driver_version=12080, gpus=gpus if gpus is not None else (gpu(),))
     return MachineFacts(
         nvml=replace(nv, **(nvml or {})),

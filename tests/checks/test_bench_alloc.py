@@ -1,14 +1,16 @@
 from __future__ import annotations
 
+from typing import Any
+
 from checks import alloc, bench
 from checks.facts import AllocFacts, BenchFacts, GpuBench
 from checks.result import Status
 from tests.factories import config, gpu, machine
 
-GOOD = {"h2d_gb_s": 55.0, "d2h_gb_s": 55.0, "d2d_gb_s": 2800.0, "matmul_tflops": 700.0, "matmul_dtype": "bfloat16"}
+GOOD: dict[str, Any] = {"h2d_gb_s": 55.0, "d2h_gb_s": 55.0, "d2d_gb_s": 2800.0, "matmul_tflops": 700.0, "matmul_dtype": "bfloat16"}
 
 
-def _by(results, check_id):  # type: ignore[no-untyped-def]
+def _by(results, check_id):
     return {r.subject: r for r in results if r.id == check_id}
 
 
@@ -47,7 +49,7 @@ def test_skipped_benchmarks_skip_every_metric_with_the_reason() -> None:
     ]
 
 
-def _alloc(**kw) -> Status:  # type: ignore[no-untyped-def]
+def _alloc(**kw) -> Status:
     base = {"wanted": "expandable_segments:True", "variable": "PYTORCH_CUDA_ALLOC_CONF"}
     [r] = alloc.alloc_conf(machine(alloc=AllocFacts(**{**base, **kw})), config())
     return r.status
@@ -64,8 +66,12 @@ def test_alloc_conf_verdicts() -> None:
 
 
 def test_cuda_snapshot_reports_split_size_in_bytes() -> None:
-    status = _alloc(wanted="max_split_size_mb:64", env_seen="max_split_size_mb:64",
-                    torch_settings="expandable_segments:False,max_split_size:67108864", source="cuda-snapshot")
+    status = _alloc(
+        wanted="max_split_size_mb:64",
+        env_seen="max_split_size_mb:64",
+        torch_settings="expandable_segments:False,max_split_size:67108864",
+        source="cuda-snapshot",
+    )
     assert status is Status.OK
 
 

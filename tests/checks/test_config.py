@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from typing import Any
 
 import pytest
 
@@ -11,14 +12,14 @@ from checks.errors import ExitStatus, PreflightError
 
 
 def _leaf_keys(tree: dict, prefix: str = "") -> set[str]:
-    out = set()
+    out: set[str] = set()
     for k, v in tree.items():
         out |= _leaf_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k}
     return out
 
 
-def _view_keys(cls: type, prefix: str = "") -> set[str]:
-    out = set()
+def _view_keys(cls: Any, prefix: str = "") -> set[str]:
+    out: set[str] = set()
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
@@ -46,13 +47,13 @@ def test_override_is_merged_over_defaults() -> None:
 def test_unknown_key_names_it_and_suggests_the_closest() -> None:
     with pytest.raises(PreflightError) as info:
         make_config({"gpu": {"power_min_fractoin": 0.8}})
-    assert "preflight.gpu.power_min_fractoin" in info.value.message
-    assert "did you mean preflight.gpu.power_min_fraction?" in info.value.message
+    assert "preflight.gpu.power_min_fractoin" in str(info.value)
+    assert "did you mean preflight.gpu.power_min_fraction?" in str(info.value)
     assert info.value.code == ExitStatus.USAGE
 
 
 def test_unknown_section_suggests_a_section() -> None:
-    with pytest.raises(PreflightError, match="did you mean preflight.bench"):
+    with pytest.raises(PreflightError, match=r"did you mean preflight\.bench"):
         make_config({"benc": {}})
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from checks.config import make_config
+from checks.facts import GpuFacts
 from checks.result import Result, Status
 from checks.runner import CHECKS, run_checks
 from checks.snapshot import load_snapshot
@@ -154,6 +155,11 @@ def result(name: str, check_id: str, subject: str | None) -> Result:
     return found[0]
 
 
+def case_id(name: str, e: Expectation) -> str:
+    """``h200-1x:gpu-nvlink@gpu0``: fixture, check id and subject of one expected verdict."""
+    return f"{name.removesuffix('.json')}:{e[0]}@{e[1] or 'machine'}"
+
+
 def render(results: tuple[Result, ...] | list[Result]) -> str:
     return "\n".join(f"  {r.status.value} {r.id} @ {r.subject}: {r.summary}" for r in results)
 
@@ -182,11 +188,7 @@ def test_header_says_what_the_fixture_is(name: str) -> None:
 @pytest.mark.parametrize(
     ("name", "check_id", "subject", "status"),
     [(name, *e) for name in FIXTURE_NAMES for e in EXPECTED[name]],
-    ids=[
-        f"{name.removesuffix('.json')}:{e[0]}@{e[1] or 'machine'}"
-        for name in FIXTURE_NAMES
-        for e in EXPECTED[name]
-    ],
+    ids=[case_id(name, e) for name in FIXTURE_NAMES for e in EXPECTED[name]],
 )
 def test_expected_verdict(name: str, check_id: str, subject: str | None, status: Status) -> None:
     r = result(name, check_id, subject)
@@ -331,11 +333,11 @@ def test_h200_nvlink_is_complete() -> None:
 )
 def test_forward_compat_804_on_a_non_geforce_card_still_fails() -> None:
     facts, _ = load_snapshot(MACHINES / "geforce-forward-compat.json")
+
     # A TITAN RTX is no GeForce and no data-center part: forward compatibility is not supported on it either.
-    titans = tuple(
-        replace(g, name="NVIDIA TITAN RTX", brand="titan-rtx", compute_capability=(7, 5))
-        for g in facts.nvml.gpus
-    )
-    variant = replace(facts, nvml=replace(facts.nvml, gpus=titans))
+    def titan(g: GpuFacts) -> GpuFacts:
+        return replace(g, name="NVIDIA TITAN RTX", brand="titan-rtx", compute_capability=(7, 5))
+
+    variant = replace(facts, nvml=replace(facts.nvml, gpus=tuple(map(titan, facts.nvml.gpus))))
     r = next(r for r in run_checks(variant, make_config()) if r.id == "cuda-compat")
     assert r.status is FAIL and "804" in r.summary

@@ -6,7 +6,7 @@ from checks.result import Status
 from tests.factories import GIB, config, gpu, machine
 
 
-def _status(check, **changes):  # type: ignore[no-untyped-def]
+def _status(check, **changes):
     [r] = check(machine(gpus=(gpu(**changes),)), config())
     return r.status
 

@@ -31,7 +31,9 @@ def test_snapshot_replay_skips_live_measurements(tmp_path: Path) -> None:
 
 def test_snapshot_replays_recorded_measurements(tmp_path: Path) -> None:
     recorded_alloc = AllocFacts(wanted="x:1", variable="PYTORCH_CUDA_ALLOC_CONF", env_seen="x:1")
-    probe = SnapshotProbe(_snapshot(tmp_path, bench=BenchFacts(gpus=(GpuBench(index=0, h2d_gb_s=50.0),)), alloc=recorded_alloc))
+    probe = SnapshotProbe(
+        _snapshot(tmp_path, bench=BenchFacts(gpus=(GpuBench(index=0, h2d_gb_s=50.0),)), alloc=recorded_alloc)
+    )
     facts = probe.measure(probe.machine(), config())
     assert facts.bench is not None and facts.bench.recorded and facts.bench.gpus[0].h2d_gb_s == 50.0
     assert probe.alloc("y", ("PYTORCH_CUDA_ALLOC_CONF",), config()) == recorded_alloc

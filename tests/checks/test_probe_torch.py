@@ -38,7 +38,9 @@ def test_missing_and_broken_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
     facts = read_torch()
     assert (facts.error_kind, facts.error) == ("missing", "torch is not installed")
-    (tmp_path / "fake" / "torch" / "__init__.py").write_text("raise OSError('libcudart.so.12: cannot open shared object file')\n")
+    (tmp_path / "fake" / "torch" / "__init__.py").write_text(
+        "raise OSError('libcudart.so.12: cannot open shared object file')\n"
+    )
     facts = read_torch()
     assert facts.error_kind == "import-error" and "libcudart.so.12" in (facts.error or "")
 
@@ -117,5 +119,7 @@ def test_alloc_value_torch_rejects_is_reported(tmp_path: Path) -> None:
         pytest.skip("this torch cannot parse allocator settings without a GPU")
     home = tmp_path / "home"
     ensure_alloc_conf([home / ".profile"], "expandable_segments:Tru", ("PYTORCH_CUDA_ALLOC_CONF",))
-    facts = read_alloc("expandable_segments:Tru", ("PYTORCH_CUDA_ALLOC_CONF",), 60, environ={**os.environ, "HOME": str(home)})
+    facts = read_alloc(
+        "expandable_segments:Tru", ("PYTORCH_CUDA_ALLOC_CONF",), 60, environ={**os.environ, "HOME": str(home)}
+    )
     assert facts.error and "Tru" in facts.error

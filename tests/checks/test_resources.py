@@ -7,7 +7,7 @@ from tests.factories import GIB, config, gpu, machine
 MIB = 1024**2
 
 
-def _one(check, **host):  # type: ignore[no-untyped-def]
+def _one(check, **host):
     [r] = check(machine(host=host), config())
     return r
 

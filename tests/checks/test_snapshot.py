@@ -11,10 +11,13 @@ from checks.snapshot import SNAPSHOT_SCHEMA, dump_snapshot, load_snapshot, write
 from tests.factories import gpu, machine
 
 
-def _facts():  # type: ignore[no-untyped-def]
+def _facts():
     g = gpu(remapped_rows=RemappedRows(pending=True), processes=(GpuProcess(pid=7, used_memory=1024),))
-    return machine(gpus=(g, gpu(1)), bench=BenchFacts(gpus=(GpuBench(index=0, h2d_gb_s=55.1),)),
-                   host={"env": {"CUDA_VISIBLE_DEVICES": "0"}, "cuda_compat_paths": ("/x/compat",)})
+    return machine(
+        gpus=(g, gpu(1)),
+        bench=BenchFacts(gpus=(GpuBench(index=0, h2d_gb_s=55.1),)),
+        host={"env": {"CUDA_VISIBLE_DEVICES": "0"}, "cuda_compat_paths": ("/x/compat",)},
+    )
 
 
 def test_round_trip_preserves_every_fact(tmp_path: Path) -> None:

@@ -57,5 +57,8 @@ def test_version_parsing() -> None:
 
 
 def test_install_command_uses_the_configured_index_or_says_where_to_find_it() -> None:
-    assert install_command("cu128", "https://example.invalid/whl/") == "pip install torch --index-url https://example.invalid/whl/cu128"
+    assert (
+        install_command("cu128", "https://example.invalid/whl/")
+        == "pip install torch --index-url https://example.invalid/whl/cu128"
+    )
     assert "pytorch.org/get-started/locally" in install_command("cu128", "")
