@@ -74,7 +74,8 @@ class GpuFacts:
     persistence_mode: bool | None = None
     compute_mode: int | None = None  # 0 default, 2 prohibited, 3 exclusive-process
     processes: tuple[GpuProcess, ...] | None = None  # None: the query is not supported
-    error: str | None = None
+    query_errors: tuple[str, ...] = ()  # "function: message" for queries that failed unexpectedly (field left None)
+    error: str | None = None  # the GPU stopped answering altogether (lost, needs a reset)
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,24 @@ def _inventory_one(g: GpuFacts) -> Result:
     mem = f"{g.memory_total / GIB:.0f} GiB" if g.memory_total else "memory ?"
     spec = datasheet.lookup(g.name)
     known = f" [{spec.model}]" if spec else " [not in the datasheet table: no expected figures]"
-    return ok("gpu-inventory", f"{g.name}, {mem}, {cc}, bus {g.bus_id}{known}", value=g.name, subject=_sub(g))
+    summary = f"{g.name}, {mem}, {cc}, bus {g.bus_id}{known}"
+    if any("Insufficient External Power" in e for e in g.query_errors):
+        return fail(
+            "gpu-inventory",
+            summary + "; NVML: insufficient external power",
+            "a power cable of the card is not connected: ask the provider to fix it",
+            value=g.name,
+            subject=_sub(g),
+        )
+    if g.query_errors:
+        return warn(
+            "gpu-inventory",
+            summary + "; some NVML queries failed: " + "; ".join(g.query_errors),
+            "those facts are unknown (checks that need them skip); a driver/nvidia-ml-py mismatch or vGPU limits",
+            value=g.name,
+            subject=_sub(g),
+        )
+    return ok("gpu-inventory", summary, value=g.name, subject=_sub(g))
 
 
 def gpu_power(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:

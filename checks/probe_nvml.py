@@ -2,8 +2,9 @@
 
 Every getter goes through ``_Query`` (in the spirit of nvitop's ``nvmlQuery``). "Not answered here"
 (NotSupported, FunctionNotFound, NoPermission, ...; or an ``AttributeError`` from bindings too old to have the
-function) makes the field ``None``. Any other NVML error (GpuIsLost, ResetRequired, InsufficientPower, ...)
-means the GPU stopped answering: it becomes ``GpuFacts(index, name, error=...)`` and the next GPU is read.
+function) makes the field ``None``. GpuIsLost / ResetRequired mean the GPU stopped answering: it becomes
+``GpuFacts(index, name, error=...)`` and the next GPU is read. Any other NVML error (Unknown, InsufficientPower,
+...) leaves that field ``None`` and is kept in ``GpuFacts.query_errors`` for the inventory check to show.
 Units are NVML's (bytes, mW, MHz, °C). Exception classes and constants come from the module passed in.
 """
 
@@ -24,8 +25,10 @@ _ABSENT_ERRORS = (
     "NVMLError_NotFound", "NVMLError_NoData", "NVMLError_ArgumentVersionMismatch", "NVMLError_Deprecated",
     "NVMLLibraryMismatchError",
 )  # fmt: skip
-# Errors that say the GPU itself is gone: reported by their own message, without the function name.
-_GPU_GONE_ERRORS = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired", "NVMLError_Unknown")
+# Errors that say the GPU itself is gone: reported by their own message, without the function name. Any other
+# NVML error leaves that one field None and is kept in GpuFacts.query_errors ("Unknown Error" from one query on
+# a vGPU must not hide every other fact of the card; "Insufficient External Power" must still be seen).
+_GPU_GONE_ERRORS = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired")
 
 # nvmlInit() failure class -> (error_kind, the sentence that starts NvmlFacts.error).
 _INIT_ERRORS = {
@@ -67,22 +70,26 @@ class _Query:
         # AttributeError: bindings too old to have the function (or the struct version) at all.
         self._absent: tuple[type[BaseException], ...] = (*_error_classes(nvml, _ABSENT_ERRORS), AttributeError)
         self._gone = _error_classes(nvml, _GPU_GONE_ERRORS)
+        self.errors: list[str] = []  # unexpected failures since the last reset, "function: message"
 
     def __call__(self, function: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``nvml.<function>``: None when not answered here, ``_Unanswered`` on any other NVML error."""
+        """Call ``nvml.<function>``: None when not answered (unexpected errors are also kept in ``errors``);
+        ``_Unanswered`` when the GPU is gone."""
         try:
             return _text(getattr(self.nvml, function)(*args, **kwargs))
         except self._absent:
             return None
         except self.nvml.NVMLError as exc:
-            message = str(exc) if isinstance(exc, self._gone) else f"{function}: {exc}"
-            raise _Unanswered(message) from exc
+            if isinstance(exc, self._gone):
+                raise _Unanswered(str(exc)) from exc
+            self.errors.append(f"{function}: {exc}")
+            return None
 
     def handle(self, index: int) -> Any:
         """Return the device handle of GPU ``index``, raising ``_Unanswered`` when there is none."""
         handle = self("nvmlDeviceGetHandleByIndex", index)
         if handle is None:
-            raise _Unanswered(f"NVML gave no handle for GPU {index}")
+            raise _Unanswered("; ".join(self.errors) or f"NVML gave no handle for GPU {index}")
         return handle
 
 
@@ -137,7 +144,7 @@ def _read_system(q: _Query) -> NvmlFacts:
         driver, cuda = q("nvmlSystemGetDriverVersion"), q("nvmlSystemGetCudaDriverVersion")
         count = q("nvmlDeviceGetCount")
         if count is None:
-            raise _Unanswered("nvmlDeviceGetCount: no answer")
+            raise _Unanswered("; ".join(q.errors) or "nvmlDeviceGetCount: no answer")
     except _Unanswered as exc:
         return NvmlFacts(error=f"NVML started but could not list the GPUs: {exc}", error_kind="other")
     gpus = tuple(_read_gpu(q, index) for index in range(count))
@@ -147,13 +154,14 @@ def _read_system(q: _Query) -> NvmlFacts:
 def _read_gpu(q: _Query, index: int) -> GpuFacts:
     """Read one GPU; if it stops answering, return only its index, name (when known) and the error."""
     name = "unknown"
+    q.errors.clear()
     try:
         handle = q.handle(index)
         name = q("nvmlDeviceGetName", handle) or name
         fields: dict[str, Any] = {}
         for section in _SECTIONS:
             fields.update(section(q, handle))
-        return GpuFacts(index=index, name=name, **fields)
+        return GpuFacts(index=index, name=name, query_errors=tuple(q.errors), **fields)
     except _Unanswered as exc:
         return GpuFacts(index=index, name=name, error=str(exc))
 
@@ -348,6 +356,7 @@ class PcieLinkSampler:
         q = self._query
         if q is None:
             return
+        q.errors.clear()  # sampling keeps no per-query history
         for index, handle in self._handles.items():
             try:
                 gen = q("nvmlDeviceGetCurrPcieLinkGeneration", handle)

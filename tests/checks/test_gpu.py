@@ -86,3 +86,10 @@ def test_lost_gpu_is_one_failed_inventory_entry_and_skipped_elsewhere() -> None:
 def test_unknown_card_is_not_judged_against_another_cards_datasheet() -> None:
     [r] = g.gpu_inventory(machine(gpus=(gpu(name="NVIDIA Mystery 9000"),)), config())
     assert "not in the datasheet table" in r.summary
+
+
+def test_failed_queries_are_shown_and_missing_power_cables_fail() -> None:
+    assert _status(g.gpu_inventory, query_errors=("nvmlDeviceGetEccMode: Unknown Error",)) is Status.WARN
+    assert (
+        _status(g.gpu_inventory, query_errors=("nvmlDeviceGetPowerUsage: Insufficient External Power",)) is Status.FAIL
+    )

@@ -392,18 +392,32 @@ def test_lost_gpu_is_an_entry_not_an_abort() -> None:
     [
         ({"HandleByIndex": pynvml.NVMLError_GpuIsLost()}, "unknown", "GPU is lost"),
         ({"GetName": pynvml.NVMLError_ResetRequired()}, "unknown", "GPU requires restart"),
-        ({"GetEccMode": pynvml.NVMLError_Unknown()}, "NVIDIA H100 80GB HBM3", "Unknown Error"),
-        (
-            {"GetPowerUsage": pynvml.NVMLError_InsufficientPower()},
-            "NVIDIA H100 80GB HBM3",
-            "nvmlDeviceGetPowerUsage: Insufficient External Power",
-        ),
     ],
 )
 def test_gpu_that_stops_answering(answers: dict[str, Any], name: str, error: str) -> None:
     facts = read_nvml(FakeNvml([h100(0), {**h100(1), **answers}]))
     assert facts.gpus[1] == GpuFacts(index=1, name=name, error=error)
     assert facts.gpus[0].error is None
+
+
+@pytest.mark.parametrize(
+    ("answers", "field", "error"),
+    [
+        ({"GetEccMode": pynvml.NVMLError_Unknown()}, "ecc_enabled", "nvmlDeviceGetEccMode: Unknown Error"),
+        (
+            {"GetPowerUsage": pynvml.NVMLError_InsufficientPower()},
+            "power_usage_mw",
+            "nvmlDeviceGetPowerUsage: Insufficient External Power",
+        ),
+    ],
+)
+def test_an_unexpected_error_costs_one_field_and_is_kept(answers: dict[str, Any], field: str, error: str) -> None:
+    facts = read_nvml(FakeNvml([{**h100(0), **answers}, h100(1)]))
+    failed = facts.gpus[0]
+    assert failed.error is None and getattr(failed, field) is None
+    assert failed.query_errors == (error,)
+    assert failed.memory_total == H100_FACTS.memory_total  # the rest of the card is still read
+    assert facts.gpus[1].query_errors == ()  # errors do not leak into the next GPU
 
 
 def test_nvlink_counts_links_that_answer_and_those_active() -> None:
