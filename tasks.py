@@ -10,7 +10,7 @@ import difflib
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
-from checks.config import PreflightConfig, load_defaults, make_config
+from checks.config import PreflightConfig, load_defaults, make_config, validate_files
 from checks.env_config import check_env_overrides
 from checks.errors import ExitStatus, PreflightError
 from checks.facts import AllocFacts, MachineFacts
@@ -29,7 +29,25 @@ from checks.runner import run_checks
 from checks.snapshot import dump_snapshot, to_jsonable, write_snapshot
 from provision.alloc_env import Change, choose_value, ensure_alloc_conf, ensure_alloc_conf_removed, variables_for
 
-check_env_overrides(os.environ, load_defaults())  # before Invoke casts them: a bad value is one line, exit 2
+
+def _config_files(argv: list[str], environ: Mapping[str, str]) -> list[Path]:
+    """The files Invoke will merge (system, user, project, runtime ``-f``), in its order; .py files are skipped."""
+    stems = [Path("/etc/invoke"), Path(os.path.expanduser("~/.invoke")), Path(__file__).resolve().parent / "invoke"]
+    files = [stem.with_name(stem.name + ext) for stem in stems for ext in (".yaml", ".yml", ".json")]
+    runtime = environ.get("INVOKE_RUNTIME_CONFIG")
+    for i, arg in enumerate(argv):
+        if arg in ("-f", "--config") and i + 1 < len(argv):
+            runtime = argv[i + 1]
+        elif arg.startswith("--config="):
+            runtime = arg.split("=", 1)[1]
+        elif arg.startswith("-f") and len(arg) > 2:
+            runtime = arg[2:]
+    return files + ([Path(runtime)] if runtime else [])
+
+
+# Before Invoke merges files and casts variables: a bad value is one line and exit 2, not a traceback.
+check_env_overrides(os.environ, load_defaults())
+validate_files(_config_files(sys.argv, os.environ))
 
 
 def settings(c: Context) -> PreflightConfig:
@@ -98,6 +116,21 @@ def _emit(report: Report, json_path: str) -> None:
         ) from None
 
 
+def _check_output_path(json_path: str) -> None:
+    """Fail before the run, not after it, when the JSON report cannot be written."""
+    if not json_path or json_path == "-":
+        return
+    path = Path(json_path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PreflightError(
+            f"cannot write the JSON report to {path}: {exc.strerror}", hint="pick a writable --json path"
+        ) from None
+    if path.is_dir() or not os.access(path.parent, os.W_OK):
+        raise PreflightError(f"cannot write the JSON report to {path}", hint="pick a writable --json path")
+
+
 def _measurements(facts: MachineFacts, cfg: PreflightConfig, notes: list[str]) -> dict[str, Any]:
     from checks.resources import loader_advice
 
@@ -130,6 +163,7 @@ def bootstrap(
 ) -> None:
     """Check this machine right after renting it: driver, CUDA, torch build, GPUs, CPU/RAM/shm, benchmarks."""
     cfg = settings(c)
+    _check_output_path(json)
     if not bench:
         cfg = dataclasses.replace(cfg, bench=dataclasses.replace(cfg.bench, enabled=False))
     with interruptible():

@@ -85,7 +85,7 @@ def gpu_bench(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     """Host link, device copy and matmul throughput as % of the datasheet, plus outliers within the box."""
     b = m.bench
     if b is None or b.skipped or not b.gpus:
-        reason = b.skipped if b and b.skipped else "GPU micro-benchmarks need a GPU and a CUDA build of torch"
+        reason = b.skipped if b and b.skipped else "GPU micro-benchmarks were not run"
         return [skip(metric.id, reason) for metric in METRICS]
     gpus = {g.index: g for g in m.nvml.gpus}
     results: list[Result] = []
@@ -122,8 +122,8 @@ def _judge_one(
     if b.error or value is None:
         return Result(
             metric.id,
-            Status.ERROR,
-            f"benchmark failed: {b.error or 'no figure'}",
+            Status.FAIL,
+            f"benchmark failed on this GPU: {b.error or 'no figure'}",
             subject=subject,
             hint="rerun bootstrap; a repeat failure on one GPU points at that GPU",
         )

@@ -60,7 +60,9 @@ def torch_build(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     if t.error:
         return [
             fail(
-                "torch-build", f"torch probe failed: {t.error}", "run `python -c 'import torch'` to see the full error"
+                "torch-build",
+                t.error if t.error_kind == "import-error" else f"torch probe failed: {t.error}",
+                "run `python -c 'import torch'` to see the full error",
             )
         ]
     kind = f"CUDA {t.cuda}" if t.cuda else (f"ROCm {t.hip}" if t.hip else "CPU-only")
@@ -146,8 +148,24 @@ def _init_error(m: MachineFacts) -> _Problem:
         return None  # already explained by _fabric_manager
     if "804" in err and _forward_compat(m):
         return None  # already explained by _forward_compat
-    hint = "error 802: start nvidia-fabricmanager; 804: remove cuda-compat from the loader path; 803: reboot"
+    if "too old" in err and _runtime_vs_driver(m):
+        return None  # already explained by _runtime_vs_driver
+    hints = [h for code, h in _INIT_HINTS.items() if code in err]
+    hint = (
+        "; ".join(hints)
+        or "run `python -c 'import torch; torch.zeros(1).cuda()'` for the full error; `nvidia-smi` must work first"
+    )
     return Status.FAIL, f"CUDA initialisation failed in torch: {err.strip().splitlines()[0][:200]}", hint
+
+
+# CUDA error numbers in torch's init message -> what to do (ref/compat.md §5).
+_INIT_HINTS = {
+    "802": "802: NVSwitch system without a running Fabric Manager: systemctl start nvidia-fabricmanager",
+    "803": "803: kernel module and user-space driver differ: reboot (or reload the nvidia modules)",
+    "804": "804: a cuda-compat libcuda is loaded on a card that cannot use it: remove it from the loader path",
+    "999": "999: broken device nodes or nvidia-uvm not loaded: check /dev/nvidia-uvm, restart the container",
+    "too old": "the driver is older than torch's CUDA: install a torch built for the driver's CUDA, or a newer driver",
+}
 
 
 def torch_arch(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:

@@ -152,6 +152,36 @@ def validate(merged: dict[str, Any], defaults: dict[str, Any], prefix: str = "pr
             )
 
 
+def validate_files(paths: list[Path]) -> None:
+    """Validate the ``preflight`` part of each existing config file before Invoke merges them.
+
+    Invoke's own merge fails with a traceback when a file puts a value where a section belongs (or the
+    reverse), and a YAML syntax error is a traceback too; both become one line naming the file here.
+    """
+    defaults = load_defaults()
+    for path in paths:
+        if not path.is_file():
+            continue
+        try:
+            with path.open(encoding="utf-8") as fh:
+                data = yaml.safe_load(fh)  # JSON is YAML too
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise PreflightError(
+                f"configuration file {path} is not valid YAML/JSON: {str(exc).splitlines()[0]}"
+            ) from None
+        except OSError as exc:
+            raise PreflightError(f"configuration file {path} cannot be read: {exc.strerror}") from None
+        section = data.get("preflight") if isinstance(data, dict) else None
+        if section is None:
+            continue
+        if not isinstance(section, dict):
+            raise PreflightError(f"in {path}: preflight must be a section, got {section!r}")
+        try:
+            validate(section, defaults)
+        except PreflightError as exc:
+            raise PreflightError(f"in {path}: {str(exc).removeprefix('gpu-preflight: ')}") from None
+
+
 def _build(cls: Any, data: dict[str, Any]) -> Any:
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}

@@ -62,7 +62,8 @@ def _inventory_one(g: GpuFacts) -> Result:
     mem = f"{g.memory_total / GIB:.0f} GiB" if g.memory_total else "memory ?"
     spec = datasheet.lookup(g.name)
     known = f" [{spec.model}]" if spec else " [not in the datasheet table: no expected figures]"
-    summary = f"{g.name}, {mem}, {cc}, bus {g.bus_id}{known}"
+    bus = f", bus {g.bus_id}" if g.bus_id else ""
+    summary = f"{g.name}, {mem}, {cc}{bus}{known}"
     if any("Insufficient External Power" in e for e in g.query_errors):
         return fail(
             "gpu-inventory",
@@ -286,7 +287,7 @@ def _processes_one(g: GpuFacts, cfg: PreflightConfig) -> Result:
         hint = "another job or tenant shares this GPU: stop it (PIDs are host PIDs, often invisible in a container) or ask the provider"
         judge = fail if frac > cfg.gpu.processes_fail_fraction else warn
         return judge("gpu-processes", summary, hint, value=len(g.processes), **kw)
-    used = (g.memory_used or 0) - (g.memory_reserved or 0)
+    used = g.memory_used or 0  # v2 "used" excludes the driver's reservation; v1 includes it (a few hundred MiB)
     if total and used / total > cfg.gpu.idle_memory_warn_fraction:
         summary = f"{used / GIB:.1f} GiB in use with no process visible ({used / total:.0%} of memory)"
         hint = (

@@ -93,7 +93,7 @@ def read_torch(python: str = sys.executable, timeout: float = 60.0) -> TorchFact
     try:
         data = run_child([python, str(SCRIPTS / "torch_facts.py")], timeout)
     except ChildFailed as exc:
-        return TorchFacts(error=f"torch probe {exc}", error_kind=exc.kind)
+        return TorchFacts(error=str(exc), error_kind=exc.kind)
     facts = machine_from_dict({"nvml": {}, "host": {}, "torch": data}, where="torch probe").torch
     return facts
 

@@ -12,8 +12,8 @@ _ORDER = (Status.FAIL, Status.ERROR, Status.WARN)
 
 
 def use_colour(stream: TextIO, environ: Mapping[str, str]) -> bool:
-    """Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org)."""
-    return "NO_COLOR" not in environ and hasattr(stream, "isatty") and stream.isatty()
+    """Colour only on a terminal, and never when NO_COLOR is set and non-empty (https://no-color.org)."""
+    return not environ.get("NO_COLOR") and hasattr(stream, "isatty") and stream.isatty()
 
 
 def _label(status: Status, colour: bool) -> str:

@@ -120,18 +120,20 @@ def load_snapshot(path: Path) -> tuple[MachineFacts, dict[str, Any]]:
         raise SnapshotError(
             f"machine snapshot {path} does not exist", hint="record one with `invoke snapshot --out FILE`"
         ) from None
+    except UnicodeDecodeError:
+        raise SnapshotError(f"machine snapshot {path} is not UTF-8 text") from None
     except OSError as exc:
         raise SnapshotError(f"machine snapshot {path} cannot be read: {exc.strerror}") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise SnapshotError(f"machine snapshot {path} is not JSON (line {exc.lineno}: {exc.msg})") from None
-    if not isinstance(doc, dict) or "machine" not in doc:
+    if not isinstance(doc, dict) or not isinstance(doc.get("machine"), dict):
         raise SnapshotError(
             f"machine snapshot {path} has no 'machine' object", hint="is this a bootstrap report instead?"
         )
     schema = doc.get("snapshot")
-    if not isinstance(schema, int) or schema < 1:
+    if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
         raise SnapshotError(f"machine snapshot {path} has no valid 'snapshot' version")
     if schema > SNAPSHOT_SCHEMA:
         raise SnapshotError(

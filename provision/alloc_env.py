@@ -16,7 +16,12 @@ from pathlib import Path
 
 BEGIN = "# >>> gpu-preflight: allocator settings >>>"
 END = "# <<< gpu-preflight: allocator settings <<<"
-_BLOCK = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.DOTALL)
+# When the file did not end in a newline, one is added before the block and the block says so, so that
+# removing it gives back the file byte for byte.
+JOINED = " (newline added before this block)"
+_BLOCK = re.compile(
+    r"(?P<sep>\n?)" + re.escape(BEGIN) + r"(?P<joined>[^\n]*)\n.*?" + re.escape(END) + r"\n?", re.DOTALL
+)
 
 
 def _version(text: str | None) -> tuple[int, int]:
@@ -47,8 +52,11 @@ def variables_for(torch_version: str | None) -> tuple[str, ...]:
     return ("PYTORCH_CUDA_ALLOC_CONF",)
 
 
-def render_block(value: str, variables: tuple[str, ...]) -> str:
-    lines = [BEGIN, "# written by `invoke bootstrap` / `invoke alloc-conf`; remove with `invoke alloc-conf --undo`"]
+def render_block(value: str, variables: tuple[str, ...], joined: bool = False) -> str:
+    lines = [
+        BEGIN + (JOINED if joined else ""),
+        "# written by `invoke bootstrap` / `invoke alloc-conf`; remove with `invoke alloc-conf --undo`",
+    ]
     lines += [f"export {var}={shlex.quote(value)}" for var in variables]
     return "\n".join([*lines, END]) + "\n"
 
@@ -73,20 +81,29 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def plan_apply(path: Path, block: str) -> Change:
-    """Replace an existing marked block in place, or append one."""
+def plan_apply(path: Path, value: str, variables: tuple[str, ...]) -> Change:
+    """Replace an existing marked block in place (keeping how it was joined), or append one."""
     before = _read(path)
     text = before or ""
-    if _BLOCK.search(text):
-        after = _BLOCK.sub(lambda _: block, text, count=1)
+    found = _BLOCK.search(text)
+    if found:
+        joined = bool(found.group("joined"))
+        new = found.group("sep") + render_block(value, variables, joined)
+        after = text[: found.start()] + new + text[found.end() :]
     else:
-        after = text + ("\n" if text and not text.endswith("\n") else "") + block
+        joined = bool(text) and not text.endswith("\n")
+        after = text + ("\n" if joined else "") + render_block(value, variables, joined)
     return Change(path, before, after)
 
 
 def plan_remove(path: Path) -> Change:
+    """Take the block out; drop the newline written before it only if the block says it added one."""
     before = _read(path)
-    return Change(path, before, _BLOCK.sub("", before or ""))
+
+    def cut(found: re.Match[str]) -> str:
+        return "" if found.group("joined") else found.group("sep")
+
+    return Change(path, before, _BLOCK.sub(cut, before or ""))
 
 
 def write(change: Change) -> None:
@@ -109,8 +126,7 @@ def write(change: Change) -> None:
 
 def ensure_alloc_conf(paths: list[Path], value: str, variables: tuple[str, ...], dry_run: bool = False) -> list[Change]:
     """Make every file carry the block for ``value``; return the changes (made unless ``dry_run``)."""
-    block = render_block(value, variables)
-    changes = [c for c in (plan_apply(p, block) for p in paths) if c.changed]
+    changes = [c for c in (plan_apply(p, value, variables) for p in paths) if c.changed]
     if not dry_run:
         for change in changes:
             write(change)

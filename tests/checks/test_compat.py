@@ -113,3 +113,12 @@ def test_pins_that_differ_from_installed_libraries_warn_and_blame_ld_library_pat
 def test_cudnn_8_version_numbers_decode() -> None:
     r = _one(compat.torch_libs(machine(torch={"cudnn_version": 8902, "cudnn_compiled_version": "8.9.2"}), config()))
     assert r.status is Status.OK and "cuDNN 8.9.2" in r.summary
+
+
+def test_a_too_old_driver_is_explained_once() -> None:
+    err = "CUDA initialization: The NVIDIA driver on your system is too old (found version 12020)."
+    m = machine(
+        nvml={"cuda_driver_version": 12020}, torch={"cuda": "13.0", "cuda_available": False, "cuda_init_error": err}
+    )
+    r = _one(compat.cuda_compat(m, config()))
+    assert r.status is Status.FAIL and "initialisation failed" not in r.summary and "802" not in (r.hint or "")

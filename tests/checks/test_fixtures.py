@@ -325,13 +325,8 @@ def test_h200_nvlink_is_complete() -> None:
 # --- variants of a fixture -------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="checks/compat.py _init_error drops an 804 whenever compat paths exist, even when _forward_compat "
-    "(GeForce only) did not report it: cuda-compat says OK while CUDA init failed",
-)
 def test_forward_compat_804_on_a_non_geforce_card_still_fails() -> None:
+    """_forward_compat names GeForce only; an 804 on another card must still fail through the init error."""
     facts, _ = load_snapshot(MACHINES / "geforce-forward-compat.json")
 
     # A TITAN RTX is no GeForce and no data-center part: forward compatibility is not supported on it either.

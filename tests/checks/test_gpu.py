@@ -66,7 +66,8 @@ def test_processes_by_share_of_memory_and_hidden_tenants() -> None:
     many = (GpuProcess(pid=1, used_memory=50 * GIB),)
     assert _status(g.gpu_processes, processes=few) is Status.WARN
     assert _status(g.gpu_processes, processes=many) is Status.FAIL
-    assert _status(g.gpu_processes, processes=(), memory_used=20 * GIB) is Status.WARN  # no process, 19 GiB used
+    assert _status(g.gpu_processes, processes=(), memory_used=20 * GIB) is Status.WARN  # no process, 20 GiB used
+    assert _status(g.gpu_processes, processes=(), memory_used=int(4.5 * GIB)) is Status.WARN  # 5.6% > 5%
     assert _status(g.gpu_processes, processes=None) is Status.SKIP
 
 

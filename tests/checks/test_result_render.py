@@ -64,7 +64,8 @@ class _Tty(io.StringIO):
 
 def test_use_colour_needs_a_tty_and_respects_no_color() -> None:
     assert use_colour(_Tty(), {}) is True
-    assert use_colour(_Tty(), {"NO_COLOR": ""}) is False
+    assert use_colour(_Tty(), {"NO_COLOR": "1"}) is False
+    assert use_colour(_Tty(), {"NO_COLOR": ""}) is True  # no-color.org: only a non-empty value counts
     assert use_colour(io.StringIO(), {}) is False
 
 

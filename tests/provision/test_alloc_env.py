@@ -90,3 +90,14 @@ def test_missing_files_are_created_and_dry_run_writes_nothing(tmp_path: Path) ->
 def test_removing_from_a_missing_file_is_no_change(tmp_path: Path) -> None:
     assert ensure_alloc_conf_removed([tmp_path / ".bashrc"]) == []
     assert not (tmp_path / ".bashrc").exists()
+
+
+def test_undo_is_byte_exact_when_the_file_lacked_a_final_newline(tmp_path: Path) -> None:
+    rc = tmp_path / ".bashrc"
+    for original in ("no newline at the end", "ends with one\n", "two blank lines\n\n"):
+        rc.write_text(original)
+        ensure_alloc_conf([rc], "expandable_segments:True", BOTH)
+        ensure_alloc_conf([rc], "max_split_size_mb:64", BOTH)  # a replacement keeps the joining
+        assert rc.read_text().count(BEGIN) == 1
+        ensure_alloc_conf_removed([rc])
+        assert rc.read_text() == original

@@ -1,0 +1,787 @@
+"""End-to-end tests of the Invoke tasks, run as a user runs them: ``python -m invoke ...`` from the checkout.
+
+Every child gets a temporary HOME (bootstrap writes the allocator block into ~/.bashrc and ~/.profile) and an
+environment without inherited ``INVOKE_PREFLIGHT_*`` / ``PYTORCH_*ALLOC_CONF`` variables. This box has no
+NVIDIA driver and a CPU build of torch; GPU machines are replayed from snapshots. A fake ``torch`` package on
+PYTHONPATH makes the torch probe hang, crash or go missing on demand.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import pty
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures" / "machines"
+RC_FILES = (".bashrc", ".profile")
+BEGIN = "# >>> gpu-preflight: allocator settings >>>"
+END = "# <<< gpu-preflight: allocator settings <<<"
+RESULT_KEYS = {"id", "status", "summary", "value", "expected", "hint", "subject", "duration_s"}
+STATUSES = {"ok", "warn", "fail", "skip", "error"}
+HOST_CHECKS = ("driver", "torch-build", "cpu-cores", "ram", "shm", "ulimits", "dataloader-advice")
+BENCH_CHECKS = ("gpu-h2d", "gpu-d2h", "gpu-d2d", "gpu-matmul")
+ANSI = "\x1b["
+GIB = 1024**3
+_INHERITED = re.compile(r"^(INVOKE_PREFLIGHT_|PYTORCH_\w*ALLOC_CONF$|NO_COLOR$)")
+
+
+# --- running invoke -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    """One finished ``python -m invoke`` process."""
+
+    args: tuple[str, ...]
+    code: int
+    out: str
+    err: str
+    seconds: float
+
+    def report(self) -> dict[str, Any]:
+        """The JSON report on stdout (the whole of stdout must be the JSON document)."""
+        return json.loads(self.out)
+
+    def why(self) -> str:
+        """Context for a failed assertion."""
+        return f"invoke {' '.join(self.args)} -> {self.code}\n--- stdout\n{self.out[-3000:]}\n--- stderr\n{self.err[-3000:]}"
+
+
+def child_env(home: Path, *, colour: bool = False, **extra: str) -> dict[str, str]:
+    """The outer environment, cleaned; HOME in ``home``; NO_COLOR=1 unless ``colour``."""
+    env = {k: v for k, v in os.environ.items() if not _INHERITED.match(k)}
+    env["HOME"] = str(home)
+    if not colour:
+        env["NO_COLOR"] = "1"
+    env.update(extra)
+    return env
+
+
+def invoke(
+    home: Path, *args: str, colour: bool = False, timeout: float = 120, env: dict[str, str] | None = None, **extra: str
+) -> Run:
+    """Run ``python -m invoke ARGS`` in the checkout with HOME=``home``; ``env`` and ``extra`` add variables."""
+    assert home.is_dir() and home.resolve() != Path.home().resolve()
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "invoke", *args],
+        cwd=REPO,
+        env=child_env(home, colour=colour, **(env or {}), **extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return Run(tuple(args), proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+
+
+def by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Results keyed by ``id`` or ``id[subject]`` for per-GPU results."""
+    return {r["id"] + (f"[{r['subject']}]" if r["subject"] else ""): r for r in report["results"]}
+
+
+def statuses(report: dict[str, Any], ids: tuple[str, ...]) -> dict[str, str]:
+    found = by_id(report)
+    return {i: found[i]["status"] for i in ids}
+
+
+def assert_usage_error(run: Run, *needles: str) -> str:
+    """Exit 2, stderr exactly one ``gpu-preflight:`` line holding every needle, no traceback anywhere."""
+    assert run.code == 2, run.why()
+    assert "Traceback" not in run.err + run.out, run.why()
+    lines = run.err.strip().splitlines()
+    assert len(lines) == 1, run.why()
+    assert lines[0].startswith("gpu-preflight:"), run.why()
+    for needle in needles:
+        assert needle in lines[0], run.why()
+    return lines[0]
+
+
+def rc_bytes(home: Path) -> dict[str, bytes | None]:
+    return {name: (home / name).read_bytes() if (home / name).exists() else None for name in RC_FILES}
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def write_yaml(path: Path, text: str) -> Path:
+    path.write_text(text + "\n", encoding="utf-8")
+    return path
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# --- machines -----------------------------------------------------------------------------------------------
+
+
+def capped_rtx4090() -> dict[str, Any]:
+    """A hand-written healthy one-GPU box whose only problem is a power cap (250 W of 450 W): one warning."""
+    gpu = {
+        "index": 0,
+        "name": "NVIDIA GeForce RTX 4090",
+        "brand": "geforce-rtx",
+        "compute_capability": [8, 9],
+        "memory_total": 24 * GIB,
+        "memory_used": 400 * 1024**2,
+        "power_limit_mw": 250_000,
+        "power_default_limit_mw": 450_000,
+        "power_enforced_limit_mw": 250_000,
+        "pcie_gen_max": 4,
+        "pcie_gen_gpu_max": 4,
+        "pcie_width_max": 16,
+        "nvlink_total": 0,
+        "nvlink_active": 0,
+        "clock_event_reasons": 0,
+        "persistence_mode": True,
+        "compute_mode": 0,
+        "processes": [],
+    }
+    torch = {
+        "version": "2.7.1+cu128",
+        "cuda": "12.8",
+        "arch_list": ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"],
+        "cudnn_version": 90701,
+        "cudnn_compiled_version": "9.7.1",
+        "nccl_version": "2.26.2",
+        "cuda_available": True,
+        "device_count": 1,
+    }
+    host = {
+        "hostname": "rtx-box",
+        "cpu_logical": 16,
+        "cpu_affinity": 16,
+        "mem_total": 64 * GIB,
+        "shm_total": 32 * GIB,
+        "nofile_soft": 1_048_576,
+        "nofile_hard": 1_048_576,
+        "memlock_soft": -1,
+        "memlock_hard": -1,
+    }
+    nvml = {"driver_version": "570.124.06", "cuda_driver_version": 12080, "gpus": [gpu]}
+    return {
+        "snapshot": 1,
+        "recorded": False,
+        "description": "hand-written: one RTX 4090 capped at 250 W, nothing else wrong",
+        "machine": {"nvml": nvml, "torch": torch, "host": host},
+    }
+
+
+@pytest.fixture
+def capped(tmp_path: Path) -> Path:
+    return write_json(tmp_path / "capped-4090.json", capped_rtx4090())
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "home"
+    path.mkdir()
+    return path
+
+
+@dataclass(frozen=True)
+class Live:
+    """Two live ``bootstrap --json -`` runs in one fresh HOME, and the shell files after the first."""
+
+    home: Path
+    first: Run
+    second: Run
+    files_after_first: dict[str, bytes | None]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Live:
+    home = tmp_path_factory.mktemp("live-home")
+    first = invoke(home, "bootstrap", "--json", "-")
+    files = rc_bytes(home)
+    second = invoke(home, "bootstrap", "--json", "-")
+    return Live(home, first, second, files)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``invoke snapshot --out`` of this machine."""
+    home = tmp_path_factory.mktemp("snapshot-home")
+    out = tmp_path_factory.mktemp("snapshots") / "x.json"
+    run = invoke(home, "snapshot", "--out", str(out), "--description", "the test box")
+    assert run.code == 0, run.why()
+    assert run.out.startswith(f"wrote {out}: 0 GPU(s)"), run.why()
+    assert rc_bytes(home) == {".bashrc": None, ".profile": None}
+    return out
+
+
+def derived(src: Path, dst: Path, **host: Any) -> Path:
+    """A copy of snapshot ``src`` with some host facts replaced."""
+    doc = json.loads(src.read_text(encoding="utf-8"))
+    doc["machine"]["host"].update(host)
+    return write_json(dst, doc)
+
+
+def fake_torch(root: Path, body: str) -> Path:
+    """A directory holding a ``torch`` package whose import runs ``body``; put it on PYTHONPATH."""
+    package = root / "fake-torch" / "torch"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(body, encoding="utf-8")
+    return package.parent
+
+
+# A torch whose import hangs (like a broken CUDA install): it writes its PID to $FAKE_TORCH_PID first.
+HANGING_TORCH = """\
+import os, time
+with open(os.environ["FAKE_TORCH_PID"] + ".tmp", "w") as fh:
+    fh.write(str(os.getpid()))
+os.replace(os.environ["FAKE_TORCH_PID"] + ".tmp", os.environ["FAKE_TORCH_PID"])
+time.sleep(60)
+"""
+
+
+# --- 1. live bootstrap on this CPU box ----------------------------------------------------------------------
+
+
+def test_live_bootstrap_exits_1_within_a_minute(live: Live) -> None:
+    assert live.first.code == 1, live.first.why()
+    assert "Traceback" not in live.first.err
+    assert live.first.seconds < 60
+
+
+def test_live_json_report_follows_schema_1(live: Live) -> None:
+    report = live.first.report()
+    assert report["schema"] == 1
+    assert {"tool", "host", "machine", "counts", "results", "measurements"} <= set(report)
+    assert report["tool"].startswith("gpu-preflight ")
+    assert report["machine"] == "live"
+    assert set(report["counts"]) == STATUSES
+    assert sum(report["counts"].values()) == len(report["results"])
+    for result in report["results"]:
+        assert set(result) == RESULT_KEYS, result
+        assert result["status"] in STATUSES, result
+        assert isinstance(result["summary"], str) and result["summary"], result
+        assert isinstance(result["duration_s"], (int, float)), result
+    assert "dataloader" in report["measurements"]
+
+
+def test_live_no_driver_fails_driver_and_skips_gpu_checks(live: Live) -> None:
+    results = by_id(live.first.report())
+    assert results["driver"]["status"] == "fail"
+    assert results["driver"]["hint"]
+    gpu_ids = [i for i in results if i.startswith("gpu-")]
+    assert set(BENCH_CHECKS) <= set(gpu_ids)
+    for check_id in gpu_ids:
+        assert results[check_id]["status"] == "skip", results[check_id]
+        assert results[check_id]["summary"], results[check_id]
+
+
+def test_live_host_checks_are_judged(live: Live) -> None:
+    results = by_id(live.first.report())
+    for check_id in ("cpu-cores", "ram", "shm"):
+        assert results[check_id]["status"] in {"ok", "warn", "fail"}, results[check_id]
+        assert results[check_id]["value"] is not None, results[check_id]
+    assert results["torch-build"]["status"] == "ok"
+
+
+def test_live_alloc_conf_is_read_back_from_a_fresh_login_shell(live: Live) -> None:
+    alloc = by_id(live.first.report())["alloc-conf"]
+    assert alloc["status"] == "ok", alloc
+    assert "expandable_segments:True" in alloc["summary"] and "torch reads back" in alloc["summary"]
+    changes = live.first.report()["measurements"]["alloc_conf_changes"]
+    assert changes == [f"wrote allocator settings to {live.home / name}" for name in RC_FILES]
+
+
+def test_live_bootstrap_writes_the_block_once_into_each_shell_file(live: Live) -> None:
+    for name, data in live.files_after_first.items():
+        assert data is not None, name
+        text = data.decode()
+        assert text.count(BEGIN) == 1 and text.count(END) == 1, text
+        assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n" in text
+
+
+def test_live_human_text_goes_to_stderr(live: Live) -> None:
+    err = live.first.err
+    assert "gpu-preflight: " in err and "(live)" in err
+    assert re.search(r"^\s+FAIL\s+driver\b", err, re.MULTILINE), err
+    assert "next: fix driver" in err
+    assert "wrote allocator settings to" in err
+    assert ANSI not in err + live.first.out
+
+
+# --- 2. idempotence, --dry-run, alloc-conf --undo -----------------------------------------------------------
+
+
+def test_second_bootstrap_changes_nothing(live: Live) -> None:
+    assert live.second.code == 1, live.second.why()
+    assert rc_bytes(live.home) == live.files_after_first
+    report = live.second.report()
+    assert "alloc_conf_changes" not in report["measurements"]
+    assert by_id(report)["alloc-conf"]["status"] == "ok"
+    assert "wrote allocator settings" not in live.second.err
+
+
+def test_dry_run_writes_nothing_and_prints_the_diff(home: Path) -> None:
+    bashrc = home / ".bashrc"
+    bashrc.write_text("# my settings\nexport EDITOR=vim\n", encoding="utf-8")
+    before = rc_bytes(home)
+    run = invoke(home, "bootstrap", "--dry-run", "--json", "-")
+    assert run.code == 1, run.why()
+    assert rc_bytes(home) == before
+    assert not (home / ".profile").exists()
+    leftovers = [p.name for p in home.iterdir() if p.name.startswith((".bashrc", ".profile"))]
+    assert leftovers == [".bashrc"]  # no temporary siblings either
+    assert f"--- {bashrc} (now)" in run.err and f"+++ {bashrc} (after)" in run.err
+    assert f"+++ {home / '.profile'} (after)" in run.err
+    assert "+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in run.err
+    alloc = by_id(run.report())["alloc-conf"]
+    assert alloc["status"] == "skip" and "dry run" in alloc["summary"], alloc
+
+
+USER_BASHRC = "# ~/.bashrc: the user's own\nexport PATH=$HOME/bin:$PATH\nalias ll='ls -l'\n"
+
+
+def test_alloc_conf_applies_then_undo_restores_the_users_file(home: Path) -> None:
+    (home / ".bashrc").write_text(USER_BASHRC, encoding="utf-8")
+    applied = invoke(home, "alloc-conf")
+    assert applied.code == 0, applied.why()
+    assert f"wrote allocator settings to {home / '.bashrc'}" in applied.out
+    assert re.search(r"^\s+OK\s+alloc-conf\b", applied.out, re.MULTILINE), applied.why()
+    with_block = rc_bytes(home)
+    assert with_block[".bashrc"] is not None and with_block[".bashrc"].decode().startswith(USER_BASHRC)
+
+    preview = invoke(home, "alloc-conf", "--undo", "--dry-run")
+    assert preview.code == 0, preview.why()
+    assert rc_bytes(home) == with_block
+    assert f"-{BEGIN}" in preview.out
+
+    undone = invoke(home, "alloc-conf", "--undo")
+    assert undone.code == 0, undone.why()
+    assert f"removed the allocator block from {home / '.bashrc'}" in undone.out
+    assert (home / ".bashrc").read_text(encoding="utf-8") == USER_BASHRC
+    assert BEGIN not in (home / ".profile").read_text(encoding="utf-8")
+
+    again = invoke(home, "alloc-conf", "--undo")
+    assert again.code == 0 and again.out.startswith("nothing to remove"), again.why()
+
+
+def test_undo_restores_a_file_without_final_newline(home: Path) -> None:
+    original = b"export EDITOR=vim"  # no trailing newline
+    (home / ".bashrc").write_bytes(original)
+    applied = invoke(home, "alloc-conf")
+    assert applied.code == 0, applied.why()
+    assert invoke(home, "alloc-conf", "--undo").code == 0
+    assert (home / ".bashrc").read_bytes() == original
+
+
+# --- 3. --json PATH ----------------------------------------------------------------------------------------
+
+
+def test_json_path_writes_the_file_and_text_to_stdout(home: Path, tmp_path: Path, capped: Path) -> None:
+    target = tmp_path / "reports" / "nested" / "report.json"
+    run = invoke(home, "bootstrap", "--machine", str(capped), "--json", str(target))
+    assert run.code == 0, run.why()
+    report = json.loads(target.read_text(encoding="utf-8"))
+    assert report["schema"] == 1 and report["host"] == "rtx-box"
+    assert run.out.startswith("gpu-preflight: rtx-box (snapshot capped-4090.json)"), run.why()
+    assert run.err == ""
+    assert [p.name for p in target.parent.iterdir()] == ["report.json"]  # the temporary sibling is gone
+
+
+def test_json_path_that_cannot_be_written_is_a_usage_error(home: Path, tmp_path: Path, capped: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n", encoding="utf-8")
+    run = invoke(home, "bootstrap", "--machine", str(capped), "--json", str(blocker / "sub" / "report.json"))
+    assert_usage_error(run, "cannot write the JSON report", str(blocker / "sub" / "report.json"))
+
+
+# --- 4. --machine snapshots ---------------------------------------------------------------------------------
+
+
+def test_replayed_snapshot_judges_the_host_like_live(live: Live, recorded: Path, home: Path) -> None:
+    run = invoke(home, "bootstrap", "--machine", str(recorded), "--json", "-")
+    assert run.code == live.first.code, run.why()
+    report = run.report()
+    assert report["machine"] == "snapshot x.json (recorded)"
+    assert report["host"] == live.first.report()["host"]
+    assert statuses(report, HOST_CHECKS) == statuses(live.first.report(), HOST_CHECKS)
+    results = by_id(report)
+    for check_id in (*BENCH_CHECKS, "alloc-conf"):
+        assert results[check_id]["status"] == "skip", results[check_id]
+        assert "snapshot" in results[check_id]["summary"], results[check_id]
+    assert rc_bytes(home) == {".bashrc": None, ".profile": None}  # a replay writes no shell files
+
+
+def test_replayed_gpu_snapshot_skips_what_needs_the_live_machine(home: Path, capped: Path) -> None:
+    run = invoke(home, "bootstrap", "--machine", str(capped), "--json", "-")
+    assert run.code == 0, run.why()
+    results = by_id(run.report())
+    assert results["driver"]["status"] == "ok"
+    assert results["gpu-power[gpu0]"]["status"] == "warn"
+    for check_id in (*BENCH_CHECKS, "alloc-conf"):
+        assert results[check_id]["status"] == "skip" and "snapshot" in results[check_id]["summary"]
+
+
+def _snapshot_with(recorded: Path, change: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(recorded.read_text(encoding="utf-8"))
+    if change == "future-format":
+        doc["snapshot"] = 99
+    elif change == "unknown-field":
+        doc["machine"]["host"]["gpus_per_node"] = 8
+    elif change == "wrong-type":
+        doc["machine"]["host"]["cpu_logical"] = "many"
+    elif change == "bootstrap-report":
+        doc = {"schema": 1, "machine": "live", "results": []}
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("change", "needles"),
+    [
+        ("future-format", ("format 99", "newer than this tool")),
+        ("unknown-field", ("machine.host", "unknown field 'gpus_per_node'")),
+        ("wrong-type", ("machine.host.cpu_logical", "expected int")),
+        ("bootstrap-report", ("is this a bootstrap report instead?",)),
+    ],
+)
+def test_bad_snapshot_is_a_one_line_usage_error(
+    recorded: Path, home: Path, tmp_path: Path, change: str, needles: tuple[str, ...]
+) -> None:
+    path = write_json(tmp_path / f"{change}.json", _snapshot_with(recorded, change))
+    assert_usage_error(invoke(home, "bootstrap", "--machine", str(path)), *needles)
+
+
+def test_missing_snapshot_is_a_usage_error(home: Path, tmp_path: Path) -> None:
+    run = invoke(home, "bootstrap", "--machine", str(tmp_path / "nope.json"))
+    assert_usage_error(run, "does not exist", "invoke snapshot --out")
+
+
+def test_snapshot_that_is_not_json_is_a_usage_error(home: Path, tmp_path: Path) -> None:
+    path = tmp_path / "notes.json"
+    path.write_text("driver 570, 8x H100\n", encoding="utf-8")
+    assert_usage_error(invoke(home, "bootstrap", "--machine", str(path)), "is not JSON", "line 1")
+
+
+def test_snapshot_that_is_a_directory_is_a_usage_error(home: Path, tmp_path: Path) -> None:
+    assert_usage_error(invoke(home, "bootstrap", "--machine", str(tmp_path)), "cannot be read")
+
+
+def test_snapshot_that_is_not_utf8_is_a_usage_error(home: Path, tmp_path: Path) -> None:
+    path = tmp_path / "binary.json"
+    path.write_bytes(b"\xff\xfe{\x00}\x00")
+    assert_usage_error(invoke(home, "bootstrap", "--machine", str(path)), str(path))
+
+
+def test_snapshot_version_true_is_refused(recorded: Path, home: Path, tmp_path: Path) -> None:
+    doc = json.loads(recorded.read_text(encoding="utf-8"))
+    doc["snapshot"] = True
+    path = write_json(tmp_path / "bool-version.json", doc)
+    assert_usage_error(invoke(home, "bootstrap", "--machine", str(path)), "'snapshot' version")
+
+
+def test_snapshot_without_out_is_a_usage_error(home: Path) -> None:
+    assert_usage_error(invoke(home, "snapshot"), "--out")
+
+
+# --- 5. configuration errors and overrides ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "needles"),
+    [
+        (
+            "preflight: {gpu: {power_min_fractoin: 0.8}}",
+            ("preflight.gpu.power_min_fractoin", "did you mean preflight.gpu.power_min_fraction?"),
+        ),
+        ("preflight: {hots: {nofile_min: 1}}", ("preflight.hots", "did you mean preflight.host?")),
+        ('preflight: {gpu: {power_min_fraction: "high"}}', ("preflight.gpu.power_min_fraction", "a number", "'high'")),
+        ("preflight: {host: {nofile_min: true}}", ("preflight.host.nofile_min", "an integer")),
+    ],
+    ids=["typo-key", "typo-section", "wrong-type", "bool-for-int"],
+)
+def test_bad_config_file_is_a_one_line_usage_error(
+    home: Path, tmp_path: Path, capped: Path, yaml_text: str, needles: tuple[str, ...]
+) -> None:
+    config = write_yaml(tmp_path / "invoke.yaml", yaml_text)
+    run = invoke(home, "-f", str(config), "bootstrap", "--machine", str(capped))
+    assert_usage_error(run, *needles)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "key"),
+    [("preflight: {gpu: 0.8}", "preflight.gpu"), ("preflight: {host: {nofile_min: {soft: 1}}}", "preflight.host")],
+    ids=["scalar-for-section", "section-for-scalar"],
+)
+def test_config_file_of_the_wrong_shape_is_a_one_line_usage_error(
+    home: Path, tmp_path: Path, capped: Path, yaml_text: str, key: str
+) -> None:
+    config = write_yaml(tmp_path / "invoke.yaml", yaml_text)
+    assert_usage_error(invoke(home, "-f", str(config), "bootstrap", "--machine", str(capped)), key)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "needles"),
+    [
+        ("INVOKE_PREFLIGHT_GPU_POWER_MIN_FRACTION", "abc", ("preflight.gpu.power_min_fraction", "a number")),
+        (
+            "INVOKE_PREFLIGHT_GPU_POWER_MIN_FRACTON",
+            "0.5",
+            ("INVOKE_PREFLIGHT_GPU_POWER_MIN_FRACTON", "did you mean INVOKE_PREFLIGHT_GPU_POWER_MIN_FRACTION?"),
+        ),
+        ("INVOKE_PREFLIGHT_BENCH_ENABLED", "false", ("preflight.bench.enabled", "use 1 or 0")),
+        ("INVOKE_PREFLIGHT_HOST_NOFILE_MIN", "1e6", ("preflight.host.nofile_min", "an integer")),
+        ("INVOKE_PREFLIGHT_ALLOC_CONF_RC_FILES", "~/.zshrc", ("preflight.alloc_conf.rc_files", "-f FILE")),
+    ],
+    ids=["not-a-number", "typo-name", "bool-word", "float-for-int", "list"],
+)
+def test_bad_environment_variable_is_a_one_line_usage_error(
+    home: Path, capped: Path, variable: str, value: str, needles: tuple[str, ...]
+) -> None:
+    run = invoke(home, "bootstrap", "--machine", str(capped), env={variable: value})
+    assert_usage_error(run, *needles)
+
+
+def test_config_errors_stop_every_task(home: Path, tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "invoke.yaml", "preflight: {alloc_conf: {rc_file: ['~/.zshrc']}}")
+    (home / ".bashrc").write_text(USER_BASHRC, encoding="utf-8")
+    for task in (("alloc-conf",), ("alloc-conf", "--undo"), ("snapshot", "--out", str(tmp_path / "s.json"))):
+        assert_usage_error(invoke(home, "-f", str(config), *task), "did you mean preflight.alloc_conf.rc_files?")
+    assert (home / ".bashrc").read_text(encoding="utf-8") == USER_BASHRC
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_config_file_override_takes_effect(recorded: Path, home: Path, tmp_path: Path) -> None:
+    few_files = derived(recorded, tmp_path / "nofile-1024.json", nofile_soft=1024, nofile_hard=1024)
+    default = invoke(home, "bootstrap", "--machine", str(few_files), "--json", "-")
+    assert by_id(default.report())["ulimits"]["status"] == "warn", default.why()
+    config = write_yaml(tmp_path / "invoke.yaml", "preflight: {host: {nofile_min: 1}}")
+    relaxed = invoke(home, "-f", str(config), "bootstrap", "--machine", str(few_files), "--json", "-")
+    assert by_id(relaxed.report())["ulimits"]["status"] == "ok", relaxed.why()
+
+
+def test_environment_override_takes_effect(home: Path, capped: Path) -> None:
+    default = invoke(home, "bootstrap", "--machine", str(capped), "--json", "-")
+    assert by_id(default.report())["ulimits"]["status"] == "ok", default.why()
+    strict = invoke(
+        home, "bootstrap", "--machine", str(capped), "--json", "-", INVOKE_PREFLIGHT_HOST_NOFILE_MIN="999999999"
+    )
+    ulimits = by_id(strict.report())["ulimits"]
+    assert ulimits["status"] == "warn" and "999999999" in ulimits["summary"], ulimits
+
+
+@pytest.mark.parametrize("how", ["env", "file"])
+def test_fractional_values_for_float_keys_are_accepted(home: Path, tmp_path: Path, capped: Path, how: str) -> None:
+    if how == "env":
+        run = invoke(home, "bootstrap", "--machine", str(capped), INVOKE_PREFLIGHT_PROBE_TORCH_TIMEOUT_S="2.5")
+    else:
+        config = write_yaml(tmp_path / "invoke.yaml", "preflight: {host: {memlock_min_gib: 0.5}}")
+        run = invoke(home, "-f", str(config), "bootstrap", "--machine", str(capped))
+    assert run.code == 0, run.why()
+
+
+# --- 6. --strict --------------------------------------------------------------------------------------------
+
+
+def _warn_only_machines() -> list[str]:
+    names = ["capped-4090 (inline)"]
+    if (FIXTURES / "rtx4090-power-capped.json").exists():
+        names.append("rtx4090-power-capped.json")
+    return names
+
+
+@pytest.mark.parametrize("machine", _warn_only_machines())
+def test_strict_turns_warnings_into_exit_1(home: Path, capped: Path, machine: str) -> None:
+    path = capped if machine.endswith("(inline)") else FIXTURES / machine
+    plain = invoke(home, "bootstrap", "--machine", str(path), "--json", "-")
+    assert plain.code == 0, plain.why()
+    counts = plain.report()["counts"]
+    assert counts["warn"] >= 1 and counts["fail"] == 0 and counts["error"] == 0, counts
+    assert invoke(home, "bootstrap", "--machine", str(path), "--strict").code == 1
+
+
+def test_strict_from_config_and_environment(home: Path, tmp_path: Path, capped: Path) -> None:
+    config = write_yaml(tmp_path / "invoke.yaml", "preflight: {report: {strict: true}}")
+    assert invoke(home, "-f", str(config), "bootstrap", "--machine", str(capped)).code == 1
+    assert invoke(home, "bootstrap", "--machine", str(capped), INVOKE_PREFLIGHT_REPORT_STRICT="1").code == 1
+    assert invoke(home, "bootstrap", "--machine", str(capped), INVOKE_PREFLIGHT_REPORT_STRICT="0").code == 0
+
+
+# --- 7. the torch probe: hung, broken, missing; Ctrl-C ------------------------------------------------------
+
+
+def test_hung_torch_probe_times_out_and_is_killed(home: Path, tmp_path: Path) -> None:
+    pid_file = tmp_path / "torch.pid"
+    run = invoke(
+        home,
+        "bootstrap",
+        "--json",
+        "-",
+        timeout=30,
+        PYTHONPATH=str(fake_torch(tmp_path, HANGING_TORCH)),
+        FAKE_TORCH_PID=str(pid_file),
+        INVOKE_PREFLIGHT_PROBE_TORCH_TIMEOUT_S="2",
+    )
+    assert run.code == 1, run.why()
+    assert run.seconds < 30
+    results = by_id(run.report())
+    torch = results["torch-build"]
+    assert torch["status"] == "fail" and "within 2 s" in torch["summary"], torch
+    assert results["alloc-conf"]["status"] == "skip", results["alloc-conf"]
+    assert pid_gone(int(pid_file.read_text())), "the hung torch child outlived bootstrap"
+    assert rc_bytes(home) == {".bashrc": None, ".profile": None}
+
+
+@pytest.mark.parametrize(
+    ("body", "summary", "hint"),
+    [
+        (
+            'raise RuntimeError("libcudart.so.12: cannot open shared object file")',
+            "import torch failed",
+            "import torch",
+        ),
+        ("raise ModuleNotFoundError(\"No module named 'torch'\")", "not installed", "pip install torch"),
+    ],
+    ids=["broken", "missing"],
+)
+def test_unusable_torch_fails_torch_build(home: Path, tmp_path: Path, body: str, summary: str, hint: str) -> None:
+    run = invoke(home, "bootstrap", "--json", "-", PYTHONPATH=str(fake_torch(tmp_path, body + "\n")))
+    assert run.code == 1, run.why()
+    results = by_id(run.report())
+    torch = results["torch-build"]
+    assert torch["status"] == "fail" and summary in torch["summary"], torch
+    assert hint in torch["hint"], torch
+    assert results["alloc-conf"]["status"] == "skip" and "torch" in results["alloc-conf"]["summary"]
+
+
+def test_ctrl_c_exits_130_with_one_line(home: Path, tmp_path: Path) -> None:
+    pid_file = tmp_path / "torch.pid"
+    env = child_env(home, PYTHONPATH=str(fake_torch(tmp_path, HANGING_TORCH)), FAKE_TORCH_PID=str(pid_file))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "bootstrap"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, like a foreground job on a terminal
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists():  # the torch probe is running: bootstrap sits in its wait loop
+            assert proc.poll() is None and time.monotonic() < deadline, "bootstrap never reached the torch probe"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: SIGINT to the foreground process group
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, f"{proc.returncode}\n{out}\n{err}"
+    assert err.strip().splitlines() == ["gpu-preflight: interrupted"], err
+    assert "Traceback" not in out + err
+    assert pid_gone(int(pid_file.read_text())), "the torch child outlived the interrupt"
+    assert rc_bytes(home) == {".bashrc": None, ".profile": None}
+
+
+# --- 8. invoke --list ---------------------------------------------------------------------------------------
+
+
+def _first_docstring_lines() -> dict[str, str]:
+    tree = ast.parse((REPO / "tasks.py").read_text(encoding="utf-8"))
+    names = {"bootstrap": "bootstrap", "snapshot": "snapshot", "alloc_conf": "alloc-conf"}
+    return {
+        names[node.name]: (ast.get_docstring(node) or "").splitlines()[0]
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and node.name in names
+    }
+
+
+def test_list_shows_the_tasks_with_their_docstrings(home: Path) -> None:
+    run = invoke(home, "--list")
+    assert run.code == 0, run.why()
+    flat = " ".join(run.out.split())  # --list wraps long help lines
+    docs = _first_docstring_lines()
+    assert set(docs) == {"bootstrap", "snapshot", "alloc-conf"}
+    for name, line in docs.items():
+        assert line and f"{name} {' '.join(line.split())}" in flat, (name, run.out)
+
+
+# --- 9. colour ----------------------------------------------------------------------------------------------
+
+
+def _stderr_on_a_terminal(home: Path, machine: Path, **extra: str) -> str:
+    """Run ``bootstrap --machine FILE --json -`` with stderr (the text report) on a pseudo-terminal."""
+    env = child_env(home, colour=True, **extra)
+    primary, secondary = pty.openpty()
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(primary, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "invoke", "bootstrap", "--machine", str(machine), "--json", "-"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=secondary,
+            timeout=60,
+        )
+    finally:
+        os.close(secondary)
+        reader.join(timeout=10)
+        os.close(primary)
+    assert proc.returncode == 0
+    json.loads(proc.stdout)  # stdout stays plain JSON whatever the terminal does
+    return b"".join(chunks).decode()
+
+
+def test_no_colour_on_a_pipe_even_without_no_color(home: Path, capped: Path) -> None:
+    run = invoke(home, "bootstrap", "--machine", str(capped), colour=True)
+    assert run.code == 0, run.why()
+    assert "WARN" in run.out and ANSI not in run.out + run.err
+
+
+def test_colour_on_a_terminal_unless_no_color(home: Path, capped: Path) -> None:
+    coloured = _stderr_on_a_terminal(home, capped)
+    assert "\x1b[33mWARN" in coloured, coloured
+    plain = _stderr_on_a_terminal(home, capped, NO_COLOR="1")
+    assert "WARN" in plain and ANSI not in plain, plain
+
+
+def test_empty_no_color_keeps_colour_on_a_terminal(home: Path, capped: Path) -> None:
+    assert "\x1b[33mWARN" in _stderr_on_a_terminal(home, capped, NO_COLOR="")
+
+
+def test_inherited_variables_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The helper itself: stray variables from the outer shell never reach a child."""
+    for name in ("INVOKE_PREFLIGHT_HOST_NOFILE_MIN", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "NO_COLOR"):
+        monkeypatch.setenv(name, "x")
+    env = child_env(Path("/nonexistent-home"), colour=True)
+    assert not [k for k in env if k.startswith("INVOKE_PREFLIGHT_") or "ALLOC_CONF" in k or k == "NO_COLOR"]
+    assert env["HOME"] == "/nonexistent-home"
