@@ -87,7 +87,9 @@ def _alloc(
         return probe.alloc(value, variables, cfg), []
     if facts.torch.error:
         return AllocFacts(value, variables[0], skipped="torch is not importable (see torch-build)"), []
-    changes = ensure_alloc_conf(_rc_paths(cfg), value, variables, dry_run=dry_run) if apply else []
+    if not apply:
+        return dataclasses.replace(probe.alloc(value, variables, cfg), applied=False), []
+    changes = ensure_alloc_conf(_rc_paths(cfg), value, variables, dry_run=dry_run)
     notes = [_diff(ch) for ch in changes] if dry_run else [f"wrote allocator settings to {ch.path}" for ch in changes]
     if dry_run:
         return AllocFacts(value, variables[0], skipped="dry run: nothing written, nothing to read back"), notes
@@ -215,7 +217,8 @@ def alloc_conf(c: Context, dry_run: bool = False, undo: bool = False) -> None:
     cfg = settings(c)
     paths = _rc_paths(cfg)
     if undo:
-        changes = ensure_alloc_conf_removed(paths, dry_run=dry_run)
+        with interruptible():
+            changes = ensure_alloc_conf_removed(paths, dry_run=dry_run)
         for ch in changes:
             print(_diff(ch) if dry_run else f"removed the allocator block from {ch.path}")
         if not changes:

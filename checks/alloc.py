@@ -6,6 +6,8 @@ allocator settings back from torch itself (ref/health-checks.md §5 item 3).
 
 from __future__ import annotations
 
+import dataclasses
+
 from checks.config import PreflightConfig
 from checks.facts import MachineFacts
 from checks.result import Result, fail, ok, skip, warn
@@ -32,6 +34,17 @@ def alloc_conf(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
         return [skip("alloc-conf", "allocator read-back needs the live machine")]
     if a.skipped:
         return [skip("alloc-conf", a.skipped)]
+    if not a.applied:
+        if a.env_seen is None:
+            return [
+                warn(
+                    "alloc-conf",
+                    "no allocator setting in a fresh login shell (preflight.alloc_conf.apply is false)",
+                    f"export {a.variable}={a.wanted} in your shell start-up, or set preflight.alloc_conf.apply: true",
+                    expected=a.wanted,
+                )
+            ]
+        a = dataclasses.replace(a, wanted=a.env_seen)  # judge the user's own value
     kw = {"value": a.torch_settings or a.env_seen, "expected": a.wanted}
     if a.error:
         return [

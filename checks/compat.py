@@ -178,12 +178,12 @@ def torch_arch(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
         return [skip("torch-arch", "no GPU to match against")]
     if t.error or not t.cuda:
         return [skip("torch-arch", "no CUDA build of torch (see torch-build)")]
-    results = []
-    for g in m.nvml.gpus:
-        if g.error or not g.compute_capability:
-            continue
-        results.append(_arch_result(m, cfg, g.index, g.name, g.compute_capability))
-    return results
+    results = [
+        _arch_result(m, cfg, g.index, g.name, g.compute_capability)
+        for g in m.nvml.gpus
+        if g.error is None and g.compute_capability
+    ]
+    return results or [skip("torch-arch", "no GPU reported its compute capability (see gpu-inventory)")]
 
 
 def _arch_result(m: MachineFacts, cfg: PreflightConfig, index: int, name: str, cc: tuple[int, int]) -> Result:

@@ -173,6 +173,7 @@ class AllocFacts:
     source: str | None = None  # how torch_settings was read: "accelerator-api", "cuda-snapshot"
     error: str | None = None  # torch rejected the value, or the process failed
     skipped: str | None = None
+    applied: bool = True  # False: preflight.alloc_conf.apply is off, the user's own setting is judged
 
 
 @dataclass(frozen=True)

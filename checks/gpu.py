@@ -338,10 +338,10 @@ def _compute_mode_one(g: GpuFacts, cfg: PreflightConfig) -> Result:
             "nvidia-smi -i N -c DEFAULT (root)",
             **kw,
         )
-    if mode == 3:
+    if mode in (1, 3):  # 1: Exclusive_Thread (deprecated), 3: Exclusive_Process
         return warn(
             "gpu-compute-mode",
-            "compute mode Exclusive_Process: a second process on this GPU fails with error 46",
+            f"compute mode {'Exclusive_Thread' if mode == 1 else 'Exclusive_Process'}: a second process on this GPU fails with error 46",
             "fine for one training process; nvidia-smi -i N -c DEFAULT to share",
             **kw,
         )

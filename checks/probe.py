@@ -98,7 +98,9 @@ class SnapshotProbe:
 
     def measure(self, facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
         recorded = self.facts.bench
-        if recorded is None:
+        if not cfg.bench.enabled:
+            bench = BenchFacts(skipped="disabled (preflight.bench.enabled: false, or --no-bench)")
+        elif recorded is None:
             bench = BenchFacts(skipped="replayed snapshot: GPU micro-benchmarks need the live machine")
         else:
             bench = dataclasses.replace(recorded, recorded=True)

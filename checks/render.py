@@ -49,4 +49,4 @@ def call_to_action(report: Report) -> str:
         if first is not None:
             where = f" on {first.subject}" if first.subject else ""
             return f"next: fix {first.id}{where}: {first.hint or first.summary}"
-    return "next: this box is ready; stage your data (invoke stage-data) and run invoke verify before a long run"
+    return "next: nothing to fix; this box is ready to train"

@@ -50,7 +50,7 @@ def cpu_cores(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     kw = {"value": round(per, 2), "expected": f">= {cfg.host.cores_per_gpu_warn:g} per GPU"}
     hint = (
         "too few cores to decode and augment data for the GPU: pick an offer with more vCPUs per GPU, or "
-        "pre-decode the dataset once (invoke stage-data) so workers only copy arrays"
+        "pre-decode the dataset once into fixed-size uint8 arrays on local disk so workers only copy them"
     )
     if per < cfg.host.cores_per_gpu_fail:
         return [fail("cpu-cores", summary, hint, **kw)]
@@ -144,7 +144,8 @@ def shm(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     gpus = max(1, _gpu_count(m))
     wanted_workers = _cpu_workers(m, cfg)[1]
     need = max(cfg.host.shm_min_mib * MIB, wanted_workers * gpus * cfg.host.shm_per_worker_mib * MIB)
-    summary = f"/dev/shm {size / MIB:.0f} MiB for {wanted_workers} worker(s) x {gpus} GPU(s)"
+    per = f" x {gpus} GPU(s)" if _gpu_count(m) else ""
+    summary = f"/dev/shm {size / MIB:.0f} MiB for {wanted_workers} worker(s){per}"
     kw = {"value": round(size / MIB), "expected": f">= {need / MIB:.0f} MiB"}
     hint = f"docker run --shm-size={math.ceil(need / GIB)}g (or remount /dev/shm larger); too small ends in 'Bus error' in workers"
     if size < cfg.host.shm_min_mib * MIB:
@@ -190,6 +191,6 @@ def dataloader_advice(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     settings = ", ".join(f"{k}={v}" for k, v in a.as_dict().items())
     summary = f"DataLoader({settings}): " + "; ".join(a.reasons)
     if a.num_workers == 0 and _gpu_count(m) > 0:
-        hint = "no core to spare for workers: loading runs inside the training loop; pre-decode the data (invoke stage-data)"
+        hint = "no core to spare for workers: loading runs inside the training loop; pre-decode the data once into uint8 arrays"
         return [warn("dataloader-advice", summary, hint, value=a.as_dict())]
     return [ok("dataloader-advice", summary, value=a.as_dict())]

@@ -84,3 +84,13 @@ def test_cuda_snapshot_reports_split_size_in_bytes() -> None:
 def test_no_alloc_facts_means_replay() -> None:
     [r] = alloc.alloc_conf(machine(), config())
     assert r.status is Status.SKIP
+
+
+def test_alloc_conf_when_applying_is_switched_off() -> None:
+    assert _alloc(applied=False, env_seen=None) is Status.WARN
+    users_own = {
+        "env_seen": "max_split_size_mb:128",
+        "torch_settings": "max_split_size_mb:128",
+        "source": "accelerator-api",
+    }
+    assert _alloc(applied=False, **users_own) is Status.OK

@@ -74,6 +74,7 @@ def test_processes_by_share_of_memory_and_hidden_tenants() -> None:
 def test_compute_mode_and_persistence() -> None:
     assert _status(g.gpu_compute_mode, compute_mode=2) is Status.FAIL
     assert _status(g.gpu_compute_mode, compute_mode=3) is Status.WARN
+    assert _status(g.gpu_compute_mode, compute_mode=1) is Status.WARN
     assert _status(g.gpu_persistence, persistence_mode=False) is Status.WARN
 
 

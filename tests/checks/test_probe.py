@@ -81,3 +81,9 @@ def test_live_benchmarks_record_the_link_seen_under_load(monkeypatch: pytest.Mon
     assert facts.nvml.gpus[1].pcie_gen_loaded is None
     assert facts.bench == BenchFacts(gpus=(GpuBench(index=0, h2d_gb_s=12.0),))
     assert dataclasses.replace(facts.nvml.gpus[1]) == gpu(1)
+
+
+def test_no_bench_also_skips_recorded_benchmarks_on_replay(tmp_path: Path) -> None:
+    probe = SnapshotProbe(_snapshot(tmp_path, bench=BenchFacts(gpus=(GpuBench(index=0, h2d_gb_s=50.0),))))
+    facts = probe.measure(probe.machine(), config(bench={"enabled": False}))
+    assert facts.bench == BenchFacts(skipped="disabled (preflight.bench.enabled: false, or --no-bench)")
