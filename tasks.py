@@ -22,6 +22,7 @@ from checks.config import PreflightConfig, load_defaults, make_config, validate_
 from checks.env_config import check_env_overrides
 from checks.errors import ExitStatus, PreflightError
 from checks.facts import AllocFacts, MachineFacts
+from checks.fileio import write_atomic
 from checks.probe import LocalProbe, Probe, SnapshotProbe
 from checks.render import render_text, use_colour
 from checks.result import Report
@@ -107,11 +108,8 @@ def _emit(report: Report, json_path: str) -> None:
         sys.stdout.write(payload)
         return
     path = Path(json_path)
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(payload, encoding="utf-8")
-        tmp.replace(path)
+        write_atomic(path, payload)
     except OSError as exc:
         raise PreflightError(
             f"cannot write the JSON report to {path}: {exc.strerror}", hint="pick a writable --json path"

@@ -35,6 +35,7 @@ from typing import Any
 from checks import TOOL_NAME, TOOL_VERSION
 from checks.errors import SnapshotError
 from checks.facts import MachineFacts
+from checks.fileio import write_atomic
 
 SNAPSHOT_SCHEMA = 1
 
@@ -147,7 +148,4 @@ def load_snapshot(path: Path) -> tuple[MachineFacts, dict[str, Any]]:
 
 def write_snapshot(path: Path, document: dict[str, Any]) -> None:
     """Write a snapshot atomically: a temporary sibling renamed into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(document, indent=2, sort_keys=False) + "\n")

@@ -7,12 +7,12 @@ keep their permissions.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from checks.fileio import write_atomic
 
 BEGIN = "# >>> gpu-preflight: allocator settings >>>"
 END = "# <<< gpu-preflight: allocator settings <<<"
@@ -108,20 +108,7 @@ def plan_remove(path: Path) -> Change:
 
 def write(change: Change) -> None:
     """Write atomically, keeping the file's mode."""
-    path = change.path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(change.after)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(change.path, change.after)
 
 
 def ensure_alloc_conf(paths: list[Path], value: str, variables: tuple[str, ...], dry_run: bool = False) -> list[Change]:

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from checks.fileio import write_atomic
+
+
+def test_new_file_gets_0644_and_an_existing_file_keeps_its_mode(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "report.json"
+    write_atomic(path, "one")
+    assert path.read_text() == "one" and stat.S_IMODE(path.stat().st_mode) == 0o644
+    path.chmod(0o600)
+    write_atomic(path, "two")
+    assert path.read_text() == "two" and stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "report.json"
+    path.write_text("complete old report")
+
+    def no_rename(src: str, dst: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", no_rename)
+    with pytest.raises(OSError, match="No space left"):
+        write_atomic(path, "half")
+    assert path.read_text() == "complete old report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
