@@ -151,6 +151,7 @@ class GpuBench:
     matmul_tflops: float | None = None
     matmul_dtype: str | None = None  # "bfloat16", "float16" or "float32"
     error: str | None = None
+    uuid: str | None = None  # as torch reports it; joins the CUDA index to NVML's (the orders can differ)
 
 
 @dataclass(frozen=True)

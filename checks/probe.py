@@ -59,7 +59,7 @@ class LocalProbe:
             return dataclasses.replace(facts, bench=BenchFacts(skipped=reason))
         settings = {k: getattr(cfg.bench, k) for k in ("copy_mib", "d2d_mib", "matmul_n", "warmup", "repeats")}
         with PcieLinkSampler() as sampler:
-            bench = run_bench(settings, cfg.bench.timeout_s, while_running=sampler.sample)
+            bench = _align_to_nvml(run_bench(settings, cfg.bench.timeout_s, while_running=sampler.sample), facts)
             peak = sampler.peak()
         gpus = tuple(
             dataclasses.replace(g, pcie_gen_loaded=peak[g.index][0], pcie_width_loaded=peak[g.index][1])
@@ -71,6 +71,26 @@ class LocalProbe:
 
     def alloc(self, wanted: str, variables: tuple[str, ...], cfg: PreflightConfig) -> AllocFacts:
         return read_alloc(wanted, variables, cfg.probe.alloc_timeout_s)
+
+
+def _bare_uuid(uuid: str) -> str:
+    return uuid.lower().removeprefix("gpu-")
+
+
+def _align_to_nvml(bench: BenchFacts, facts: MachineFacts) -> BenchFacts:
+    """Renumber benchmark rows from CUDA indices to NVML indices by UUID (ref/compat.md §7 "Index mapping").
+
+    Without a UUID (torch < 2.1) the child ran with CUDA_DEVICE_ORDER=PCI_BUS_ID, which is NVML's order as
+    long as CUDA_VISIBLE_DEVICES does not hide GPUs.
+    """
+    by_uuid = {_bare_uuid(g.uuid): g.index for g in facts.nvml.gpus if g.uuid}
+    rows = tuple(
+        dataclasses.replace(row, index=by_uuid[_bare_uuid(row.uuid)])
+        if row.uuid and _bare_uuid(row.uuid) in by_uuid
+        else row
+        for row in bench.gpus
+    )
+    return dataclasses.replace(bench, gpus=rows)
 
 
 def _bench_precondition(facts: MachineFacts, cfg: PreflightConfig) -> str | None:

@@ -106,8 +106,9 @@ def run_bench(
 ) -> BenchFacts:
     """Run the GPU micro-benchmarks in a child; ``settings`` go to the script as JSON."""
     argv = [python, str(SCRIPTS / "gpu_bench.py"), json.dumps(dict(settings))]
+    env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # NVML's order, when no UUID is available
     try:
-        data = run_child(argv, timeout, while_running=while_running)
+        data = run_child(argv, timeout, env=env, while_running=while_running)
     except ChildFailed as exc:
         return BenchFacts(skipped=f"GPU benchmark {exc}")
     if data.get("skipped"):

@@ -87,6 +87,15 @@ def bench_device(torch: Any, device: str, s: dict[str, Any]) -> dict[str, Any]:
     return {"h2d_gb_s": h2d, "d2h_gb_s": d2h, "d2d_gb_s": d2d, "matmul_tflops": tflops, "matmul_dtype": dtype}
 
 
+def _uuid(torch: Any, index: int) -> str | None:
+    """The device UUID (torch >= 2.1): CUDA's index order is not NVML's unless CUDA_DEVICE_ORDER=PCI_BUS_ID."""
+    try:
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    except Exception:  # noqa: BLE001
+        return None
+    return str(uuid) if uuid is not None else None
+
+
 def main(settings: dict[str, Any]) -> dict[str, Any]:
     try:
         import torch
@@ -98,13 +107,15 @@ def main(settings: dict[str, Any]) -> dict[str, Any]:
         return {"skipped": "CUDA is not available to torch (see cuda-compat)"}
     rows = []
     for i in range(torch.cuda.device_count()):
+        row: dict[str, Any] = {"index": i, "uuid": _uuid(torch, i)}
         try:
             torch.cuda.set_device(i)
-            rows.append({"index": i, **bench_device(torch, f"cuda:{i}", settings)})
+            row.update(bench_device(torch, f"cuda:{i}", settings))
         except Exception as exc:  # noqa: BLE001 - one failing GPU is a row, not an abort
-            rows.append({"index": i, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         finally:
             torch.cuda.empty_cache()
+        rows.append(row)
     return {"gpus": rows}
 
 

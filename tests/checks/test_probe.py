@@ -87,3 +87,31 @@ def test_no_bench_also_skips_recorded_benchmarks_on_replay(tmp_path: Path) -> No
     probe = SnapshotProbe(_snapshot(tmp_path, bench=BenchFacts(gpus=(GpuBench(index=0, h2d_gb_s=50.0),))))
     facts = probe.measure(probe.machine(), config(bench={"enabled": False}))
     assert facts.bench == BenchFacts(skipped="disabled (preflight.bench.enabled: false, or --no-bench)")
+
+
+def test_benchmark_rows_are_joined_to_nvml_by_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Sampler:
+        def __enter__(self) -> Sampler:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def sample(self) -> None:
+            pass
+
+        def peak(self) -> dict[int, tuple[int | None, int | None]]:
+            return {}
+
+    def fake_bench(settings: dict[str, Any], timeout: float, while_running: Any = None) -> BenchFacts:
+        # CUDA ordered the GPUs fastest-first: its device 0 is NVML's GPU 1
+        return BenchFacts(
+            gpus=(GpuBench(index=0, uuid="abc-1", h2d_gb_s=1.0), GpuBench(index=1, uuid="abc-0", h2d_gb_s=2.0))
+        )
+
+    monkeypatch.setattr(probe_mod, "PcieLinkSampler", Sampler)
+    monkeypatch.setattr(probe_mod, "run_bench", fake_bench)
+    gpus = (dataclasses.replace(gpu(0), uuid="GPU-abc-0"), dataclasses.replace(gpu(1), uuid="GPU-ABC-1"))
+    facts = LocalProbe().measure(machine(gpus=gpus), config())
+    assert facts.bench is not None
+    assert {row.index: row.h2d_gb_s for row in facts.bench.gpus} == {1: 1.0, 0: 2.0}
