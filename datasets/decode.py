@@ -1,0 +1,114 @@
+"""Decode images in parallel, straight into their rows of the output file.
+
+Each worker decodes a chunk of consecutive items into memory and writes it with one ``pwrite`` at the chunk's
+own offset, so workers never wait on each other and the parent only journals which ranges are on disk. A
+rejected item leaves a zero row that the finishing step drops. Workers are spawned (no inherited locks or
+threads) and die with the parent (PR_SET_PDEATHSIG), so a killed run leaves nobody writing behind it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from checks.probe_host import read_host
+from datasets import npyfile
+from datasets.images import RejectedImage, Resize, decode_file
+
+MAX_CHUNK = 64  # items per task: ~12 MiB of 256 px rows in memory per worker, and fine-grained resume
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class ChunkTask:
+    """Decode ``paths`` into rows ``start ..`` of the uint8 array file ``out``."""
+
+    start: int
+    paths: tuple[str, ...]
+    out: str
+    spec: Resize
+
+
+@dataclass(frozen=True)
+class ChunkDone:
+    """Rows ``start`` to ``stop`` are on disk; ``rejects`` are (item index, reason)."""
+
+    start: int
+    stop: int
+    rejects: tuple[tuple[int, str], ...]
+
+
+def usable_cores() -> int:
+    """Count the cores this process may use: CPU affinity, capped by the cgroup CPU quota (ref §6.4)."""
+    host = read_host(processes=lambda: [])
+    cores = host.cpu_affinity or os.cpu_count() or 1
+    if host.cgroup_cpu_quota:
+        cores = min(cores, max(1, math.ceil(host.cgroup_cpu_quota)))
+    return cores
+
+
+def worker_count(requested: int, reserve: int) -> int:
+    """Return ``requested`` workers, or (when 0) the usable cores less ``reserve``, at least one."""
+    return requested if requested > 0 else max(1, usable_cores() - max(reserve, 0))
+
+
+def decode_chunk(task: ChunkTask) -> ChunkDone:
+    """Decode one chunk and write its rows; rejected items become zero rows."""
+    size = task.spec.size
+    rows = np.zeros((len(task.paths), size, size, 3), dtype=np.uint8)
+    rejects: list[tuple[int, str]] = []
+    for k, path in enumerate(task.paths):
+        try:
+            rows[k] = decode_file(path, task.spec)
+        except RejectedImage as exc:
+            rejects.append((task.start + k, str(exc)))
+    fd = os.open(task.out, os.O_WRONLY)
+    try:
+        npyfile.write_rows(fd, task.start, rows)
+        os.fdatasync(fd)  # the rows reach the disk before the journal says they did
+    finally:
+        os.close(fd)
+    return ChunkDone(task.start, task.start + len(task.paths), tuple(rejects))
+
+
+def chunks(
+    todo: list[tuple[int, int]], paths: Callable[[int], str], out: str, spec: Resize, workers: int
+) -> list[ChunkTask]:
+    """Split the ``todo`` ranges into tasks small enough to keep every worker busy to the end."""
+    remaining = sum(stop - start for start, stop in todo)
+    step = max(1, min(MAX_CHUNK, remaining // (workers * 4)))
+    tasks = []
+    for start, stop in todo:
+        for a in range(start, stop, step):
+            b = min(stop, a + step)
+            tasks.append(ChunkTask(a, tuple(paths(i) for i in range(a, b)), out, spec))
+    return tasks
+
+
+def run(tasks: Iterable[ChunkTask], workers: int) -> Iterator[ChunkDone]:
+    """Yield each finished chunk (in completion order); one worker decodes in this process."""
+    if workers <= 1:
+        yield from map(decode_chunk, tasks)
+        return
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(workers, initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
+        yield from pool.imap_unordered(decode_chunk, tasks)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this worker when the staging process dies (Linux); never outlive it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)

@@ -1,0 +1,189 @@
+"""The images part of a staging run: size estimate, parallel decode with the journal, rejects, final layout."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from datasets import decode, finalize, manifest, npyfile
+from datasets.errors import StageFailure, UsageError
+from datasets.images import RESAMPLE, RESIZE_POLICIES, Resize
+from datasets.inventory import Inventory
+from datasets.journal import Journal
+from datasets.places import gib
+from datasets.progress import Progress
+
+if TYPE_CHECKING:
+    from datasets.stage import Request
+
+SLOTS = "slots.npy"  # one row per input, rejects as zero rows, until finalize
+
+
+@dataclass(frozen=True)
+class ImageJob:
+    """The parameters that decide the bytes of a staged image dataset."""
+
+    size: int = 256
+    policy: str = "crop"
+    resample: str = "bicubic"
+    shard_size: int = 1024
+
+    def validate(self) -> None:
+        """Raise UsageError (exit 2) for a value that cannot work."""
+        if not 8 <= self.size <= 4096:
+            raise UsageError(f"--size {self.size} is out of range", hint="8 to 4096 pixels")
+        if self.policy not in RESIZE_POLICIES:
+            raise UsageError(f"unknown --resize {self.policy!r}", hint=" or ".join(RESIZE_POLICIES))
+        if self.resample not in RESAMPLE:
+            raise UsageError(f"unknown resample filter {self.resample!r}", hint=", ".join(RESAMPLE))
+        if self.shard_size < 1:
+            raise UsageError("preflight.stage.shard_size must be at least 1")
+
+    @property
+    def row_shape(self) -> tuple[int, int, int]:
+        return (self.size, self.size, 3)
+
+
+def allowed_rejects(spec: str, inputs: int) -> int:
+    """Turn ``--max-rejects`` ("25", "0.1%", "0.001") into a count for ``inputs`` items."""
+    text = spec.strip()
+    try:
+        if text.endswith("%"):
+            return math.floor(float(text[:-1]) / 100 * inputs)
+        if "." in text or "e" in text.lower():
+            return math.floor(float(text) * inputs)
+        return int(text)
+    except ValueError:
+        raise UsageError(
+            f"--max-rejects {spec!r} is neither a count nor a fraction", hint='e.g. 25, "0.1%" or 0.001'
+        ) from None
+
+
+def estimate(req: Request, inv: Inventory, work: Path) -> tuple[int, str, str]:
+    """Return (bytes still needed, what for, a smaller alternative) for decoding ``inv``."""
+    n, s = len(inv.paths), req.images.size
+    total = n * s * s * 3 + n * 8 + (1 << 20)
+    if req.format == "pt":
+        total += req.images.shard_size * s * s * 3  # one shard exists twice while it is written
+    held = npyfile.allocated_bytes(work / "out" / SLOTS)
+    half = max(8, s // 2)
+    smaller = f"--size {half} needs {gib(n * half * half * 3)}"
+    return max(0, total - held), f"{n:,} images x {s}x{s}x3 bytes", smaller
+
+
+def run(req: Request, inv: Inventory, work: Path, journal: Journal, progress: Progress) -> dict[str, Any]:
+    """Decode every image of ``inv`` into ``work/out`` and lay it out; return the manifest's body."""
+    out, n, job = work / "out", len(inv.paths), req.images
+    if not journal.has("slots"):
+        npyfile.create(out / SLOTS, np.dtype(np.uint8), (n, *job.row_shape))
+        journal.append({"event": "slots", "rows": n})
+    done_before = sum(e["stop"] - e["start"] for e in journal.all("chunk"))
+    t = time.monotonic()
+    rejects = _decode(req, inv, out, journal, progress, allowed_rejects(req.max_rejects, n))
+    decode_s = time.monotonic() - t
+    t = time.monotonic()
+    good = finalize.good_rows(n, set(rejects))
+    if not len(good):
+        raise StageFailure(
+            f"every one of the {n} images was rejected", hint=f"first reason: {next(iter(rejects.values()))}"
+        )
+    outputs = _layout(req, inv, out, good, journal, progress)
+    return {
+        "kind": "images",
+        "format": req.format,
+        "counts": {"inputs": n, "staged": len(good), "rejected": len(rejects), "tokens": 0},
+        "classes": {"count": len(inv.classes), "per_class": _per_class(inv.classes, np.asarray(inv.labels)[good])},
+        "outputs": outputs,
+        "rejects": [{"path": inv.paths[i], "reason": r} for i, r in sorted(rejects.items())],
+        "timings": {"decode_s": round(decode_s, 3), "finalize_s": round(time.monotonic() - t, 3)},
+        "resumed": {"items_done_before": done_before},
+    }
+
+
+def _decode(
+    req: Request, inv: Inventory, out: Path, journal: Journal, progress: Progress, allowed: int
+) -> dict[int, str]:
+    """Decode what the journal does not list as done; fail as soon as the rejects pass ``allowed``."""
+    n = len(inv.paths)
+    rejects = {int(i): r for e in journal.all("chunk") for i, r in e["rejects"]}
+    todo = _missing(n, [(e["start"], e["stop"]) for e in journal.all("chunk")])
+    workers = decode.worker_count(req.workers, req.reserve_cores)
+    spec = Resize(req.images.size, req.images.policy, req.images.resample)
+    tasks = decode.chunks(todo, inv.path, str(out / SLOTS), spec, workers)
+    bar = progress.bar("decode", n, "img", initial=n - sum(b - a for a, b in todo))
+    try:
+        for done in decode.run(tasks, workers):
+            journal.append(
+                {"event": "chunk", "start": done.start, "stop": done.stop, "rejects": [list(r) for r in done.rejects]}
+            )
+            rejects.update(done.rejects)
+            bar.update(done.stop - done.start)
+            _check_rejects(rejects, allowed, n, inv)
+    finally:
+        bar.close()
+    return rejects
+
+
+def _check_rejects(rejects: dict[int, str], allowed: int, n: int, inv: Inventory) -> None:
+    if len(rejects) <= allowed:
+        return
+    first = sorted(rejects.items())[:3]
+    listed = "; ".join(f"{inv.paths[i]}: {r}" for i, r in first)
+    raise StageFailure(
+        f"{len(rejects)} images rejected (of {n}), more than --max-rejects allows ({allowed}): {listed}",
+        hint="fix or remove them, or raise --max-rejects; the same command then resumes",
+    )
+
+
+def _missing(n: int, done: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Return the ranges of [0, n) not covered by ``done``."""
+    todo, pos = [], 0
+    for start, stop in sorted(done):
+        if start > pos:
+            todo.append((pos, start))
+        pos = max(pos, stop)
+    return [*todo, (pos, n)] if pos < n else todo
+
+
+def _layout(
+    req: Request, inv: Inventory, out: Path, good: np.ndarray, journal: Journal, progress: Progress
+) -> dict[str, Any]:
+    """Write the published files into ``out`` and describe them (sizes, hashes, shapes)."""
+    slots, labels = out / SLOTS, np.asarray(inv.labels, dtype=np.int64)[good]
+    bar = progress.bar("finish", len(good), "img")
+    try:
+        if req.format == "pt":
+            finalize.write_shards(slots, out, good, labels, req.images.shard_size, journal, bar.update)
+        elif slots.exists() and len(good) == len(inv.paths):
+            slots.rename(out / "images.npy")  # no rejects: the rows already are the dataset
+        elif slots.exists():
+            finalize.compact(slots, out / "images.npy", good, req.images.row_shape, journal, bar.update)
+    finally:
+        bar.close()
+    if req.format == "npy":
+        finalize.write_npy(out / "labels.npy", labels)
+    finalize.write_text(out / "classes.json", json.dumps(list(inv.classes), indent=1) + "\n")
+    return describe(out, progress)
+
+
+def _per_class(classes: tuple[str, ...], labels: np.ndarray) -> dict[str, int]:
+    counts = Counter(labels.tolist())
+    names = classes or tuple(str(i) for i in sorted(counts))
+    return {name: counts.get(i, 0) for i, name in enumerate(names)}
+
+
+def describe(out: Path, progress: Progress) -> dict[str, Any]:
+    """Hash the outputs with a progress bar (large datasets take a while)."""
+    total = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
+    bar = progress.bar("hash", total, "B")
+    try:
+        return manifest.describe_outputs(out, bar.update)
+    finally:
+        bar.close()

@@ -1,0 +1,153 @@
+"""What ``--source`` names, what identifies its current version, and getting it onto local disk.
+
+A local folder is read where it is (each file is read once while decoding, network mounts included); a local
+archive is unpacked into the staging folder; ``host:/path`` is copied with rsync over SSH; an http(s) URL is
+downloaded (resumed with Range, sha256-checked when given) and unpacked when it is an archive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import requests
+
+from datasets import archives, transfer
+from datasets.errors import UsageError
+from datasets.journal import Journal
+from datasets.progress import Progress
+
+_REMOTE = re.compile(r"^(?:[\w.+-]+@)?[\w.-]+:(?!//)")  # user@host:path or host:path (not a URL)
+
+
+@dataclass(frozen=True)
+class Source:
+    spec: str
+    scheme: str  # local | ssh | http
+    location: str  # absolute path, host:path or URL
+    name: str  # base name for a default destination
+    archive: bool
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """How to reach remote sources."""
+
+    ssh_command: str
+    retries: int
+    http_timeout_s: float
+    sha256: str = ""
+    copy: bool = False  # copy a local folder first (rsync) instead of reading it in place
+
+
+def parse(spec: str) -> Source:
+    """Classify ``spec``; a local path that does not exist is a usage error."""
+    if spec.startswith(("http://", "https://")):
+        name = unquote(Path(urlparse(spec).path).name) or "download"
+        return Source(spec, "http", spec, archives.stem(name), archives.is_archive(name))
+    if _REMOTE.match(spec) and not Path(spec).exists():
+        remote_path = spec.split(":", 1)[1]
+        return Source(spec, "ssh", spec, Path(remote_path.rstrip("/")).name or "remote", False)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise UsageError(
+            f"source {spec} not found", hint="give a folder, a list or text file, an archive, host:/path or a URL"
+        )
+    path = path.resolve()
+    return Source(spec, "local", str(path), archives.stem(path.name), path.is_file() and archives.is_archive(path.name))
+
+
+def identity(src: Source, how: Fetch, session: requests.Session) -> str:
+    """Return what identifies the source's current version without copying it (local folders: see inventory)."""
+    if src.scheme == "http":
+        return how.sha256.lower() if how.sha256 else transfer.http_identity(session, src.location, how.http_timeout_s)
+    if src.scheme == "ssh":
+        listing = transfer.list_remote(src.location, how.ssh_command)
+        return json.dumps({"listing": listing.digest, "files": listing.files, "bytes": listing.bytes})
+    st = os.stat(src.location)
+    return json.dumps({"path": src.location, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
+
+
+def fetch(src: Source, work: Path, journal: Journal, how: Fetch, session: requests.Session, progress: Progress) -> Path:
+    """Bring a remote or archived source into ``work``; return the folder to scan. Journaled, so done once."""
+    if src.scheme == "local" and not src.archive and (not how.copy or Path(src.location).is_file()):
+        return Path(src.location)
+    root = work / "fetch"
+    if journal.has("fetched"):
+        return _top(root) if src.archive else root
+    archive = Path(src.location)
+    if src.scheme == "ssh" or (src.scheme == "local" and not src.archive):
+        remote = src.scheme == "ssh"
+        _with_bar(
+            progress,
+            "copy",
+            "B",
+            lambda tick: transfer.rsync(
+                src.location, root, remote=remote, ssh_command=how.ssh_command, retries=how.retries, progress=tick
+            ),
+        )
+    elif src.scheme == "http":
+        archive = work / (Path(urlparse(src.location).path).name or "download")
+        _with_bar(
+            progress,
+            "download",
+            "B",
+            lambda tick: transfer.download(
+                session,
+                src.location,
+                archive,
+                sha256=how.sha256,
+                retries=how.retries,
+                timeout=how.http_timeout_s,
+                progress=tick,
+            ),
+        )
+    if src.archive:
+        _unpack(archive, root, journal, progress)
+        if src.scheme == "http":
+            archive.unlink()
+    elif src.scheme == "http":
+        root.mkdir(exist_ok=True)
+        archive.replace(root / archive.name)
+    journal.append({"event": "fetched"})
+    return _top(root) if src.archive else root
+
+
+def _unpack(archive: Path, root: Path, journal: Journal, progress: Progress) -> None:
+    scratch = root.with_name("fetch.partial")
+    shutil.rmtree(scratch, ignore_errors=True)  # a killed unpacking starts over
+    skipped: list[tuple[str, str]] = []
+    _with_bar(progress, "unpack", "B", lambda tick: skipped.extend(archives.extract(archive, scratch, tick)))
+    shutil.rmtree(root, ignore_errors=True)
+    scratch.rename(root)
+    journal.append({"event": "unpacked", "skipped": skipped})
+
+
+def _top(root: Path) -> Path:
+    """Step into an archive's single top folder (``data.tar`` holding ``data/``)."""
+    entries = [p for p in root.iterdir() if not p.name.startswith(".")]
+    while len(entries) == 1 and entries[0].is_dir():
+        root = entries[0]
+        entries = [p for p in root.iterdir() if not p.name.startswith(".")]
+    return root
+
+
+def _with_bar(progress: Progress, what: str, unit: str, work: Callable[[Callable[[int], None]], object]) -> None:
+    bar = progress.bar(what, None, unit)
+    try:
+        work(bar.moveto)
+    finally:
+        bar.close()
+
+
+def fingerprint(identity_text: str, params: dict[str, object]) -> str:
+    """Hash the source identity with every parameter that changes the output bytes."""
+    blob = json.dumps({"source": identity_text, "params": params}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()

@@ -1,0 +1,289 @@
+"""``invoke stage-data`` end to end: resolve, skip when unchanged, fetch, scan, size, decode, publish.
+
+All work happens in ``.<name>.staging`` next to the destination, under a lock, journaled; the destination
+appears by one rename when everything, manifest last, is on disk. A re-run with the same command continues
+where a killed one stopped; a re-run on an unchanged source with unchanged parameters does nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from datasets import manifest, places, run_images, run_text, sources
+from datasets.errors import StageFailure, UsageError
+from datasets.finalize import fsync_dir
+from datasets.inventory import Columns, Inventory, scan
+from datasets.journal import Journal, locked
+from datasets.progress import Progress, Silent
+
+KINDS = ("auto", "images", "text")
+FORMATS = ("npy", "pt")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One stage-data run, fully resolved from flags and configuration."""
+
+    source: str
+    dest: str = ""
+    kind: str = "auto"
+    format: str = "npy"
+    images: run_images.ImageJob = field(default_factory=run_images.ImageJob)
+    text: run_text.TextJob = field(default_factory=run_text.TextJob)
+    max_rejects: str = "0.1%"
+    workers: int = 0  # 0: the usable cores less reserve_cores
+    reserve_cores: int = 1
+    columns: Columns = field(default_factory=Columns)
+    fetch: sources.Fetch = field(default_factory=lambda: sources.Fetch("ssh", 3, 30.0))
+    dest_roots: tuple[str, ...] = ("~",)
+    headroom_fraction: float = 0.05
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a run did, for the summary line."""
+
+    dest: Path
+    noop: bool
+    manifest: dict[str, Any]
+    notes: tuple[str, ...] = ()
+
+
+def stage(req: Request, session: requests.Session | None = None, progress: Progress | None = None) -> Outcome:
+    """Stage ``req.source`` and return where it went; raise UsageError (exit 2) or StageFailure (exit 1)."""
+    _validate(req)
+    session = session or requests.Session()
+    progress = progress or Silent()
+    src = sources.parse(req.source)
+    dest = _destination(req, src)
+    work = dest.with_name(f".{dest.name}.staging")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with locked(dest.with_name(f".{dest.name}.lock")):
+        try:
+            return _locked_stage(req, src, dest, work, session, progress)
+        except OSError as exc:
+            raise _disk_error(exc, work) from None
+
+
+def verify(folder: Path, progress: Progress | None = None) -> list[str]:
+    """Re-hash a staged dataset and check its shapes; a folder without a manifest is a usage error."""
+    if manifest.read(folder) is None:
+        raise UsageError(f"{folder} is not a staged dataset (no readable manifest.json)")
+    doc = manifest.read(folder) or {}
+    bar = (progress or Silent()).bar("verify", sum(e.get("bytes", 0) for e in doc.get("outputs", {}).values()), "B")
+    try:
+        return manifest.verify(folder, bar.update)
+    finally:
+        bar.close()
+
+
+def _disk_error(exc: OSError, work: Path) -> StageFailure:
+    """Turn an OS error mid-run into one line; the staging folder stays for the re-run to resume."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    if exc.errno == errno.ENOSPC:
+        return StageFailure(
+            f"disk full{where}: nothing was published; {work} is kept",
+            hint="free some space, then run the same command to resume",
+        )
+    return StageFailure(f"{exc.strerror or exc}{where}; {work} is kept", hint="run the same command to resume")
+
+
+def _locked_stage(
+    req: Request, src: sources.Source, dest: Path, work: Path, session: requests.Session, progress: Progress
+) -> Outcome:
+    """Decide what to do (nothing, resume, start over), then do it."""
+    started = time.monotonic()
+    inv = _scan_local(req, src)
+    ident = inv.digest if inv is not None else sources.identity(src, req.fetch, session)
+    params = _params(req, inv)
+    fp = sources.fingerprint(ident, params)
+    existing = manifest.read(dest)
+    if existing and existing.get("fingerprint") == fp and manifest.looks_complete(dest, existing):
+        _clean_leftovers(dest, work)
+        return Outcome(dest, True, existing)
+    _refuse_foreign(dest, existing)
+    notes = _why_restage(existing, ident, params)
+    if not (Journal(work / "journal.jsonl").fingerprint == fp and (work / "out").is_dir()):
+        _check_space(req, inv, work, _fetch_bytes(req, src, inv, ident))  # before anything is written
+    journal = _journal(work, fp, notes)
+    if journal.has("ready") and (work / "out" / manifest.NAME).is_file():  # killed while publishing
+        _publish(work / "out", dest, work)
+        return Outcome(dest, False, manifest.read(dest) or {}, tuple(notes))
+    doc = _produce(req, src, inv, work, journal, session, progress)
+    doc.update(fingerprint=fp, source={"spec": src.spec, "scheme": src.scheme, "identity": ident}, parameters=params)
+    doc["timings"] = {**doc["timings"], "total_s": round(time.monotonic() - started, 3)}
+    manifest.write(work / "out", _ordered(doc))
+    journal.append({"event": "ready"})
+    _publish(work / "out", dest, work)
+    return Outcome(dest, False, manifest.read(dest) or doc, tuple(notes))
+
+
+def _produce(
+    req: Request,
+    src: sources.Source,
+    inv: Inventory | None,
+    work: Path,
+    journal: Journal,
+    session: requests.Session,
+    progress: Progress,
+) -> dict[str, Any]:
+    """Fetch, scan, check the space, decode or tokenize: return the manifest's body."""
+    t = time.monotonic()
+    root = sources.fetch(src, work, journal, req.fetch, session, progress)
+    fetch_s = time.monotonic() - t
+    if inv is None or req.fetch.copy:
+        inv = scan(root, req.kind, req.columns)
+    if not journal.has("planned"):
+        _check_space(req, inv, work, 0)
+        journal.append({"event": "planned", "inputs": len(inv.paths)})
+    body = (run_text if inv.kind == "text" else run_images).run(req, inv, work, journal, progress)
+    body["timings"] = {"fetch_s": round(fetch_s, 3), **body["timings"]}
+    body["_inventory"] = inv
+    return body
+
+
+def _ordered(doc: dict[str, Any]) -> dict[str, Any]:
+    """Put what a reader looks for first at the top of the manifest."""
+    inv = doc.pop("_inventory")
+    doc["source"].update(layout=inv.layout, files=len(inv.paths), bytes=inv.total_bytes, ignored=inv.ignored)
+    first = ("kind", "format", "fingerprint", "source", "parameters", "counts")
+    return {**{k: doc[k] for k in first if k in doc}, **{k: v for k, v in doc.items() if k not in first}}
+
+
+def _fetch_bytes(req: Request, src: sources.Source, inv: Inventory | None, ident: str) -> int:
+    """Bytes the fetch will write: a local copy, a remote listing, a download (what the server says)."""
+    if src.scheme == "local" and src.archive:  # at least the archive's size again (a floor: .tar.gz grows)
+        return Path(src.location).stat().st_size
+    if src.scheme == "local":
+        return inv.total_bytes if inv is not None and req.fetch.copy else 0
+    try:
+        info = json.loads(ident)
+    except ValueError:
+        return 0  # a sha256 given as identity: no size known
+    size = info.get("bytes") or info.get("Content-Length") or 0
+    return int(size) * (2 if src.archive else 1)
+
+
+def _validate(req: Request) -> None:
+    if req.kind not in KINDS:
+        raise UsageError(f"unknown --kind {req.kind!r}", hint="images, text or auto")
+    if req.format not in FORMATS:
+        raise UsageError(f"unknown --format {req.format!r}", hint="npy or pt")
+    req.images.validate()
+    req.text.validate()
+    run_images.allowed_rejects(req.max_rejects, 1)  # a malformed value fails before any work
+    if req.format == "pt":
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise UsageError(
+                "--format pt needs torch in this environment", hint="use --format npy, or install torch"
+            ) from None
+
+
+def _destination(req: Request, src: sources.Source) -> Path:
+    if req.dest:
+        return Path(req.dest).expanduser().absolute()
+    root = places.choose_root(places.candidates(list(req.dest_roots)))
+    if root is None:
+        raise UsageError("no local disk among preflight.stage.dest_roots to stage onto", hint="give --dest DIR")
+    suffix = (
+        f"-{req.images.size}px" + ("-stretch" if req.images.policy == "stretch" else "") if req.kind != "text" else ""
+    )
+    return root.path / "staged" / f"{src.name}{suffix}"
+
+
+def _scan_local(req: Request, src: sources.Source) -> Inventory | None:
+    """Scan a local folder or file in place (its digest is its identity); remote and archives scan after fetch."""
+    if src.scheme != "local" or src.archive:
+        return None
+    return scan(Path(src.location), req.kind, req.columns)
+
+
+def _params(req: Request, inv: Inventory | None) -> dict[str, Any]:
+    """Return every parameter that changes the output bytes: the fingerprint's other half."""
+    kind = inv.kind if inv is not None else req.kind
+    out: dict[str, Any] = {"kind": kind, "format": req.format}
+    if kind != "text":
+        job = req.images
+        out.update(size=job.size, resize=job.policy, resample=job.resample, columns=asdict(req.columns))
+        if req.format == "pt":
+            out["shard_size"] = job.shard_size
+    if kind != "images":
+        out.update(text_field=req.text.field, tokenizer=req.text.tokenizer_id(), token_dtype=req.text.token_dtype)
+    return out
+
+
+def _refuse_foreign(dest: Path, existing: dict[str, Any] | None) -> None:
+    if existing is None and dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise UsageError(
+            f"--dest {dest} exists and is not a staged dataset (no manifest.json); refusing to replace it",
+            hint="pick a new or empty folder",
+        )
+
+
+def _why_restage(existing: dict[str, Any] | None, ident: str, params: dict[str, Any]) -> list[str]:
+    if existing is None:
+        return []
+    old = existing.get("parameters", {})
+    changed = sorted(k for k in set(old) | set(params) if old.get(k) != params.get(k))
+    if changed:
+        return [f"restaging: parameters changed ({', '.join(changed)})"]
+    if existing.get("source", {}).get("identity") != ident:
+        return ["restaging: the source changed since it was staged"]
+    return ["restaging: the staged files are incomplete"]
+
+
+def _journal(work: Path, fp: str, notes: list[str]) -> Journal:
+    journal = Journal(work / "journal.jsonl")
+    if journal.fingerprint == fp and (work / "out").is_dir():
+        notes.append("resuming an unfinished run")
+        return journal
+    if work.exists():
+        notes.append("discarding an unfinished run for another source or other parameters")
+        shutil.rmtree(work)
+    (work / "out").mkdir(parents=True)
+    journal = Journal(work / "journal.jsonl")
+    journal.start(fp)
+    return journal
+
+
+def _check_space(req: Request, inv: Inventory | None, work: Path, fetch_bytes: int) -> None:
+    """Compare what the run will still write with the free space (exit 1 with numbers and alternatives)."""
+    if inv is None:
+        need, what, smaller = fetch_bytes, "the fetched source", ""
+    else:
+        need, what, smaller = (run_text if inv.kind == "text" else run_images).estimate(req, inv, work)
+        need, what = need + fetch_bytes, what + (" plus the copied source" if fetch_bytes else "")
+    alternatives = places.candidates(list(req.dest_roots))
+    name = work.name.removeprefix(".").removesuffix(".staging")
+    places.check_space(work, name, int(need * (1 + req.headroom_fraction)), what, alternatives, smaller)
+
+
+def _publish(out: Path, dest: Path, work: Path) -> None:
+    """Swap the finished folder in by rename; the old version is moved aside first, then removed."""
+    fsync_dir(out)
+    old = dest.with_name(f".{dest.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        dest.rename(old)
+    out.rename(dest)
+    fsync_dir(dest.parent)
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _clean_leftovers(dest: Path, work: Path) -> None:
+    """Remove what a run killed after publishing left behind."""
+    journal = Journal(work / "journal.jsonl")
+    if work.exists() and journal.has("ready") and not (work / "out").exists():
+        shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(dest.with_name(f".{dest.name}.old"), ignore_errors=True)

@@ -1,0 +1,149 @@
+"""``invoke stage-data`` run as a user runs it (``python -m invoke`` with a temporary HOME), kill -9 included."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_tasks import REPO, assert_usage_error, child_env, invoke, pid_gone
+
+pytestmark = pytest.mark.slow
+OUTPUTS = ("images.npy", "labels.npy", "classes.json")
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in OUTPUTS}
+
+
+def stage_args(src: Path, dest: Path, *extra: str) -> list[str]:
+    return ["stage-data", "--source", str(src), "--dest", str(dest), "--size", "64", "--max-rejects", "10", *extra]
+
+
+def test_stage_then_noop_then_verify(photo_tree: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "ds"
+    first = invoke(tmp_path, *stage_args(photo_tree, dest))
+    assert first.code == 0, first.why()
+    assert "staged 72 images, 5 rejected into" in first.out and "images/s" in first.out
+    again = invoke(tmp_path, *stage_args(photo_tree, dest))
+    assert again.code == 0 and "already staged" in again.out and "nothing to do" in again.out, again.why()
+    checked = invoke(tmp_path, "stage-data", "--verify", str(dest))
+    assert checked.code == 0 and "hashes and shapes match" in checked.out, checked.why()
+    with (dest / "labels.npy").open("r+b") as fh:
+        fh.seek(-1, os.SEEK_END)
+        fh.write(b"\x07")
+    broken = invoke(tmp_path, "stage-data", "--verify", str(dest))
+    assert broken.code == 1 and "labels.npy: sha256 differs" in broken.out, broken.why()
+
+
+def test_progress_bars_go_to_stderr_on_request(photo_tree: Path, tmp_path: Path) -> None:
+    run = invoke(tmp_path, *stage_args(photo_tree, tmp_path / "ds", "--progress"))
+    assert run.code == 0, run.why()
+    assert "decode" in run.err and "img/s" in run.err
+    quiet = invoke(tmp_path, *stage_args(photo_tree, tmp_path / "ds2"))
+    assert "decode" not in quiet.err  # not a terminal, no flag: no bars
+
+
+def test_usage_errors_are_one_line_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "odd" / "x").mkdir(parents=True)
+    (tmp_path / "odd" / "x" / "weights.bin").write_bytes(b"0")
+    (tmp_path / "list.csv").write_text("path,comment\na.jpg,b\n")
+    assert_usage_error(invoke(tmp_path, "stage-data", "--source", str(tmp_path / "empty")), "is empty")
+    assert_usage_error(invoke(tmp_path, "stage-data", "--source", str(tmp_path / "odd")), "unknown format")
+    assert_usage_error(invoke(tmp_path, "stage-data", "--source", str(tmp_path / "list.csv")), "no label column")
+    assert_usage_error(invoke(tmp_path, "stage-data"), "needs --source")
+    assert_usage_error(invoke(tmp_path, "stage-data", "--source", str(tmp_path / "nope")), "not found")
+    assert_usage_error(invoke(tmp_path, "stage-data", "--verify", str(tmp_path / "empty")), "not a staged dataset")
+
+
+def test_bad_configuration_value_is_exit_2(photo_tree: Path, tmp_path: Path) -> None:
+    run = invoke(tmp_path, *stage_args(photo_tree, tmp_path / "ds"), INVOKE_PREFLIGHT_STAGE_RESIZE="squash")
+    assert_usage_error(run, "unknown --resize 'squash'")
+
+
+def test_default_destination_is_under_a_configured_root(photo_tree: Path, tmp_path: Path) -> None:
+    (tmp_path / "invoke.yaml").write_text(f'preflight:\n  stage:\n    dest_roots: ["{tmp_path / "disk"}"]\n')
+    (tmp_path / "disk").mkdir()
+    run = invoke(
+        tmp_path,
+        "-f",
+        str(tmp_path / "invoke.yaml"),
+        "stage-data",
+        "--source",
+        str(photo_tree),
+        "--size",
+        "32",
+        "--max-rejects",
+        "5",
+    )
+    assert run.code == 0, run.why()
+    assert (tmp_path / "disk" / "staged" / "train-32px" / "manifest.json").is_file()
+
+
+def _start(home: Path, args: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "invoke", *args],
+        cwd=REPO,
+        env=child_env(home),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def test_kill_9_at_random_points_then_resume_is_byte_identical(big_tree: Path, tmp_path: Path) -> None:
+    """The done-means test: a few hundred real photos, planted broken files, SIGKILL anywhere, same bytes."""
+    straight = tmp_path / "straight"
+    t0 = time.monotonic()
+    assert invoke(tmp_path, *stage_args(big_tree, straight, "--workers", "2")).code == 0
+    duration = time.monotonic() - t0
+    want = digests(straight)
+    dest, rng, kills = tmp_path / "killed", random.Random(20261129), 0
+    for _ in range(5):
+        proc = _start(tmp_path, stage_args(big_tree, dest, "--workers", "2"))
+        time.sleep(rng.uniform(0.3, duration))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait()
+        if dest.exists():  # whatever is visible under the final name is complete
+            assert json.loads((dest / "manifest.json").read_text())["counts"]["staged"] == 300
+            break
+    assert kills >= 2, "the run was too fast to be killed; the test proves nothing"
+    last = invoke(tmp_path, *stage_args(big_tree, dest, "--workers", "2"))
+    assert last.code == 0, last.why()
+    assert digests(dest) == want
+    assert not (tmp_path / ".killed.staging").exists()
+    doc = json.loads((dest / "manifest.json").read_text())
+    assert doc["counts"] == {"inputs": 305, "staged": 300, "rejected": 5, "tokens": 0}
+
+
+def test_killed_parent_leaves_no_worker_behind(big_tree: Path, tmp_path: Path) -> None:
+    proc = _start(tmp_path, stage_args(big_tree, tmp_path / "ds", "--workers", "2"))
+    deadline = time.monotonic() + 20
+    children: list[int] = []
+    while time.monotonic() < deadline and not children:
+        time.sleep(0.1)
+        children = [int(p) for p in _children(proc.pid)]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert children, "no decode workers seen"
+    end = time.monotonic() + 5
+    while time.monotonic() < end and not all(pid_gone(p) for p in children):
+        time.sleep(0.05)
+    assert all(pid_gone(p) for p in children)
+
+
+def _children(pid: int) -> list[str]:
+    try:
+        return (Path(f"/proc/{pid}/task/{pid}/children").read_text()).split()
+    except OSError:
+        return []
