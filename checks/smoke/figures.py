@@ -1,0 +1,90 @@
+"""Figures from the child's step records: pure functions, no torch (the parent and the tests use them).
+
+A record is ``StepRecord.as_dict()``: seconds of ``data_wait``, ``h2d``, ``forward``, ``backward``, ``optimizer``
+on the device clock, host ``host_start``/``host_end``/``enqueue_s``, ``fetch`` windows and ``loss``.
+
+Shares are of the total measured time (sums, not medians), so they add up to exactly 1 and match what an epoch
+costs; with DataLoader workers the data wait comes in bursts (one slow batch in N), which a median would hide.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+PHASES = ("data_wait", "h2d", "forward", "backward", "optimizer")
+SHARES = (*PHASES, "checkpoint")
+
+
+def union_length(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total length covered by possibly overlapping intervals (kernels on several streams)."""
+    covered, end = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        covered += b - max(a, end)
+        end = b
+    return covered
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of a non-empty sequence."""
+    data = sorted(values)
+    return data[min(len(data) - 1, max(0, math.ceil(q * len(data)) - 1))]
+
+
+def step_total(r: dict[str, Any]) -> float:
+    return float(sum(r[p] for p in PHASES))
+
+
+def step_figures(records: list[dict[str, Any]], samples_per_step: int, tokens_per_sample: int = 0) -> dict[str, Any]:
+    """Median, p95 and mean step time, samples/s (and tokens/s), and seconds per phase summed."""
+    totals = [step_total(r) for r in records]
+    spent = sum(totals)
+    out: dict[str, Any] = {
+        "steps": len(records),
+        "median_s": statistics.median(totals),
+        "p95_s": percentile(totals, 0.95),
+        "mean_s": spent / len(records),
+        "samples_per_s": samples_per_step * len(records) / spent if spent > 0 else None,
+        "phase_s": {p: sum(r[p] for r in records) for p in PHASES},
+    }
+    if tokens_per_sample and out["samples_per_s"]:
+        out["tokens_per_s"] = out["samples_per_s"] * tokens_per_sample
+    return out
+
+
+def breakdown(records: list[dict[str, Any]], checkpoint_s_per_step: float = 0.0) -> dict[str, float]:
+    """Each phase's share of the time per step, checkpoints amortised in; the shares add up to 1."""
+    n = len(records)
+    per_step = {p: sum(r[p] for r in records) / n for p in PHASES}
+    per_step["checkpoint"] = checkpoint_s_per_step
+    whole = sum(per_step.values())
+    return {k: (v / whole if whole > 0 else 0.0) for k, v in per_step.items()}
+
+
+def fetch_windows(records: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """Host windows spent blocked on the next batch (for CPU use while the loop waits for data)."""
+    return [(float(a), float(b)) for r in records for a, b in r.get("fetch", [])]
+
+
+def enqueue_ratio(records: list[dict[str, Any]]) -> float | None:
+    """Median of host time issuing a step / device time computing it (ref/diagnosis.md §2.3 signal 1)."""
+    ratios = [r["enqueue_s"] / c for r in records if (c := r["forward"] + r["backward"] + r["optimizer"]) > 0]
+    return statistics.median(ratios) if ratios else None
+
+
+def loss_trend(losses: Sequence[float]) -> dict[str, Any]:
+    """First and last quarter means, whether every loss is finite, whether it went down."""
+    finite = all(math.isfinite(v) for v in losses)
+    k = max(1, len(losses) // 4)
+    first = statistics.fmean(losses[:k]) if losses else math.nan
+    last = statistics.fmean(losses[-k:]) if losses else math.nan
+    return {
+        "first": first if math.isfinite(first) else None,
+        "last": last if math.isfinite(last) else None,
+        "finite": finite and bool(losses),
+        "decreasing": finite and len(losses) >= 2 and last < first,
+    }

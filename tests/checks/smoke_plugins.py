@@ -1,0 +1,138 @@
+"""Datasets and models with planted bottlenecks, loaded by verify's child through --dataset/--model.
+
+Each is a real workload, not a mock of the tool: the child trains on it and the verdict has to come out of the
+measurements. Imported in the child only (torch is imported inside the factories).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+SIDE = 16  # 16 x 16 x 3 uint8 images: cheap to make, cheap to train on
+
+
+class Patterned:
+    """Class ``i % 4`` as a bright quadrant plus noise: learnable in a dozen steps."""
+
+    num_classes = 4
+
+    def __init__(self, length: int = 100_000) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def image(self, i: int) -> tuple[np.ndarray, int]:
+        label = i % 4
+        img = np.random.default_rng(i).integers(0, 64, (SIDE, SIDE, 3), dtype=np.uint8)
+        r, c = divmod(label, 2)
+        img[r * 8 : r * 8 + 8, c * 8 : c * 8 + 8] += 150
+        return img, label
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        return self.image(int(i))
+
+
+class Sleepy(Patterned):
+    """Every item waits 4 ms, as a read from a slow network disk would: no CPU, just latency."""
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        time.sleep(0.004)
+        return self.image(int(i))
+
+
+class Busy(Patterned):
+    """Every item burns ~10 ms of CPU, as decoding and augmenting a large JPEG would."""
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        end = time.thread_time() + 0.010
+        x = 0
+        while time.thread_time() < end:
+            x += 1
+        return self.image(int(i))
+
+
+class Entropy(Patterned):
+    """Noise from the OS entropy pool on every read: no saved RNG state can reproduce it."""
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        img, label = self.image(int(i))
+        return (img + np.random.default_rng().integers(0, 60, img.shape, dtype=np.uint8)).astype(np.uint8), label
+
+
+def patterned() -> Patterned:
+    return Patterned()
+
+
+def sleepy() -> Sleepy:
+    return Sleepy()
+
+
+def busy() -> Busy:
+    return Busy()
+
+
+def entropy() -> Entropy:
+    return Entropy()
+
+
+def tiny_model() -> Any:
+    """A linear classifier over the raw pixels: a step costs well under a millisecond."""
+    import torch
+    from torch import nn
+
+    class Tiny(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(SIDE * SIDE * 3, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x.flatten(1).float() / 255)
+
+    return Tiny()
+
+
+def slow_fsync_model() -> Any:
+    """The tiny model, in a process whose fsync takes 250 ms: a checkpoint directory on a slow network mount.
+
+    No FUSE or device-mapper needed: the checkpoint code calls ``os.fsync`` for the file and for the directory,
+    and this replaces it in the child process only (the test process is untouched).
+    """
+    real = os.fsync
+
+    def slow(fd: Any) -> None:
+        time.sleep(0.25)
+        real(fd)
+
+    os.fsync = slow
+    return tiny_model()
+
+
+def oom_model() -> Any:
+    """The tiny model, raising torch's OutOfMemoryError above 8 samples per batch (a GPU's memory limit, on the CPU)."""
+    import torch
+
+    model = tiny_model()
+    forward = model.forward
+
+    def limited(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (planted by the test)")
+        return forward(x)
+
+    model.forward = limited
+    return model
+
+
+def nan_model() -> Any:
+    """The tiny model with a NaN in every output: the gate must fail on the loss."""
+    import torch
+
+    model = tiny_model()
+    forward = model.forward
+    model.forward = lambda x: forward(x) * torch.tensor(float("nan"))
+    return model

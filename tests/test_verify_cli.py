@@ -1,0 +1,191 @@
+"""``invoke verify`` and ``invoke watch`` end to end, as a user runs them: ``python -m invoke ...`` from the
+checkout with a temporary HOME, training for real on this machine's CPU (small sizes through INVOKE_PREFLIGHT_*)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+
+from tests.test_tasks import REPO, Run, assert_usage_error, by_id, child_env, invoke
+
+pytestmark = pytest.mark.slow
+
+PLUGINS = "tests.checks.smoke_plugins"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SHARES = {"data_wait", "h2d", "forward", "backward", "optimizer", "checkpoint"}
+VERDICTS = {"data-bound", "cpu-starved", "h2d-bound", "launch-bound", "compute-bound", "checkpoint-bound", "near-oom", "throttled", "cpu-contended", "cant-tell"}  # fmt: skip
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "home"
+    path.mkdir()
+    return path
+
+
+def small(tmp: Path, **extra: str) -> dict[str, str]:
+    """Small and quick: 16 px images, batch 16, one warm-up step; reports under ``tmp``."""
+    env = {"INVOKE_PREFLIGHT_VERIFY_IMAGE_SIZE": "16", "INVOKE_PREFLIGHT_VERIFY_BATCH_SIZE_CPU": "16"}
+    env |= {"INVOKE_PREFLIGHT_VERIFY_WARMUP": "1", "INVOKE_PREFLIGHT_VERIFY_REPORT_DIR": str(tmp / "reports")}
+    return env | extra
+
+
+def verify(home: Path, tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[Run, dict[str, Any]]:
+    run = invoke(home, "verify", "--steps", "4", *args, "--json", str(tmp / "r.json"), env=small(tmp) | (env or {}))
+    report = json.loads((tmp / "r.json").read_text()) if (tmp / "r.json").exists() else {}
+    return run, report
+
+
+def stage_images(root: Path, n: int = 64) -> Path:
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    np.save(root / "images.npy", rng.integers(0, 255, (n, 16, 16, 3), dtype=np.uint8))
+    np.save(root / "labels.npy", np.arange(n, dtype=np.int64) % 4)
+    (root / "classes.json").write_text(json.dumps(["a", "b", "c", "d"]))
+    (root / "manifest.json").write_text(json.dumps({"count": n}))
+    return root
+
+
+def test_verify_on_synthetic_data_writes_report_csv_and_png(home: Path, tmp_path: Path) -> None:
+    run, report = verify(home, tmp_path)
+    assert run.code == 0, run.why()
+    results, m = by_id(report), report["measurements"]
+    assert results["diagnosis"]["value"] in VERDICTS
+    assert set(m["step_breakdown"]) == SHARES and abs(sum(m["step_breakdown"].values()) - 1) < 1e-9
+    assert results["verify-checkpoint"]["status"] == "ok" and "exactly" in results["verify-checkpoint"]["summary"]
+    assert results["verify-loss"]["status"] == "ok" and results["driver"]["status"] == "skip"  # a CPU machine
+    assert results["verify-mfu"]["status"] == "skip" and "no GPU" in results["verify-mfu"]["summary"]
+    assert m["step_time"]["steps"] == 4 and m["samples_per_s"] > 0
+    csv = (tmp_path / "r.samples.csv").read_text().splitlines()
+    assert csv[0].startswith("t_mono,t_s,cpu_pct") and len(csv) > 5
+    assert (tmp_path / "r.png").read_bytes()[:8] == PNG_MAGIC
+    assert "diagnosis (primary first):" in run.out and "wrote " in run.err
+    assert "Traceback" not in run.err
+
+
+def test_verify_on_staged_images_prices_the_epoch(home: Path, tmp_path: Path) -> None:
+    data = stage_images(tmp_path / "staged")
+    run, report = verify(home, tmp_path, "--data", str(data), "--price-per-hour", "3.5", "--workers", "0")
+    assert run.code == 0, run.why()
+    results, m = by_id(report), report["measurements"]
+    assert "staged at" in results["verify-data"]["summary"] and "num_workers=0" in results["verify-data"]["summary"]
+    assert m["cost"]["epoch_steps"] == 64 // 16 and "per epoch" in results["verify-cost"]["summary"]
+    assert m["run"]["data"]["reader"].endswith("StagedImages")  # stage-data's template (or the built-in reader)
+
+
+def test_verify_on_staged_tokens_with_json_on_stdout(home: Path, tmp_path: Path) -> None:
+    root = tmp_path / "tokens"
+    root.mkdir()
+    np.save(root / "tokens.npy", (np.arange(20_000) % 97).astype(np.uint16))
+    np.save(root / "doc_offsets.npy", np.array([0, 20_000]))
+    (root / "manifest.json").write_text("{}")
+    env = small(tmp_path, INVOKE_PREFLIGHT_VERIFY_SEQ_LEN="32")
+    run = invoke(home, "verify", "--steps", "3", "--data", str(root), "--json", "-", env=env)
+    assert run.code == 0, run.why()
+    report = run.report()  # stdout is the JSON document alone
+    assert by_id(report)["verify-data"]["value"]["kind"] == "tokens"
+    assert report["measurements"]["tokens_per_s"] > 0
+    assert "diagnosis (primary first):" in run.err
+    assert list((tmp_path / "reports").glob("verify-*.samples.csv"))
+
+
+def test_a_broken_staged_directory_exits_2_before_training(home: Path, tmp_path: Path) -> None:
+    data = stage_images(tmp_path / "staged")
+    (data / "manifest.json").unlink()
+    run, _ = verify(home, tmp_path, "--data", str(data))
+    assert_usage_error(run, "manifest.json is missing")
+    assert run.seconds < 20
+
+
+def test_an_unwritable_checkpoint_directory_exits_2(home: Path, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    run, _ = verify(home, tmp_path, "--ckpt-dir", str(tmp_path / "file" / "ckpt"))
+    assert_usage_error(run, "is not writable")
+
+
+def test_a_model_that_cannot_be_imported_exits_2(home: Path, tmp_path: Path) -> None:
+    run, _ = verify(home, tmp_path, "--model", "no_such_module:build")
+    assert run.code == 2 and "Traceback" not in run.err, run.why()
+    last = run.err.strip().splitlines()[-1]  # after the child's progress lines: one error line
+    assert last.startswith("gpu-preflight: cannot load no_such_module:build: ModuleNotFoundError"), run.why()
+
+
+def test_oom_at_the_requested_batch_exits_1_with_the_batch_that_fits(home: Path, tmp_path: Path) -> None:
+    args = ("--dataset", f"{PLUGINS}:patterned", "--model", f"{PLUGINS}:oom_model", "--batch-size", "32")
+    run, report = verify(home, tmp_path, *args, "--workers", "0")
+    assert run.code == 1, run.why()
+    loop = by_id(report)["verify-loop"]
+    assert loop["status"] == "fail" and "out of memory at batch 32" in loop["summary"]
+    assert "--batch-size 8" in loop["hint"] and by_id(report)["diagnosis"]["value"] == "near-oom"
+
+
+def test_nan_loss_and_a_missed_throughput_floor_fail_the_gate(home: Path, tmp_path: Path) -> None:
+    floor = {"INVOKE_PREFLIGHT_VERIFY_MIN_SAMPLES_PER_S": "1000000000"}
+    args = ("--dataset", f"{PLUGINS}:patterned", "--model", f"{PLUGINS}:nan_model", "--workers", "0")
+    run, report = verify(home, tmp_path, *args, env=floor)
+    assert run.code == 1, run.why()
+    results = by_id(report)
+    assert results["verify-loss"]["status"] == "fail" and "NaN/inf" in results["verify-loss"]["summary"]
+    assert results["verify-throughput"]["status"] == "fail"
+
+
+def test_ctrl_c_writes_the_partial_report_and_leaves_no_process(home: Path, tmp_path: Path) -> None:
+    env = child_env(home) | small(tmp_path)
+    argv = [sys.executable, "-m", "invoke", "verify", "--steps", "400", "--json", str(tmp_path / "r.json")]
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen, deadline, family = "", time.monotonic() + 90, set()
+    assert proc.stderr is not None
+    while "measure step 10/" not in seen and time.monotonic() < deadline:
+        seen += proc.stderr.readline()
+        family |= {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+    proc.send_signal(signal.SIGINT)  # what a terminal sends to the foreground process
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, seen + err
+    report = json.loads((tmp_path / "r.json").read_text())
+    loop = by_id(report)["verify-loop"]
+    assert loop["status"] == "warn" and loop["summary"].startswith("interrupted")
+    assert 10 <= report["measurements"]["step_time"]["steps"] < 400
+    assert (tmp_path / "r.png").exists() and "interrupted" in err
+    time.sleep(0.5)
+    assert family and not [p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+
+def test_watch_judges_a_running_process_tree(home: Path, tmp_path: Path) -> None:
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<30: pass"])
+    try:
+        env = {"INVOKE_PREFLIGHT_VERIFY_SAMPLE_INTERVAL_S": "0.05"}
+        run = invoke(
+            home, "watch", "--seconds", "2", "--pid", str(busy.pid), "--json", str(tmp_path / "w.json"), env=env
+        )
+    finally:
+        busy.kill()
+        busy.wait()
+    assert run.code == 0, run.why()
+    report = json.loads((tmp_path / "w.json").read_text())
+    results, sampler = by_id(report), report["measurements"]["sampler"]
+    assert results["diagnosis"]["value"] == "cant-tell" and "no GPU" in results["diagnosis"]["summary"]
+    assert f"process {busy.pid}" in results["watch-sampler"]["summary"]
+    assert sampler["samples"] >= 20 and sampler["tree_cpu_fraction"]["p95"] >= 0.1  # a busy core (shared when loaded)
+    assert (tmp_path / "w.png").read_bytes()[:8] == PNG_MAGIC and (tmp_path / "w.samples.csv").exists()
+
+
+def test_watch_refuses_a_pid_that_does_not_exist(home: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert_usage_error(invoke(home, "watch", "--pid", str(gone.pid)), f"no process {gone.pid}")
+
+
+def test_verify_and_watch_are_listed(home: Path) -> None:
+    run = invoke(home, "--list")
+    assert run.code == 0 and "verify" in run.out and "watch" in run.out
+    assert os.environ.get("HOME") != str(home)
