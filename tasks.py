@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import json
 import os
+import platform
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -23,12 +24,16 @@ from checks.env_config import check_env_overrides
 from checks.errors import ExitStatus, PreflightError
 from checks.facts import AllocFacts, MachineFacts
 from checks.fileio import write_atomic
+from checks.fleet import FleetReport, build_fleet_report, host_measurements
+from checks.fleet_render import render_fleet
 from checks.probe import LocalProbe, Probe, SnapshotProbe
+from checks.probe_diskio import terminate_as_interrupt
 from checks.render import render_text, use_colour
 from checks.result import Report
 from checks.runner import run_checks
 from checks.snapshot import dump_snapshot, to_jsonable, write_snapshot
 from provision.alloc_env import Change, choose_value, ensure_alloc_conf, ensure_alloc_conf_removed, variables_for
+from provision.hosts import HostSpec, select_hosts
 
 
 def _config_files(argv: list[str], environ: Mapping[str, str]) -> list[Path]:
@@ -97,10 +102,11 @@ def _alloc(
     return probe.alloc(value, variables, cfg), notes
 
 
-def _emit(report: Report, json_path: str) -> None:
+def _emit(report: Report | FleetReport, json_path: str) -> None:
     """Human text to stdout (stderr when JSON goes to stdout); JSON to a file or stdout."""
     text_stream = sys.stderr if json_path == "-" else sys.stdout
-    text_stream.write(render_text(report, colour=use_colour(text_stream, os.environ)))
+    colour = use_colour(text_stream, os.environ)
+    text_stream.write(render_fleet(report, colour) if isinstance(report, FleetReport) else render_text(report, colour))
     if not json_path:
         return
     payload = json.dumps(report.to_json(), indent=2) + "\n"
@@ -146,7 +152,26 @@ def _measurements(facts: MachineFacts, cfg: PreflightConfig, notes: list[str]) -
         out["pcie_under_load"] = links
     if notes:
         out["alloc_conf_changes"] = notes
+    out.update(host_measurements(facts))  # disks, mounts, downloads, inventory
     return out
+
+
+def _fleet(
+    cfg: PreflightConfig, specs: list[HostSpec], source: str, json_path: str, strict: bool, dry_run: bool
+) -> None:
+    """Bootstrap every host over SSH, measure the links between them, report them together."""
+    from provision.fanout import run_fleet  # fabric and paramiko load only for fleet runs
+
+    def notify(line: str) -> None:
+        sys.stderr.write(f"gpu-preflight: {line}\n")
+
+    with interruptible(), terminate_as_interrupt():  # SIGTERM/SIGHUP also stop the remote processes
+        facts = run_fleet(specs, cfg, Path(__file__).resolve().parent, dry_run, notify, source)
+    report = build_fleet_report(facts, cfg, platform.node())
+    _emit(report, json_path)
+    code = report.exit_code(strict=strict or cfg.report.strict)
+    if code:
+        raise Exit(code=code)
 
 
 @task(
@@ -156,17 +181,31 @@ def _measurements(facts: MachineFacts, cfg: PreflightConfig, notes: list[str]) -
         "strict": "exit 1 on warnings too",
         "bench": "run the GPU micro-benchmarks (default on; --no-bench skips them)",
         "dry_run": "show what the allocator setting would change in the shell files, write nothing",
+        "hosts": "bootstrap these hosts over SSH instead: h1,h2 or user@host:port (~/.ssh/config applies)",
+        "hosts_file": "bootstrap the hosts listed in FILE (one per line; DeepSpeed's 'host slots=N' works)",
     }
 )
 def bootstrap(
-    c: Context, json: str = "", machine: str = "", strict: bool = False, bench: bool = True, dry_run: bool = False
+    c: Context,
+    json: str = "",
+    machine: str = "",
+    strict: bool = False,
+    bench: bool = True,
+    dry_run: bool = False,
+    hosts: str = "",
+    hosts_file: str = "",
 ) -> None:
-    """Check this machine right after renting it: driver, CUDA, torch build, GPUs, CPU/RAM/shm, benchmarks."""
+    """Check this machine right after renting it: driver, CUDA, torch, GPUs, CPU/RAM/shm, disks, benchmarks."""
     cfg = settings(c)
     _check_output_path(json)
     if not bench:
         cfg = dataclasses.replace(cfg, bench=dataclasses.replace(cfg.bench, enabled=False))
-    with interruptible():
+    specs, source = select_hosts(hosts, hosts_file, os.environ, cfg.hosts.slurm and not machine)
+    if specs and machine:
+        raise PreflightError("--machine judges a snapshot; it cannot be combined with --hosts or --hosts-file")
+    if specs:
+        return _fleet(cfg, specs, source, json, strict, dry_run)
+    with interruptible(), terminate_as_interrupt():
         probe = _probe(machine, cfg)
         facts = probe.measure(probe.machine(), cfg)
         alloc, notes = _alloc(probe, facts, cfg, dry_run, apply=cfg.alloc_conf.apply)
@@ -245,5 +284,205 @@ def _alloc_only() -> Any:
 
 _ALLOC_ONLY = _alloc_only()
 
-ns = Collection(bootstrap, snapshot, alloc_conf)
+
+@task(
+    name="stage-data",
+    help={
+        "source": "folder, CSV/TSV list, .txt/.jsonl, .tar/.tar.gz/.zip, host:/path (rsync over SSH) or http(s) URL",
+        "dest": "the staged dataset's own folder (default: <fullest local disk>/staged/<name>)",
+        "kind": "images, text or auto (preflight.stage.kind)",
+        "format": "npy (one memmap) or pt (torch.load-safe shards)",
+        "size": "output side S in pixels (images are S x S x 3)",
+        "resize": "crop (shorter side to S, centre crop) or stretch (plain resize)",
+        "sha256": "expected sha256 of a downloaded file",
+        "max_rejects": "rejected inputs allowed: a count (25) or a fraction (0.1%, 0.001)",
+        "workers": "decode processes (default: usable cores less preflight.stage.reserve_cores)",
+        "reserve_cores": "usable cores left free while decoding",
+        "copy": "copy a local folder to the staging disk with rsync first, instead of reading it in place",
+        "field": "JSON field of a .jsonl document's text",
+        "tokenizer": "a Hugging Face tokenizer.json (default: byte-level tokens)",
+        "token_dtype": "auto, uint16 or uint32",
+        "verify": "re-hash the staged dataset DIR and check its shapes against its manifest",
+        "progress": "show progress bars even when stderr is not a terminal",
+    },
+)
+def stage_data(
+    c: Context,
+    source: str = "",
+    dest: str = "",
+    kind: str = "",
+    format: str = "",
+    size: int = 0,
+    resize: str = "",
+    sha256: str = "",
+    max_rejects: str = "",
+    workers: int = 0,
+    reserve_cores: int = -1,
+    copy: bool = False,
+    field: str = "",
+    tokenizer: str = "",
+    token_dtype: str = "",
+    verify: str = "",
+    progress: bool = False,
+) -> None:
+    """Copy a dataset to local disk and pre-decode it once into memory-mapped arrays (or .pt shards)."""
+    import time
+
+    from datasets import options, stage
+    from datasets import progress as bars
+
+    cfg = settings(c)
+    shown = bars.Bars(sys.stderr) if progress or sys.stderr.isatty() else bars.Silent()
+    start = time.monotonic()
+    if verify:
+        with interruptible():
+            problems = stage.verify(Path(verify), shown)
+        for line in problems:
+            print(f"{verify}: {line}")
+        print(
+            f"verified {verify}: "
+            + (f"{len(problems)} problem(s)" if problems else "hashes and shapes match the manifest")
+        )
+        if problems:
+            raise Exit(code=ExitStatus.PROBLEMS)
+        return
+    if not source:
+        raise PreflightError(
+            "stage-data needs --source (or --verify DIR)", hint="e.g. invoke stage-data --source ~/imagenet/train"
+        )
+    flags = options.Flags(
+        source,
+        dest,
+        kind,
+        format,
+        size,
+        resize,
+        sha256,
+        max_rejects,
+        workers,
+        reserve_cores,
+        copy,
+        field,
+        tokenizer,
+        token_dtype,
+    )
+    with interruptible():
+        outcome = stage.stage(options.build_request(cfg.stage, flags), progress=shown)
+    for note in outcome.notes:
+        sys.stderr.write(note + "\n")
+    print(options.summary(outcome, time.monotonic() - start))
+
+
+@task(
+    help={
+        "data": "a staged dataset DIR (invoke stage-data's npy layout); default: synthetic data",
+        "steps": "measured steps (default preflight.verify.steps; warm-up steps come first)",
+        "batch_size": "batch size per step (default preflight.verify.batch_size_gpu / _cpu)",
+        "accum": "gradient-accumulation micro-batches per optimizer step",
+        "workers": "DataLoader workers (default: bootstrap's recommendation)",
+        "ckpt_dir": "your real checkpoint DIR, to time a save there (default: a temporary directory)",
+        "ckpt_every": "steps between checkpoints, to amortise the save (default preflight.verify.checkpoint_every_steps)",
+        "price_per_hour": "this machine's price per hour: cost per epoch and per lost share",
+        "json": "JSON report PATH ('-' for stdout); the CSV and PNG go beside it (default: preflight.verify.report_dir)",
+        "plot": "PNG timeline PATH (default: beside the JSON report)",
+        "sweep": "double the batch until OOM or the throughput knee",
+        "ab": "also time the model under torch.compile (reduce-overhead on a GPU)",
+        "dataset": "your own dataset: MODULE:CALLABLE returning a map-style Dataset of (input, target)",
+        "model": "your own model: MODULE:CALLABLE returning an nn.Module",
+        "device": "auto, cuda or cpu (default preflight.verify.device)",
+    }
+)
+def verify(
+    c: Context,
+    data: str = "",
+    steps: int = 0,
+    batch_size: int = 0,
+    accum: int = 0,
+    workers: int = -1,
+    ckpt_dir: str = "",
+    ckpt_every: int = 0,
+    price_per_hour: float = 0.0,
+    json: str = "",
+    plot: str = "",
+    sweep: bool = False,
+    ab: bool = False,
+    dataset: str = "",
+    model: str = "",
+    device: str = "",
+) -> None:
+    """Train a few dozen steps as the real run will and say where step time goes: verdict, fix, cost."""
+    from contextlib import ExitStack
+
+    from checks import verify as v
+    from checks.verify_report import judge
+    from checks.verify_results import render_verdicts
+
+    cfg = settings(c)
+    opts = v.Options(data, steps, batch_size, accum, workers, ckpt_dir, ckpt_every, price_per_hour, json, plot, sweep, ab, dataset, model, device)  # fmt: skip
+    with ExitStack() as stack, interruptible():
+        p, facts = v.plan(opts, cfg, LocalProbe(cfg.probe.torch_timeout_s).machine, stack)
+        gate = v.gate(facts, cfg)
+        outcome = v.run(p, cfg, lambda e: _progress(v.progress(e)))
+        v.raise_usage(outcome)
+        results, measurements, verdicts = judge(p, outcome, cfg.verify)
+        child = outcome.child.result or {}
+        title = f"invoke verify: {verdicts[0].id if verdicts else 'cant-tell'}"
+        notes = v.write_outputs(
+            p.csv_path, p.png_path, outcome.trace, title, outcome.gpu_index, p.usable_cores,
+            steps=child.get("steps", []), warmup=child.get("warmup", []),
+            shares=measurements.get("step_breakdown"), phases=child.get("timeline"),
+        )  # fmt: skip
+    report = Report(facts.host.hostname, "live", tuple(gate + results), measurements)
+    _emit(report, p.json_path)
+    (sys.stderr if p.json_path == "-" else sys.stdout).write(render_verdicts(verdicts))
+    for note in [*notes, f"wrote {p.json_path}, {p.csv_path}, {p.png_path}"]:
+        sys.stderr.write(note + "\n")
+    if outcome.child.interrupted:
+        raise Exit("gpu-preflight: interrupted (the partial report is written)", code=ExitStatus.INTERRUPTED)
+    code = report.exit_code(strict=cfg.report.strict)
+    if code:
+        raise Exit(code=code)
+
+
+def _progress(line: str | None) -> None:
+    if line:
+        sys.stderr.write(line + "\n")
+
+
+@task(
+    help={
+        "seconds": "how long to sample (default preflight.verify.watch_seconds); Ctrl-C stops early",
+        "pid": "your training process: its tree's CPU and its GPU are judged (default: the whole machine)",
+        "json": "JSON report PATH ('-' for stdout); the CSV and PNG go beside it (default: preflight.verify.report_dir)",
+        "plot": "PNG timeline PATH (default: beside the JSON report)",
+    }
+)
+def watch(c: Context, seconds: int = 0, pid: int = 0, json: str = "", plot: str = "") -> None:
+    """Sample GPU and CPU use while your own training runs and say which one holds it back."""
+    from checks import verify as v
+    from checks import watch as w
+    from checks.verify_results import render_verdicts
+
+    cfg = settings(c)
+    w.check_pid(pid)
+    if seconds < 0:
+        raise PreflightError(f"--seconds must be positive, got {seconds}")
+    json_path, csv, png = v.outputs(json, plot, cfg.verify, "watch")
+    usable, host = w.usable_here()
+    seconds = seconds or cfg.verify.watch_seconds
+    sys.stderr.write(f"watch: sampling for {seconds} s (Ctrl-C stops early)\n")
+    watched = w.sample(seconds, pid or None, usable, cfg.verify)
+    found = w.verdicts(watched, cfg.verify, usable)
+    results, measurements = w.results(watched, found, usable, str(csv))
+    measurements["files"] = {"json": json_path, "csv": str(csv), "png": str(png)}
+    notes = v.write_outputs(csv, png, watched.trace, f"invoke watch: {found[0].id}", watched.gpu, usable)
+    _emit(Report(host, "live", tuple(results), measurements), json_path)
+    (sys.stderr if json_path == "-" else sys.stdout).write(render_verdicts(found))
+    for note in [*notes, f"wrote {json_path}, {csv}, {png}"]:
+        sys.stderr.write(note + "\n")
+    if watched.interrupted:
+        raise Exit("gpu-preflight: interrupted (the partial report is written)", code=ExitStatus.INTERRUPTED)
+
+
+ns = Collection(bootstrap, snapshot, alloc_conf, stage_data, verify, watch)
 ns.configure({"preflight": load_defaults()})

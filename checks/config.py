@@ -89,6 +89,144 @@ class AllocConfig:
 
 
 @dataclass(frozen=True)
+class StageConfig:
+    kind: str
+    format: str
+    size: int
+    resize: str
+    resample: str
+    shard_size: int
+    reserve_cores: int
+    max_rejects: str
+    text_field: str
+    token_dtype: str
+    path_column: str
+    label_column: str
+    dest_roots: tuple[str, ...]
+    headroom_fraction: float
+    ssh_command: str
+    retries: int
+    http_timeout_s: float
+
+
+@dataclass(frozen=True)
+class DiskConfig:
+    enabled: bool
+    locations: tuple[str, ...]
+    max_locations: int
+    budget_s: float
+    max_file_mib: int
+    max_free_fraction: float
+    min_free_mib: int
+    sync_mib: int
+    small_file_kib: int
+    max_small_files: int
+    read_threads: int
+    checkpoint_gib: float
+    use_fio: bool
+    stat_timeout_s: float
+    read_warn_mb_s: float
+    read_fail_mb_s: float
+    write_warn_mb_s: float
+    small_files_warn_per_s: float
+    checkpoint_warn_s: float
+    free_warn_fraction: float
+    staging_min_free_gib: float
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    download_urls: tuple[str, ...]
+    download_max_mib: int
+    download_timeout_s: float
+    download_warn_mb_s: float
+    links: bool
+    link_seconds: float
+    link_omit_s: float
+    link_streams: int
+    rtt_pings: int
+    use_iperf3: bool
+    iperf3_port: int
+    concurrent_pairs: bool
+    link_warn_mbit_s: float
+    link_fail_mbit_s: float
+    allreduce: bool
+    allreduce_max_mib: int
+    allreduce_budget_s: float
+    allreduce_timeout_s: float
+    allreduce_meaningful_mib: int
+    allreduce_link_fraction: float
+
+
+@dataclass(frozen=True)
+class HostsConfig:
+    python: str
+    remote_dir: str
+    connect_timeout_s: float
+    run_timeout_s: float
+    dead_after_s: float
+    parallel: int
+    slurm: bool
+    outlier_fraction: float
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """``invoke verify`` / ``invoke watch``: the smoke loop, checkpoint round trip, sampler, gate, verdicts."""
+
+    steps: int
+    warmup: int
+    batch_size_cpu: int
+    batch_size_gpu: int
+    accum: int
+    device: str
+    precision: str
+    model_size: str
+    data_kind: str
+    image_size: int
+    classes: int
+    seq_len: int
+    lr: float
+    seed: int
+    num_workers: int
+    profile_steps: int
+    timeout_s: float
+    stall_timeout_s: float
+    checkpoint_dir: str
+    checkpoint_every_steps: int
+    resume_steps: int
+    resume_rtol: float
+    sample_interval_s: float
+    loss_must_decrease: bool
+    min_samples_per_s: float
+    price_per_hour: float
+    report_dir: str
+    sweep_max_batch: int
+    sweep_warmup: int
+    sweep_steps: int
+    knee_fraction: float
+    ab_steps: int
+    share_warn: float
+    share_critical: float
+    critical_min_steps: int
+    compute_bound_min: float
+    cpu_saturated_fraction: float
+    iowait_high_pct: float
+    checkpoint_share_warn: float
+    launch_busy_max: float
+    launch_kernel_us_max: float
+    compile_speedup_confirm: float
+    near_oom_fraction: float
+    fragmentation_ratio: float
+    fragmentation_min_fraction: float
+    throttle_clock_fraction: float
+    gpu_util_low_pct: float
+    gpu_util_busy_pct: float
+    starved_sample_fraction: float
+    watch_seconds: int
+
+
+@dataclass(frozen=True)
 class PreflightConfig:
     report: ReportConfig
     probe: ProbeConfig
@@ -98,6 +236,11 @@ class PreflightConfig:
     dataloader: DataLoaderConfig
     bench: BenchConfig
     alloc_conf: AllocConfig
+    stage: StageConfig
+    disk: DiskConfig
+    network: NetworkConfig
+    hosts: HostsConfig
+    verify: VerifyConfig
 
 
 def load_defaults() -> dict[str, Any]:
@@ -132,12 +275,20 @@ def _type_name(value: Any) -> str:
     )
 
 
+def _fitting(value: Any, defaults: dict[str, Any]) -> list[str]:
+    """Names to suggest for a mistyped key: for a section, those holding every key given under it (host/hosts)."""
+    if isinstance(value, dict) and value:
+        fitting = [k for k, d in defaults.items() if isinstance(d, dict) and set(value) <= set(d)]
+        return fitting or list(defaults)
+    return list(defaults)
+
+
 def validate(merged: dict[str, Any], defaults: dict[str, Any], prefix: str = "preflight") -> None:
     """Raise ``PreflightError`` for the first unknown key or wrongly typed value in ``merged``."""
     for key, value in merged.items():
         path = f"{prefix}.{key}"
         if key not in defaults:
-            close = difflib.get_close_matches(key, list(defaults), n=1, cutoff=0.5)
+            close = difflib.get_close_matches(key, _fitting(value, defaults), n=1, cutoff=0.5)
             hint = f"did you mean {prefix}.{close[0]}?" if close else f"valid keys: {', '.join(sorted(defaults))}"
             raise PreflightError(f"unknown configuration key {path}", hint=hint)
         default = defaults[key]

@@ -186,3 +186,111 @@ class MachineFacts:
     host: HostFacts
     bench: BenchFacts | None = None
     alloc: AllocFacts | None = None
+    disks: DiskFacts | None = None  # mounts and measured locations (bootstrap's disk measurements)
+    net: NetFacts | None = None  # downloads from configured URLs
+
+
+# --- disks and network (records of checks/probe_disk.py, checks/probe_net.py and the fleet) --------------------
+
+
+@dataclass(frozen=True)
+class MountFacts:
+    """One mounted filesystem that matters for data or checkpoints (pseudo filesystems are left out)."""
+
+    mountpoint: str
+    fs_type: str
+    source: str | None = None  # device, or server:/export for network filesystems
+    kind: str = "local"  # local | network | fuse | overlay | memory
+    read_only: bool = False
+    total_bytes: int | None = None
+    free_bytes: int | None = None  # available to unprivileged users (statvfs f_bavail)
+    inodes_total: int | None = None  # None or 0: the filesystem has no fixed inode table
+    inodes_free: int | None = None
+    error: str | None = None  # statvfs failed, or hung (a dead network mount)
+
+
+@dataclass(frozen=True)
+class LocationFacts:
+    """One candidate place for data or checkpoints, measured with test files that are removed afterwards.
+
+    MB is 1e6 bytes. ``None`` figures were not measured (``error`` says why when it is not the budget).
+    """
+
+    path: str
+    explicit: bool = False  # listed in disk.locations rather than found
+    mountpoint: str | None = None
+    fs_type: str | None = None
+    kind: str | None = None  # as MountFacts.kind
+    free_bytes: int | None = None
+    file_bytes: int | None = None  # size of the sequential test file
+    seq_write_mb_s: float | None = None  # data fsynced to the device
+    cold_read_mb_s: float | None = None  # the file's page cache dropped first
+    cold_read_method: str | None = None  # fadvise | o_direct | warm (cache could not be dropped: an upper bound)
+    small_files_per_s: float | None = None  # ~100 KB files opened and read, cache dropped, several readers
+    small_file_bytes: int | None = None
+    small_files: int | None = None
+    checkpoint_bytes: int | None = None
+    checkpoint_write_s: float | None = None  # one file of checkpoint_bytes written and fsynced
+    checkpoint_estimated: bool = False  # extrapolated from the sequential write: the full file did not fit the budget
+    tool: str = "builtin"  # fio | builtin: what measured the sequential figures
+    error: str | None = None
+    seconds: float | None = None  # time spent on this location
+
+
+@dataclass(frozen=True)
+class DiskFacts:
+    """The mounts, and the measured candidate locations (or why they were not measured)."""
+
+    mounts: tuple[MountFacts, ...] = ()
+    locations: tuple[LocationFacts, ...] = ()
+    skipped: str | None = None
+    recorded: bool = False  # replayed from a snapshot rather than measured now
+
+
+@dataclass(frozen=True)
+class DownloadFacts:
+    """One bounded, streamed download from a configured URL. ``url`` and ``error`` are redacted."""
+
+    url: str
+    mb_s: float | None = None
+    latency_ms: float | None = None  # request sent -> response headers received
+    bytes: int = 0
+    seconds: float | None = None
+    status: int | None = None  # HTTP status
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class NetFacts:
+    """Network measurements of one host: downloads from the configured URLs."""
+
+    downloads: tuple[DownloadFacts, ...] = ()
+    skipped: str | None = None
+    recorded: bool = False
+
+
+@dataclass(frozen=True)
+class LinkFacts:
+    """TCP from ``src`` to ``dst`` (host names as given): throughput at the receiver, and round-trip time."""
+
+    src: str
+    dst: str
+    tcp_mbit_s: float | None = None  # Mbit = 1e6 bits
+    rtt_ms: float | None = None  # median of TCP ping-pongs on an idle connection
+    tool: str = "builtin"  # iperf3 | builtin: what measured the throughput
+    streams: int = 1
+    seconds: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class AllreduceFacts:
+    """One message size of the all-reduce sweep across hosts (GB = 1e9 bytes)."""
+
+    backend: str  # nccl | gloo
+    world_size: int
+    bytes: int
+    algbw_gb_s: float
+    busbw_gb_s: float  # algbw x 2(n-1)/n
+    seconds: float | None = None  # median time of one all-reduce
+    iterations: int = 0

@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Protocol
 
 from checks.config import PreflightConfig
-from checks.facts import AllocFacts, BenchFacts, MachineFacts
+from checks.facts import AllocFacts, BenchFacts, DiskFacts, MachineFacts, NetFacts
+from checks.probe_disk import measure_disks
 from checks.probe_host import read_host
+from checks.probe_net import measure_downloads
 from checks.probe_nvml import PcieLinkSampler, read_nvml
 from checks.probe_torch import read_alloc, read_torch, run_bench
 from checks.snapshot import load_snapshot
@@ -30,7 +32,7 @@ class Probe(Protocol):
         ...
 
     def measure(self, facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
-        """Run the GPU micro-benchmarks, reading PCIe links while they load the bus; return updated facts."""
+        """Run the GPU micro-benchmarks (reading PCIe links under load), the disk and download measurements."""
         ...
 
     def alloc(self, wanted: str, variables: tuple[str, ...], cfg: PreflightConfig) -> AllocFacts:
@@ -54,6 +56,7 @@ class LocalProbe:
         return MachineFacts(nvml=nvml, torch=torch, host=host)
 
     def measure(self, facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
+        facts = _disks_and_net(facts, cfg)
         reason = _bench_precondition(facts, cfg)
         if reason:
             return dataclasses.replace(facts, bench=BenchFacts(skipped=reason))
@@ -71,6 +74,13 @@ class LocalProbe:
 
     def alloc(self, wanted: str, variables: tuple[str, ...], cfg: PreflightConfig) -> AllocFacts:
         return read_alloc(wanted, variables, cfg.probe.alloc_timeout_s)
+
+
+def _disks_and_net(facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
+    """Disks (checks/probe_disk.py) and downloads (checks/probe_net.py); each bounded by its config budget."""
+    net = cfg.network
+    downloads = measure_downloads(net.download_urls, net.download_max_mib, net.download_timeout_s)
+    return dataclasses.replace(facts, disks=measure_disks(cfg.disk), net=downloads)
 
 
 def _bare_uuid(uuid: str) -> str:
@@ -114,7 +124,7 @@ class SnapshotProbe:
         self.label = f"snapshot {path.name}" + (" (recorded)" if self.header.get("recorded") else "")
 
     def machine(self) -> MachineFacts:
-        return dataclasses.replace(self.facts, bench=None, alloc=None)
+        return dataclasses.replace(self.facts, bench=None, alloc=None, disks=None, net=None)
 
     def measure(self, facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
         recorded = self.facts.bench
@@ -124,7 +134,17 @@ class SnapshotProbe:
             bench = BenchFacts(skipped="replayed snapshot: GPU micro-benchmarks need the live machine")
         else:
             bench = dataclasses.replace(recorded, recorded=True)
-        return dataclasses.replace(facts, bench=bench)
+        return dataclasses.replace(facts, bench=bench, disks=self._disks(), net=self._net())
+
+    def _disks(self) -> DiskFacts:
+        if self.facts.disks is None:
+            return DiskFacts(skipped="replayed snapshot: disk measurements need the live machine")
+        return dataclasses.replace(self.facts.disks, recorded=True)
+
+    def _net(self) -> NetFacts:
+        if self.facts.net is None:
+            return NetFacts(skipped="replayed snapshot: downloads need the live machine")
+        return dataclasses.replace(self.facts.net, recorded=True)
 
     def alloc(self, wanted: str, variables: tuple[str, ...], cfg: PreflightConfig) -> AllocFacts:
         if self.facts.alloc is not None:

@@ -6,7 +6,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from checks import alloc, bench, compat, gpu, resources
+from checks import alloc, bench, compat, disk, gpu, network, resources
 from checks.config import PreflightConfig
 from checks.facts import MachineFacts
 from checks.result import Result, Status, timed
@@ -37,6 +37,11 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("ulimits", resources.ulimits),
     ("dataloader-advice", resources.dataloader_advice),
     ("gpu-bench", bench.gpu_bench),
+    ("disk-mounts", disk.disk_mounts),
+    ("disk-speed", disk.disk_speed),
+    ("disk-data", disk.disk_data),
+    ("disk-checkpoint", disk.disk_checkpoint),
+    ("net-download", network.net_download),
     ("alloc-conf", alloc.alloc_conf),
 )
 

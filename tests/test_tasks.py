@@ -509,7 +509,7 @@ def test_snapshot_without_out_is_a_usage_error(home: Path) -> None:
             "preflight: {gpu: {power_min_fractoin: 0.8}}",
             ("preflight.gpu.power_min_fractoin", "did you mean preflight.gpu.power_min_fraction?"),
         ),
-        ("preflight: {hots: {nofile_min: 1}}", ("preflight.hots", "did you mean preflight.host?")),
+        ("preflight: {hostt: {nofile_min: 1}}", ("preflight.hostt", "did you mean preflight.host?")),
         ('preflight: {gpu: {power_min_fraction: "high"}}', ("preflight.gpu.power_min_fraction", "a number", "'high'")),
         ("preflight: {host: {nofile_min: true}}", ("preflight.host.nofile_min", "an integer")),
     ],

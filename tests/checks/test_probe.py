@@ -14,6 +14,12 @@ from checks.snapshot import dump_snapshot
 from tests.factories import config, gpu, machine
 
 
+@pytest.fixture(autouse=True)
+def _no_disk_or_download_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the GPU benchmarks; disks and downloads are tested in test_disk*.py / test_net*.py."""
+    monkeypatch.setattr(probe_mod, "_disks_and_net", lambda facts, cfg: facts)
+
+
 def _snapshot(tmp_path: Path, **rest: Any) -> Path:
     path = tmp_path / "box.json"
     path.write_text(json.dumps(dump_snapshot(machine(**rest), recorded=True)))
