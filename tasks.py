@@ -156,6 +156,14 @@ def _measurements(facts: MachineFacts, cfg: PreflightConfig, notes: list[str]) -
     return out
 
 
+def _finish(report: Report | FleetReport, json_path: str, strict: bool) -> None:
+    """Print the report (and its JSON), then exit with the report's code."""
+    _emit(report, json_path)
+    code = report.exit_code(strict=strict)
+    if code:
+        raise Exit(code=code)
+
+
 def _fleet(
     cfg: PreflightConfig, specs: list[HostSpec], source: str, json_path: str, strict: bool, dry_run: bool
 ) -> None:
@@ -167,11 +175,7 @@ def _fleet(
 
     with interruptible(), terminate_as_interrupt():  # SIGTERM/SIGHUP also stop the remote processes
         facts = run_fleet(specs, cfg, Path(__file__).resolve().parent, dry_run, notify, source)
-    report = build_fleet_report(facts, cfg, platform.node())
-    _emit(report, json_path)
-    code = report.exit_code(strict=strict or cfg.report.strict)
-    if code:
-        raise Exit(code=code)
+    _finish(build_fleet_report(facts, cfg, platform.node()), json_path, strict or cfg.report.strict)
 
 
 @task(
@@ -214,10 +218,7 @@ def bootstrap(
     report = Report(facts.host.hostname, probe.label, tuple(results), _measurements(facts, cfg, notes))
     for note in notes:
         sys.stderr.write(note if note.endswith("\n") else note + "\n")
-    _emit(report, json)
-    code = report.exit_code(strict=strict or cfg.report.strict)
-    if code:
-        raise Exit(code=code)
+    _finish(report, json, strict or cfg.report.strict)
 
 
 @task(

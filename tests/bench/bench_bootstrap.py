@@ -28,6 +28,7 @@ from checks.probe_nvml import read_nvml  # noqa: E402
 from checks.probe_torch import read_torch  # noqa: E402
 from checks.runner import run_checks  # noqa: E402
 from checks.snapshot import load_snapshot  # noqa: E402
+from tests.bench.benchmarks_md import write_section  # noqa: E402
 
 BEGIN, END = "<!-- bench:bootstrap:begin -->", "<!-- bench:bootstrap:end -->"
 FIXTURES = ROOT / "tests" / "fixtures" / "machines"
@@ -104,14 +105,7 @@ def main() -> None:
             END,
         ]
     )
-    path = ROOT / "BENCHMARKS.md"
-    text = path.read_text() if path.exists() else "# Benchmarks\n\nNumbers from the scripts under tests/bench/.\n"
-    if BEGIN in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
+    write_section(ROOT / "BENCHMARKS.md", BEGIN, END, section)
     print(section)
 
 

@@ -31,6 +31,7 @@ from checks.probe_diskio import cold_read, seq_write  # noqa: E402
 from checks.probe_fio import fio_sequential  # noqa: E402
 from checks.probe_host import read_host  # noqa: E402
 from checks.probe_mounts import mount_of, read_mounts  # noqa: E402
+from tests.bench.benchmarks_md import write_section  # noqa: E402
 from tests.netns import Cluster, cluster, python_for_hosts, unavailable  # noqa: E402
 
 BEGIN, END = "<!-- bench:disknet:begin -->", "<!-- bench:disknet:end -->"
@@ -265,14 +266,7 @@ def main() -> None:
     command = f"`python tests/bench/bench_disk_net.py --repeats {repeats}`"
     head = [BEGIN, "## disk and network", "", f"Machine: {machine_line()}; {tool_versions()}. {command}.", ""]
     section = "\n".join([*head, *sections, END])
-    path = ROOT / "BENCHMARKS.md"
-    text = path.read_text() if path.exists() else "# Benchmarks\n\nNumbers from the scripts under tests/bench/.\n"
-    if BEGIN in text:
-        before, rest = text.split(BEGIN, 1)
-        text = before + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
+    write_section(ROOT / "BENCHMARKS.md", BEGIN, END, section)
     print(section)
 
 

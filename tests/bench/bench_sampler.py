@@ -33,6 +33,7 @@ from checks.sampler import Sampler  # noqa: E402
 from checks.smoke.data import synthetic_spec  # noqa: E402
 from checks.smoke.figures import step_total  # noqa: E402
 from checks.smoke.launch import run_smoke  # noqa: E402
+from tests.bench.benchmarks_md import write_section  # noqa: E402
 
 BEGIN, END = "<!-- bench:sampler:begin -->", "<!-- bench:sampler:end -->"
 INTERVAL = 0.1
@@ -179,14 +180,7 @@ def main() -> None:
             END,
         ]
     )
-    path = ROOT / "BENCHMARKS.md"
-    text = path.read_text() if path.exists() else "# Benchmarks\n\nNumbers from the scripts under tests/bench/.\n"
-    if BEGIN in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
+    write_section(ROOT / "BENCHMARKS.md", BEGIN, END, section)
     print(section)
 
 

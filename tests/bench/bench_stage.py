@@ -34,6 +34,7 @@ from PIL import Image  # noqa: E402
 from checks.probe_host import read_host  # noqa: E402
 from datasets.decode import usable_cores  # noqa: E402
 from datasets.images import Resize, decode_bytes  # noqa: E402
+from tests.bench.benchmarks_md import write_section  # noqa: E402
 from tests.datasets.photos import PHOTOS, encode, scaled  # noqa: E402
 
 BEGIN, END = "<!-- bench:stage:begin -->", "<!-- bench:stage:end -->"
@@ -297,14 +298,7 @@ def main() -> None:
             END,
         ]
     )
-    path = ROOT / "BENCHMARKS.md"
-    text = path.read_text() if path.exists() else "# Benchmarks\n\nNumbers from the scripts under tests/bench/.\n"
-    if BEGIN in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
+    write_section(ROOT / "BENCHMARKS.md", BEGIN, END, section)
     print(section)
 
 

@@ -58,16 +58,26 @@ def test_live_benchmarks_skip_with_a_reason(facts: Any, cfg: Any, reason: str) -
     assert measured.bench is not None and reason in (measured.bench.skipped or "")
 
 
+class _IdleSampler:
+    """Stands in for PcieLinkSampler: no NVML, links never seen."""
+
+    def __enter__(self) -> _IdleSampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def sample(self) -> None:
+        pass
+
+    def peak(self) -> dict[int, tuple[int | None, int | None]]:
+        return {}
+
+
 def test_live_benchmarks_record_the_link_seen_under_load(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
 
-    class Sampler:
-        def __enter__(self) -> Sampler:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
+    class Sampler(_IdleSampler):
         def sample(self) -> None:
             seen["sampled"] = seen.get("sampled", 0) + 1
 
@@ -96,26 +106,13 @@ def test_no_bench_also_skips_recorded_benchmarks_on_replay(tmp_path: Path) -> No
 
 
 def test_benchmark_rows_are_joined_to_nvml_by_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Sampler:
-        def __enter__(self) -> Sampler:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
-        def sample(self) -> None:
-            pass
-
-        def peak(self) -> dict[int, tuple[int | None, int | None]]:
-            return {}
-
     def fake_bench(settings: dict[str, Any], timeout: float, while_running: Any = None) -> BenchFacts:
         # CUDA ordered the GPUs fastest-first: its device 0 is NVML's GPU 1
         return BenchFacts(
             gpus=(GpuBench(index=0, uuid="abc-1", h2d_gb_s=1.0), GpuBench(index=1, uuid="abc-0", h2d_gb_s=2.0))
         )
 
-    monkeypatch.setattr(probe_mod, "PcieLinkSampler", Sampler)
+    monkeypatch.setattr(probe_mod, "PcieLinkSampler", _IdleSampler)
     monkeypatch.setattr(probe_mod, "run_bench", fake_bench)
     gpus = (dataclasses.replace(gpu(0), uuid="GPU-abc-0"), dataclasses.replace(gpu(1), uuid="GPU-ABC-1"))
     facts = LocalProbe().measure(machine(gpus=gpus), config())
