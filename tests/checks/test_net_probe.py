@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ import requests
 
 from checks.probe_net import download, measure_downloads
 from checks.probe_tcp import free_port, route
+from tests.loopback import serve
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1024**2
@@ -55,17 +55,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@contextlib.contextmanager
-def http_server() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+def http_server() -> contextlib.AbstractContextManager[str]:
+    return serve(Handler)
 
 
 @pytest.fixture

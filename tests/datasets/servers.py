@@ -8,14 +8,15 @@ import os
 import shutil
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.loopback import serve
 
 
 @dataclass
@@ -78,18 +79,9 @@ def _handler(files: Files) -> type[http.server.BaseHTTPRequestHandler]:
     return Handler
 
 
-@contextmanager
-def http_server(files: Files) -> Iterator[str]:
+def http_server(files: Files) -> AbstractContextManager[str]:
     """Serve ``files`` on 127.0.0.1 in a thread; yield the base URL."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(files))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    return serve(_handler(files))
 
 
 def _free_port() -> int:
