@@ -61,11 +61,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _netns_pids(name: str) -> list[int]:
+    """PIDs of the processes inside network namespace ``name``."""
+    out = _run("ip", "netns", "pids", name, check=False).stdout
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
 def remove_leftovers() -> None:
     """Delete namespaces and links of earlier test runs whose process is gone."""
     for line in _run("ip", "netns", "list", check=False).stdout.splitlines():
         match = re.match(r"^gpf(\d+)\w*", line)
         if match and not _alive(int(match.group(1))):
+            for pid in _netns_pids(match.group(0)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             _run("ip", "netns", "del", match.group(0), check=False)
     for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
         match = re.search(r"\d+: (gpf(\d+)\w*)[@:]", line)
@@ -266,6 +275,11 @@ class Cluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         for host in self.hosts:
+            # sshd's per-connection children ("sshd: root@notty") outlive the daemon and show no test path:
+            # kill whatever still runs inside the namespace, or it lingers after the namespace is deleted.
+            for pid in _netns_pids(host.netns):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             _run("ip", "netns", "del", host.netns, check=False)
         _run("ip", "link", "del", self.bridge, check=False)
 
