@@ -75,6 +75,7 @@ class Signals:
     precision: str = "fp32"
     machine_cpu: float | None = None  # median fraction of the usable cores busy (any process) over the window
     tree_cpu: float | None = None  # median fraction of the usable cores the training processes used
+    sampler_coverage: float | None = None  # samples taken in the measured window / samples due at the interval
 
 
 def diagnose(s: Signals, cfg: VerifyConfig) -> list[Verdict]:
@@ -109,7 +110,7 @@ def _data(s: Signals, cfg: VerifyConfig) -> Verdict | None:
     severity, confidence = _severity(d, s, cfg, cfg.share_warn)
     ev: dict[str, Any] = {"data_wait_share": round(d, 4), "workers": s.workers, "usable_cores": s.usable_cores}
     ev |= {"cpu_during_wait": s.cpu_during_wait, "machine_cpu_during_wait": s.machine_cpu_during_wait}
-    ev |= {"iowait_during_wait_pct": s.iowait_during_wait}
+    ev |= {"iowait_during_wait_pct": s.iowait_during_wait, "sampler_coverage": s.sampler_coverage}
     waits = f"the loop waits for data {_pct(d)} of each step"
     starved = _starved(s, cfg, waits)
     if starved is not None:
@@ -124,6 +125,10 @@ def _data(s: Signals, cfg: VerifyConfig) -> Verdict | None:
         )
         return Verdict("data-bound", severity, confidence, f"{waits}; num_workers=0", fix, d, ev)
     cpu = "" if s.cpu_during_wait is None else f"; CPU {_pct(s.cpu_during_wait)} of the usable cores meanwhile"
+    if s.cpu_during_wait is None:  # no sample fell into a wait: CPU-starved and slow reads look the same from here
+        confidence = "low"
+        got = "" if s.sampler_coverage is None else f" (it took {_pct(s.sampler_coverage)} of its samples)"
+        cpu = f"; the sampler saw no CPU figures during the waits{got}, so CPU-starved can't be told apart"
     fix = (
         "each batch takes longer to produce than to train on: raise num_workers towards the usable cores, "
         "prefetch_factor, persistent_workers=True; make __getitem__ cheaper (pre-decode with invoke stage-data)"

@@ -15,10 +15,8 @@ the first sample), ``cpu_pct`` (mean over usable cores), ``cpu_max_core_pct``, `
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
-import os
 import statistics
 import threading
 import time
@@ -31,7 +29,6 @@ from checks.fileio import write_atomic
 from checks.probe_sample import GpuReader, HostReader
 
 Row = dict[str, float | None]
-NICE = 19  # the sampler thread's niceness: it needs < 1% of a core (BENCHMARKS.md) and must never delay a step
 Window = tuple[float, float]
 
 
@@ -121,10 +118,9 @@ class Sampler:
             self.gpu.focus = {index}
 
     def _run(self) -> None:
-        # Yield to the training: nice 19 for this thread only (Linux applies nice per thread). On a CPU run torch's
-        # intra-op threads fill every core, and a preempted OpenMP thread stalls its whole parallel region.
-        with contextlib.suppress(AttributeError, OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+        # No renice: the thread needs < 1% of a core (BENCHMARKS.md), and it has to keep sampling exactly when the
+        # cores are saturated. At nice 19 eight busy DataLoader workers on two cores starved it for whole seconds,
+        # so a CPU-starved run came back without the CPU figures that prove it.
         due = time.monotonic()
         while not self._stop.is_set():
             spent = time.thread_time()

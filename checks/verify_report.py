@@ -92,7 +92,19 @@ def signals(p: Plan, o: Outcome, cfg: VerifyConfig, figures: dict[str, Any]) -> 
         precision=r.get("precision") or "fp32",
         machine_cpu=_median(trace.values("cpu_pct"), 100.0),
         tree_cpu=_median(trace.values("tree_cpu_cores"), p.usable_cores),
+        sampler_coverage=coverage(trace, window),
     )
+
+
+def coverage(trace: Trace, window: list[float] | None) -> float | None:
+    """Samples taken in the measured window over the samples due at the sampler's interval (capped at 1).
+
+    Well below 1 means the sampler thread itself did not get the CPU: its figures for the window are thin.
+    """
+    if not window or window[1] <= window[0] or trace.interval_s <= 0:
+        return None
+    due = (window[1] - window[0]) / trace.interval_s
+    return round(min(1.0, len(trace.rows) / due), 3) if due >= 1 else None
 
 
 def _median(values: list[float], scale: float) -> float | None:

@@ -11,11 +11,11 @@ import pytest
 
 from checks.config import VerifyConfig, make_config
 from checks.diagnosis import Signals, diagnose, upgrade_bound
-from checks.sampler import read_csv
+from checks.sampler import Trace, read_csv
 from checks.smoke.data import synthetic_spec
 from checks.smoke.launch import ChildRun
 from checks.verify import Outcome, Plan
-from checks.verify_report import judge
+from checks.verify_report import coverage, judge
 
 TRACES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
 CFG: VerifyConfig = make_config().verify
@@ -91,8 +91,8 @@ def test_data_wait_under_the_threshold_does_not_fire() -> None:
 
 
 def test_data_wait_at_the_threshold_is_data_bound_and_critical_from_twenty_percent() -> None:
-    warn_ = diagnose(signals(shares=shares(data_wait=0.10), workers=4), CFG)[0]
-    crit = diagnose(signals(shares=shares(data_wait=0.20), workers=4), CFG)[0]
+    warn_ = diagnose(signals(shares=shares(data_wait=0.10), workers=4, cpu_during_wait=0.3), CFG)[0]
+    crit = diagnose(signals(shares=shares(data_wait=0.20), workers=4, cpu_during_wait=0.3), CFG)[0]
     assert (warn_.id, warn_.severity) == ("data-bound", "warn")
     assert (crit.id, crit.severity, crit.confidence) == ("data-bound", "critical", "high")
 
@@ -105,6 +105,15 @@ def test_few_steps_cap_a_verdict_at_warn() -> None:
 def test_saturated_cores_while_waiting_turn_data_bound_into_cpu_starved() -> None:
     v = diagnose(signals(shares=shares(data_wait=0.4), workers=32, cpu_during_wait=0.95), CFG)[0]
     assert v.id == "cpu-starved" and "32 workers on 8 usable cores" in v.fix
+
+
+def test_data_wait_without_cpu_samples_is_data_bound_with_low_confidence() -> None:
+    # A starved sampler thread (or a wait too short to catch) leaves no CPU figure for the waits: the verdict is
+    # still data-bound (the wait is measured), but whether the CPU was the cause is not claimed.
+    v = diagnose(signals(shares=shares(data_wait=0.5), workers=8, sampler_coverage=0.04), CFG)[0]
+    assert (v.id, v.severity, v.confidence) == ("data-bound", "critical", "low")
+    assert "can't be told apart" in v.summary and "4% of its samples" in v.summary
+    assert v.evidence["sampler_coverage"] == 0.04
 
 
 def test_a_busy_neighbour_starves_only_workers_that_want_cpu() -> None:
@@ -182,3 +191,10 @@ def test_a_busy_neighbour_is_a_caveat_after_the_primary_verdict() -> None:
     assert [v.id for v in diagnose(signals(machine_cpu=0.99, tree_cpu=0.9), CFG)] == ["compute-bound"]  # all ours
     balanced = signals(machine_cpu=0.99, tree_cpu=0.3, shares=shares(data_wait=0.08, h2d=0.08))
     assert [v.id for v in diagnose(balanced, CFG)] == ["cpu-contended", "cant-tell"]
+
+
+def test_sampler_coverage_counts_the_samples_taken_in_the_window() -> None:
+    rows: list[dict[str, float | None]] = [{"t_mono": 10.0 + 0.1 * i} for i in range(5)]
+    assert coverage(Trace(rows, 0.1), [10.0, 12.0]) == 0.25  # 5 of the 20 due
+    assert coverage(Trace(rows * 10, 0.1), [10.0, 12.0]) == 1.0  # capped
+    assert coverage(Trace(rows, 0.1), None) is None and coverage(Trace(rows, 0.1), [10.0, 10.05]) is None
