@@ -86,8 +86,18 @@ def _speeds(loc: LocationFacts) -> str:
     return ", ".join(parts) + f" [{loc.tool}]"
 
 
+def _stale_note(loc: LocationFacts) -> str:
+    """What a killed earlier run had left here and this one removed first; "" when nothing."""
+    if not loc.stale_removed:
+        return ""
+    count, held = len(loc.stale_removed), loc.stale_removed_bytes
+    amount = f"{held / GIB:.1f} GiB" if held >= GIB else f"{held / 1024**2:.1f} MiB"
+    what = "a scratch directory" if count == 1 else f"{count} scratch directories"
+    return f"; removed {what} ({amount}) left by a killed earlier run"
+
+
 def _location_error(loc: LocationFacts) -> Result:
-    text = loc.error or ""
+    text = (loc.error or "") + _stale_note(loc)
     hint = {
         "does not exist": "create it, or fix preflight.disk.locations",
         "disk full": "free space there, or stage data elsewhere",
@@ -126,7 +136,7 @@ def disk_speed(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
             out.append(_location_error(loc))
             continue
         slow = _slow_parts(loc, cfg.disk)
-        summary = _speeds(loc) + (f"; stopped: {loc.error}" if loc.error else "")
+        summary = _speeds(loc) + (f"; stopped: {loc.error}" if loc.error else "") + _stale_note(loc)
         if slow or loc.error:
             hint = "keep training data and checkpoints off this location (see disk-data, disk-checkpoint)"
             out.append(warn("disk-speed", summary + "; slow: " + ", ".join(slow), hint, subject=loc.path))
@@ -139,7 +149,7 @@ def _usable(m: MachineFacts) -> list[LocationFacts]:
     return [x for x in (m.disks.locations if m.disks else ()) if x.cold_read_mb_s is not None and not x.error]
 
 
-def _data_score(loc: LocationFacts) -> float:
+def data_score(loc: LocationFacts) -> float:
     """Rate a location for a data loader (MB/s): the slower of the cold sequential read and small-file reads."""
     small = (loc.small_files_per_s or 0) * (loc.small_file_bytes or 0) / 1e6
     return min(loc.cold_read_mb_s or 0.0, small) if small else loc.cold_read_mb_s or 0.0
@@ -166,7 +176,7 @@ def disk_data(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     if missing:
         return [missing]
     locations, room = _usable(m), int(cfg.disk.staging_min_free_gib * GIB)
-    chosen, only_network = pick(locations, room, _data_score)
+    chosen, only_network = pick(locations, room, data_score)
     if chosen is None:
         return [_no_room("disk-data", locations, room)]
     summary = (
@@ -247,6 +257,8 @@ def disk_measurements(m: MachineFacts) -> dict[str, Any]:
             "checkpoint_bytes": x.checkpoint_bytes,
             "checkpoint_estimated": x.checkpoint_estimated,
             "error": x.error,
+            "stale_removed": list(x.stale_removed),
+            "stale_removed_bytes": x.stale_removed_bytes,
         }
         for x in m.disks.locations
     ]

@@ -235,6 +235,8 @@ class LocationFacts:
     tool: str = "builtin"  # fio | builtin: what measured the sequential figures
     error: str | None = None
     seconds: float | None = None  # time spent on this location
+    stale_removed: tuple[str, ...] = ()  # scratch directories a killed earlier run left here, removed first
+    stale_removed_bytes: int = 0  # what they held
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,15 @@
 """The disk part of the seam: candidate locations for data and checkpoints, and their measurement.
 
 Measuring a location writes test files into a hidden scratch directory there, removed on every path out
-(Ctrl-C, SIGTERM and SIGHUP included), within a time budget; the I/O primitives are in
+(Ctrl-C, SIGTERM and SIGHUP included), within a time budget; one that a ``kill -9`` left is swept by the next
+measurement of the location; the I/O primitives are in
 ``checks/probe_diskio.py`` (sequential) and ``checks/probe_smallfiles.py``, fio in ``checks/probe_fio.py``, the
 mount table in ``checks/probe_mounts.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -26,6 +28,7 @@ from checks.probe_diskio import (
     mb_s,
     scratch_dir,
     seq_write,
+    sweep_stale,
     terminate_as_interrupt,
 )
 from checks.probe_fio import fio_available, fio_sequential
@@ -99,6 +102,8 @@ def measure_location(path: str, explicit: bool, mounts: list[MountFacts], cfg: D
         free_bytes=mount.free_bytes if mount else None,
     )
     problem = precondition(path, mount, cfg)
+    if problem is None or problem.startswith("disk full"):  # what a killed run left may be what fills it
+        base, problem = _swept(base, problem, mount, cfg)
     if problem:
         return replace(base, error=problem, seconds=round(time.monotonic() - start, 3))
     use_fio = cfg.use_fio and fio_available()
@@ -108,6 +113,20 @@ def measure_location(path: str, explicit: bool, mounts: list[MountFacts], cfg: D
     except OSError as exc:  # the scratch directory itself could not be made (EROFS, EACCES, ENOSPC)
         measured = replace(base, error=f"cannot write here: {exc.strerror}")
     return replace(measured, seconds=round(time.monotonic() - start, 3))
+
+
+def _swept(
+    base: LocationFacts, problem: str | None, mount: MountFacts | None, cfg: DiskConfig
+) -> tuple[LocationFacts, str | None]:
+    """Remove the scratch directories killed runs left; then look at the free space again."""
+    swept = sweep_stale(base.path)
+    if not swept.paths:
+        return base, problem
+    free = base.free_bytes
+    with contextlib.suppress(OSError):
+        free = shutil.disk_usage(base.path).free
+    base = replace(base, free_bytes=free, stale_removed=swept.paths, stale_removed_bytes=swept.bytes)
+    return base, precondition(base.path, mount, cfg) if problem else None
 
 
 def measure_disks(cfg: DiskConfig, home: str | None = None, tmp: str | None = None) -> DiskFacts:

@@ -3,6 +3,9 @@
 MB is 1e6 bytes, as fio's ``bw_bytes``. The page cache of a test file is dropped with
 ``posix_fadvise(DONTNEED)`` after it is on the device, and ``mincore`` confirms it left; where it did not,
 the read goes through ``O_DIRECT``, and failing that the figure is marked ``warm`` (an upper bound).
+
+A scratch directory is named after its creator (``.gpu-preflight-disk-<scope>-<pid>-<start>-<random>``), so that
+one left by a killed run (``kill -9`` skips every cleanup) can be told from one in use and swept by the next run.
 """
 
 from __future__ import annotations
@@ -11,20 +14,25 @@ import contextlib
 import ctypes
 import errno
 import functools
+import hashlib
 import mmap
 import os
+import re
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from types import FrameType
+from typing import NamedTuple
 
 MIB = 1024**2
 GIB = 1024**3
 CHUNK = 4 * MIB  # one write/read call, as fio --bs=4M
 SCRATCH_PREFIX = ".gpu-preflight-disk-"
+_OWNED = re.compile(re.escape(SCRATCH_PREFIX) + r"(?P<scope>[0-9a-f]{8})-(?P<pid>[1-9][0-9]*)-(?P<start>[0-9]+)-\w+")
 
 
 class MeasureError(Exception):
@@ -39,12 +47,111 @@ def pattern() -> memoryview:
 
 @contextlib.contextmanager
 def scratch_dir(parent: str) -> Iterator[str]:
-    """Make a hidden directory for test files under ``parent``; remove it on every way out."""
-    path = tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=parent)
+    """Make a hidden directory for test files under ``parent``, named after this process; remove it on every way
+    out but ``kill -9`` (``sweep_stale`` takes care of that one)."""
+    owner = _owner()
+    prefix = f"{SCRATCH_PREFIX}{owner[0]}-{owner[1]}-{owner[2]}-" if owner else SCRATCH_PREFIX
+    path = tempfile.mkdtemp(prefix=prefix, dir=parent)
     try:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks after boot (/proc/<pid>/stat field 22); None for a zombie.
+
+    Raises FileNotFoundError or ProcessLookupError when there is no such process. Exact and unique together with
+    the PID, unlike psutil's create_time(), which moves when the boot time is re-derived (giampaolo/psutil#1007).
+    """
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        stat = fh.read()
+    fields = stat[stat.rindex(b")") + 2 :].split()  # the name in parentheses may hold spaces
+    return None if fields[0] in (b"Z", b"X") else int(fields[19])
+
+
+@functools.cache
+def _scope() -> str | None:
+    """This boot of this machine and this PID namespace, hashed: a PID means something only within them."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = socket.gethostname()
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+    return hashlib.sha256(f"{boot}\0{namespace}".encode()).hexdigest()[:8]
+
+
+def _owner() -> tuple[str, int, int] | None:
+    """(scope, pid, start) naming this process; None where /proc cannot say, and then nothing is swept."""
+    pid, scope = os.getpid(), _scope()
+    try:
+        start = _start_ticks(pid)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if start is None or scope is None else (scope, pid, start)
+
+
+def _stale(name: str) -> bool:
+    """True when ``name`` is a scratch directory of this machine and namespace whose creator is gone."""
+    found = _OWNED.fullmatch(name)
+    if found is None or _scope() is None or found["scope"] != _scope():
+        return False
+    try:
+        start = _start_ticks(int(found["pid"]))
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    except (OSError, ValueError, IndexError):
+        return False  # cannot tell: keep it
+    return start != int(found["start"])  # a zombie, or the PID reused by a later process
+
+
+class Swept(NamedTuple):
+    """Scratch directories of killed runs removed from one location, and the bytes they held."""
+
+    paths: tuple[str, ...] = ()
+    bytes: int = 0
+
+
+def _tree_bytes(top: str) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(top):  # os.walk does not follow symlinks to directories
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def sweep_stale(parent: str) -> Swept:
+    """Remove scratch directories under ``parent`` that earlier runs left when killed.
+
+    Only real directories (never a symlink) named by ``scratch_dir``, owned by this user, made on this boot and
+    in this PID namespace by a process that is gone. Anything else, a directory on a shared filesystem made by
+    another machine included, is left alone; so is what cannot be removed.
+    """
+    if _owner() is None:
+        return Swept()
+    try:
+        with os.scandir(parent) as listing:
+            entries = [e for e in listing if e.name.startswith(SCRATCH_PREFIX)]
+    except OSError:
+        return Swept()
+    paths, freed = [], 0
+    for entry in entries:
+        try:
+            ours = entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.geteuid()
+        except OSError:
+            continue
+        if ours and _stale(entry.name):
+            size = _tree_bytes(entry.path)
+            shutil.rmtree(entry.path, ignore_errors=True)
+            if not os.path.lexists(entry.path):
+                paths.append(entry.path)
+                freed += size
+    return Swept(tuple(paths), freed)
 
 
 @contextlib.contextmanager

@@ -1,8 +1,9 @@
 """Write the CUDA caching-allocator setting into the shell start-up files, idempotently and reversibly.
 
 The setting lives in a marked block; re-running with the same value changes nothing, a new value replaces
-the block, ``remove`` takes it out again. Files are rewritten atomically (temporary sibling, then rename) and
-keep their permissions.
+the block, ``remove`` takes it out again and gives back the file byte for byte: a file the block created is
+deleted again, unless something else was added to it since. Files are rewritten atomically (temporary sibling,
+then rename) and keep their permissions.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ JOINED = " (newline added before this block)"
 _BLOCK = re.compile(
     r"(?P<sep>\n?)" + re.escape(BEGIN) + r"(?P<joined>[^\n]*)\n.*?" + re.escape(END) + r"\n?", re.DOTALL
 )
+# A block that created its file says so, so that removing it can delete the file again. Blocks written before
+# this line existed lack it: removing them leaves the file, possibly empty, as those versions did.
+CREATED = "# created by gpu-preflight: the file did not exist before; the undo deletes it unless you added to it"
+_CREATED = re.compile("^" + re.escape(CREATED.split(":")[0]), re.MULTILINE)
 
 
 def _version(text: str | None) -> tuple[int, int]:
@@ -52,10 +57,11 @@ def variables_for(torch_version: str | None) -> tuple[str, ...]:
     return ("PYTORCH_CUDA_ALLOC_CONF",)
 
 
-def render_block(value: str, variables: tuple[str, ...], joined: bool = False) -> str:
+def render_block(value: str, variables: tuple[str, ...], joined: bool = False, created: bool = False) -> str:
     lines = [
         BEGIN + (JOINED if joined else ""),
         "# written by `invoke bootstrap` / `invoke alloc-conf`; remove with `invoke alloc-conf --undo`",
+        *([CREATED] if created else []),
     ]
     lines += [f"export {var}={shlex.quote(value)}" for var in variables]
     return "\n".join([*lines, END]) + "\n"
@@ -68,6 +74,7 @@ class Change:
     path: Path
     before: str | None  # None: the file does not exist
     after: str
+    delete: bool = False  # the file goes away (``after`` is then "")
 
     @property
     def changed(self) -> bool:
@@ -87,28 +94,41 @@ def plan_apply(path: Path, value: str, variables: tuple[str, ...]) -> Change:
     text = before or ""
     found = _BLOCK.search(text)
     if found:
-        joined = bool(found.group("joined"))
-        new = found.group("sep") + render_block(value, variables, joined)
+        joined, created = bool(found.group("joined")), _created(found)
+        new = found.group("sep") + render_block(value, variables, joined, created)
         after = text[: found.start()] + new + text[found.end() :]
     else:
         joined = bool(text) and not text.endswith("\n")
-        after = text + ("\n" if joined else "") + render_block(value, variables, joined)
+        after = text + ("\n" if joined else "") + render_block(value, variables, joined, created=before is None)
     return Change(path, before, after)
 
 
+def _created(found: re.Match[str]) -> bool:
+    return _CREATED.search(found.group(0)) is not None
+
+
 def plan_remove(path: Path) -> Change:
-    """Take the block out; drop the newline written before it only if the block says it added one."""
+    """Take the block out; drop the newline written before it only if the block says it added one.
+
+    When the block created the file and nothing else is left, the file is deleted.
+    """
     before = _read(path)
+    text = before or ""
+    created = any(_created(found) for found in _BLOCK.finditer(text))
 
     def cut(found: re.Match[str]) -> str:
         return "" if found.group("joined") else found.group("sep")
 
-    return Change(path, before, _BLOCK.sub(cut, before or ""))
+    after = _BLOCK.sub(cut, text)
+    return Change(path, before, after, delete=created and after == "")
 
 
 def write(change: Change) -> None:
-    """Write atomically, keeping the file's mode."""
-    write_atomic(change.path, change.after)
+    """Write atomically, keeping the file's mode; or delete the file when the change says so."""
+    if change.delete:
+        change.path.unlink(missing_ok=True)
+    else:
+        write_atomic(change.path, change.after)
 
 
 def ensure_alloc_conf(paths: list[Path], value: str, variables: tuple[str, ...], dry_run: bool = False) -> list[Change]:

@@ -151,6 +151,20 @@ def test_speed_summary_names_tool_method_and_slow_parts() -> None:
     assert "cold read 110 MB/s < 500 MB/s" in warm.summary and "420 small files/s < 2,000" in warm.summary
 
 
+def test_removed_leftovers_of_a_killed_run_are_named() -> None:
+    swept = replace(LOCAL, stale_removed=("/root/data-disk/.gpu-preflight-disk-x",), stale_removed_bytes=3 * GIB)
+    r = one(disk_speed(facts(swept), config()), "disk-speed", LOCAL.path)
+    assert r.status is Status.OK and r.summary.endswith(
+        "; removed a scratch directory (3.0 GiB) left by a killed earlier run"
+    )
+    failed = replace(swept, error="disk full: 10 MiB free", cold_read_mb_s=None, stale_removed=("a", "b"))
+    assert (
+        "removed 2 scratch directories (3.0 GiB)"
+        in one(disk_speed(facts(failed), config()), "disk-speed", LOCAL.path).summary
+    )
+    assert disk_measurements(facts(swept))["disks"][0]["stale_removed_bytes"] == 3 * GIB
+
+
 def test_full_or_hung_mounts_warn() -> None:
     full = MountFacts("/", "ext4", total_bytes=100 * GIB, free_bytes=2 * GIB, inodes_total=1000, inodes_free=900)
     hung = MountFacts("/mnt/nas", "nfs4", kind="network", error="statvfs no answer within 2 s (a dead network mount?)")

@@ -23,7 +23,7 @@ import pytest
 from checks import probe_disk
 from checks.config import DiskConfig
 from checks.probe_disk import measure_disks, measure_location
-from checks.probe_diskio import SCRATCH_PREFIX, drop_cache, resident_fraction
+from checks.probe_diskio import SCRATCH_PREFIX, drop_cache, resident_fraction, scratch_dir, sweep_stale
 from checks.probe_fio import fio_available
 from checks.probe_mounts import read_mounts
 from tests.factories import config
@@ -166,6 +166,102 @@ def test_sigterm_mid_measurement_removes_the_test_files(tmp_path: Path) -> None:
             proc.wait()
     assert proc.returncode != 0
     assert scratch_left(tmp_path) == []
+
+
+MAKER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from checks.probe_diskio import scratch_dir
+with scratch_dir(sys.argv[2]) as path:
+    with open(path + "/test.bin", "wb") as fh:
+        fh.write(b"x" * 65536)
+    print(path, flush=True)
+    sys.stdin.read()
+"""
+
+
+def scratch_of_a_process(parent: Path) -> tuple[subprocess.Popen[str], Path]:
+    """Start a process that makes a real scratch directory under ``parent`` and waits there."""
+    proc = subprocess.Popen([sys.executable, "-c", MAKER, str(REPO), str(parent)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    assert line, "the child made no scratch directory"
+    return proc, Path(line)
+
+
+def scratch_of_a_killed_process(parent: Path) -> Path:
+    """What `kill -9` during a measurement leaves: a scratch directory nobody will remove."""
+    proc, path = scratch_of_a_process(parent)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert path.is_dir()
+    return path
+
+
+def test_a_killed_runs_scratch_directory_is_swept_and_reported(tmp_path: Path) -> None:
+    left = scratch_of_a_killed_process(tmp_path)
+    loc = measure_location(str(tmp_path), True, read_mounts(), replace(FAST, use_fio=False))
+    assert loc.error is None and loc.stale_removed == (str(left),) and loc.stale_removed_bytes == 65536, loc
+    assert scratch_left(tmp_path) == []
+    assert sweep_stale(str(tmp_path)).paths == ()
+
+
+def test_a_live_runs_scratch_directory_is_kept(tmp_path: Path) -> None:
+    proc, path = scratch_of_a_process(tmp_path)
+    try:
+        with scratch_dir(str(tmp_path)) as mine:
+            assert sweep_stale(str(tmp_path)).paths == ()
+            assert path.is_dir() and Path(mine).is_dir()
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert sweep_stale(str(tmp_path)).paths == (str(path),)
+
+
+def test_a_reused_pid_does_not_keep_a_dead_runs_directory(tmp_path: Path) -> None:
+    """The name holds the creator's start time: the same PID on a later process is not the creator."""
+    with scratch_dir(str(tmp_path)) as mine:
+        head, pid, start, tail = Path(mine).name.rsplit("-", 3)
+        assert int(pid) == os.getpid()
+        reused = tmp_path / f"{head}-{pid}-{int(start) - 1}-{tail}"
+        reused.mkdir()
+        assert sweep_stale(str(tmp_path)).paths == (str(reused),)
+        assert Path(mine).is_dir()
+
+
+def test_look_alikes_without_a_valid_owner_are_kept(tmp_path: Path) -> None:
+    (tmp_path / "dead").mkdir()
+    dead = scratch_of_a_killed_process(tmp_path / "dead")
+    prefix = SCRATCH_PREFIX
+    scope, rest = dead.name.removeprefix(prefix).split("-", 1)  # rest: a dead PID, its start time, random
+    other_scope = f"{(int(scope, 16) + 1) % 16**8:08x}"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("keep me")
+    kept = {
+        prefix + "abc12345": "dir",  # an older version's name: no owner in it
+        f"{prefix}{other_scope}-{rest}": "dir",  # another machine or boot, on a shared filesystem
+        f"{prefix}{scope}-0-1-x": "dir",  # PID 0: not a process
+        f"{prefix}{scope}-{rest}-extra-": "dir",
+        f"gpu-preflight-disk-{scope}-{rest}": "dir",  # not hidden: not ours
+        f"{prefix}{scope}-{rest}x": "symlink",  # would be stale, but a link is never followed
+        f"{prefix}{scope}-{rest}y": "file",
+    }
+    for name, kind in kept.items():
+        target = tmp_path / name
+        if kind == "dir":
+            target.mkdir()
+            (target / "data").write_text("x")
+        elif kind == "symlink":
+            target.symlink_to(outside, target_is_directory=True)
+        else:
+            target.write_text("x")
+    assert sweep_stale(str(tmp_path)).paths == ()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*kept, "dead", "outside"])
+    assert (outside / "precious").read_text() == "keep me"
+    assert sweep_stale(str(tmp_path / "dead")).paths == (str(dead),)
+    assert sweep_stale(str(tmp_path / "missing")).paths == ()
 
 
 def test_fast_config_is_a_disk_config() -> None:

@@ -7,6 +7,7 @@ import pytest
 
 from provision.alloc_env import (
     BEGIN,
+    CREATED,
     END,
     choose_value,
     ensure_alloc_conf,
@@ -82,7 +83,7 @@ def test_missing_files_are_created_and_dry_run_writes_nothing(tmp_path: Path) ->
     assert [c.path for c in changes] == [rc] and changes[0].before is None
     assert not rc.exists()
     ensure_alloc_conf([rc], "expandable_segments:True", BOTH)
-    assert rc.read_text() == render_block("expandable_segments:True", BOTH)
+    assert rc.read_text() == render_block("expandable_segments:True", BOTH, created=True)
     assert ensure_alloc_conf_removed([rc], dry_run=True) and BEGIN in rc.read_text()
     assert list(rc.parent.glob("*.tmp")) == []
 
@@ -101,3 +102,47 @@ def test_undo_is_byte_exact_when_the_file_lacked_a_final_newline(tmp_path: Path)
         assert rc.read_text().count(BEGIN) == 1
         ensure_alloc_conf_removed([rc])
         assert rc.read_text() == original
+
+
+def test_undo_deletes_a_file_the_block_created(tmp_path: Path) -> None:
+    rc = tmp_path / ".profile"
+    ensure_alloc_conf([rc], "expandable_segments:True", BOTH)
+    ensure_alloc_conf([rc], "max_split_size_mb:64", BOTH)  # a replacement keeps the mark
+    assert CREATED in rc.read_text()
+    (change,) = ensure_alloc_conf_removed([rc], dry_run=True)
+    assert change.delete and change.after == "" and rc.exists()
+    assert [c.path for c in ensure_alloc_conf_removed([rc])] == [rc]
+    assert list(tmp_path.iterdir()) == []
+    assert ensure_alloc_conf_removed([rc]) == []
+
+
+@pytest.mark.parametrize("added", ["alias ll='ls -l'\n", "no final newline", "\n"])
+def test_undo_keeps_a_created_file_the_user_added_to(tmp_path: Path, added: str) -> None:
+    rc = tmp_path / ".profile"
+    ensure_alloc_conf([rc], "expandable_segments:True", BOTH)
+    rc.write_text(rc.read_text() + added)
+    (change,) = ensure_alloc_conf_removed([rc])
+    assert not change.delete and rc.read_text() == added
+
+
+def test_undo_keeps_a_file_that_existed_even_if_empty(tmp_path: Path) -> None:
+    rc = tmp_path / ".bashrc"
+    rc.write_text("")
+    ensure_alloc_conf([rc], "expandable_segments:True", BOTH)
+    assert CREATED not in rc.read_text()
+    ensure_alloc_conf_removed([rc])
+    assert rc.exists() and rc.read_text() == ""
+
+
+def test_a_block_from_an_older_version_is_still_removed(tmp_path: Path) -> None:
+    """Blocks written before the created mark existed: the block goes, the file stays."""
+    rc = tmp_path / ".profile"
+    old = f"{BEGIN}\n# written by `invoke bootstrap` / `invoke alloc-conf`\nexport PYTORCH_CUDA_ALLOC_CONF=x\n{END}\n"
+    rc.write_text("mine\n" + old)
+    ensure_alloc_conf([rc], "expandable_segments:True", BOTH)  # replaced in place, not marked as created
+    assert CREATED not in rc.read_text() and rc.read_text().count(BEGIN) == 1
+    ensure_alloc_conf_removed([rc])
+    assert rc.read_text() == "mine\n"
+    rc.write_text(old)
+    (change,) = ensure_alloc_conf_removed([rc])
+    assert not change.delete and rc.read_text() == ""
