@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from invoke import Collection, Context, task
-from invoke.exceptions import Exit
+from invoke import Collection, Context, Program, task
+from invoke.exceptions import Exit, ParseError
 
 from checks.config import PreflightConfig, load_defaults, make_config, validate_files
 from checks.env_config import check_env_overrides
@@ -26,6 +26,7 @@ from checks.facts import AllocFacts, MachineFacts
 from checks.fileio import write_atomic
 from checks.fleet import FleetReport, build_fleet_report, host_measurements
 from checks.fleet_render import render_fleet
+from checks.parse_errors import usage_error
 from checks.probe import LocalProbe, Probe, SnapshotProbe
 from checks.probe_diskio import terminate_as_interrupt
 from checks.render import render_text, use_colour
@@ -54,6 +55,35 @@ def _config_files(argv: list[str], environ: Mapping[str, str]) -> list[Path]:
 # Before Invoke merges files and casts variables: a bad value is one line and exit 2, not a traceback.
 check_env_overrides(os.environ, load_defaults())
 validate_files(_config_files(sys.argv, os.environ))
+
+
+def _flag_errors_exit_2() -> None:
+    """Make a bad task flag or flag value one line and exit 2, like every other usage error.
+
+    Invoke 2.2.1's Program.run prints a ParseError and exits 1, and a value its flag cannot cast (--steps abc)
+    ends in a ValueError traceback. Invoke imports this file in Program.parse_collection(), before
+    Program.parse_tasks() parses the task flags, so wrapping that one method here covers every task. Done once:
+    this file can be imported again (tests, a second collection load).
+    """
+    original = Program.parse_tasks
+    if getattr(original, "gpu_preflight", False):
+        return
+
+    def parse_tasks(self: Program) -> None:
+        try:
+            original(self)
+        except (ParseError, ValueError) as exc:
+            parser = getattr(self, "parser", None)
+            error = usage_error(exc, parser.contexts if parser is not None else ())
+            if error is None:
+                raise
+            raise error from None
+
+    setattr(parse_tasks, "gpu_preflight", True)  # noqa: B010 (a marker attribute on a function)
+    Program.parse_tasks = parse_tasks  # type: ignore[method-assign]
+
+
+_flag_errors_exit_2()
 
 
 def settings(c: Context) -> PreflightConfig:
@@ -368,7 +398,9 @@ def stage_data(
         token_dtype,
     )
     with interruptible():
-        outcome = stage.stage(options.build_request(cfg.stage, flags), progress=shown)
+        outcome = stage.stage(
+            options.build_request(cfg.stage, flags, cfg.disk), progress=shown, say=lambda s: print(s, file=sys.stderr)
+        )
     for note in outcome.notes:
         sys.stderr.write(note + "\n")
     print(options.summary(outcome, time.monotonic() - start))

@@ -375,7 +375,7 @@ def test_alloc_conf_applies_then_undo_restores_the_users_file(home: Path) -> Non
     assert undone.code == 0, undone.why()
     assert f"removed the allocator block from {home / '.bashrc'}" in undone.out
     assert (home / ".bashrc").read_text(encoding="utf-8") == USER_BASHRC
-    assert BEGIN not in (home / ".profile").read_text(encoding="utf-8")
+    assert not (home / ".profile").exists()  # alloc-conf created it, so the undo deletes it again
 
     again = invoke(home, "alloc-conf", "--undo")
     assert again.code == 0 and again.out.startswith("nothing to remove"), again.why()
@@ -593,6 +593,64 @@ def test_fractional_values_for_float_keys_are_accepted(home: Path, tmp_path: Pat
         config = write_yaml(tmp_path / "invoke.yaml", "preflight: {host: {memlock_min_gib: 0.5}}")
         run = invoke(home, "-f", str(config), "bootstrap", "--machine", str(capped))
     assert run.code == 0, run.why()
+
+
+# --- 5b. flag errors: Invoke's parser, made usage errors ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (("bootstrap", "--jsn", "out.json"), ("bootstrap has no flag --jsn", "did you mean --json?")),
+        (("bootstrap", "--jsn=out.json"), ("bootstrap has no flag --jsn", "did you mean --json?")),
+        (("bootstrap", "--no-bnch"), ("bootstrap has no flag --no-bnch", "did you mean --no-bench?")),
+        (("verify", "--step", "3"), ("verify has no flag --step", "did you mean --steps?")),
+        (("bootstrap", "--bogus"), ("bootstrap has no flag --bogus",)),
+    ],
+    ids=["typo", "typo-equals", "typo-inverse", "typo-verify", "unknown"],
+)
+def test_unknown_flag_is_a_one_line_usage_error(home: Path, args: tuple[str, ...], needles: tuple[str, ...]) -> None:
+    run = invoke(home, *args)
+    line = assert_usage_error(run, *needles, f"invoke --help {args[0]}")
+    assert ("did you mean" in line) == (args[1] != "--bogus"), run.why()
+    assert run.out == "", run.why()
+    assert rc_bytes(home) == {".bashrc": None, ".profile": None}  # the task never started
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (("verify", "--steps", "abc"), ("verify --steps takes an integer, not 'abc'",)),
+        (("stage-data", "--size=1.5"), ("stage-data --size takes an integer, not '1.5'",)),
+        (("verify", "--price-per-hour", "cheap"), ("verify --price-per-hour takes a number, not 'cheap'",)),
+        (("bootstrap", "--json"), ("bootstrap --json needs a value",)),
+        (("alloc-conf", "--dry-run=yes"), ("unexpected argument 'yes' after alloc-conf", "on/off flags take no value")),
+    ],
+    ids=["int", "int-equals", "float", "missing", "value-for-switch"],
+)
+def test_bad_flag_value_is_a_one_line_usage_error(home: Path, args: tuple[str, ...], needles: tuple[str, ...]) -> None:
+    run = invoke(home, *args)
+    assert_usage_error(run, *needles, f"invoke --help {args[0]}")
+    assert rc_bytes(home) == {".bashrc": None, ".profile": None}
+
+
+def test_unknown_task_names_the_closest_task(home: Path) -> None:
+    assert_usage_error(invoke(home, "verfy"), "no task named 'verfy'", "did you mean verify?", "invoke --list")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--help", "bootstrap"), ("bootstrap", "--help"), ("alloc-conf", "--undo", "--dry-run")],
+    ids=["help-task", "task-help", "alloc-conf-undo-dry-run"],
+)
+def test_valid_flags_still_parse_and_exit_0(home: Path, args: tuple[str, ...]) -> None:
+    run = invoke(home, *args)
+    assert run.code == 0, run.why()
+    assert "gpu-preflight:" not in run.err, run.why()
+    if "--help" in args:
+        assert "--json" in run.out and "--no-bench" in run.out, run.why()
+    else:
+        assert run.out.startswith("nothing to remove"), run.why()
 
 
 # --- 6. --strict --------------------------------------------------------------------------------------------
