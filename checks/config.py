@@ -103,6 +103,7 @@ class StageConfig:
     path_column: str
     label_column: str
     dest_roots: tuple[str, ...]
+    measured_max_age_h: float
     headroom_fraction: float
     ssh_command: str
     retries: int

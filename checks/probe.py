@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Protocol
 
+from checks import disk_cache
 from checks.config import PreflightConfig
 from checks.facts import AllocFacts, BenchFacts, DiskFacts, MachineFacts, NetFacts
 from checks.probe_disk import measure_disks
@@ -80,7 +81,9 @@ def _disks_and_net(facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
     """Disks (checks/probe_disk.py) and downloads (checks/probe_net.py); each bounded by its config budget."""
     net = cfg.network
     downloads = measure_downloads(net.download_urls, net.download_max_mib, net.download_timeout_s)
-    return dataclasses.replace(facts, disks=measure_disks(cfg.disk), net=downloads)
+    disks = measure_disks(cfg.disk)
+    disk_cache.save(disks.locations)  # for stage-data's choice of disk (checks/disk_cache.py)
+    return dataclasses.replace(facts, disks=disks, net=downloads)
 
 
 def _bare_uuid(uuid: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from checks.config import StageConfig
+from checks.config import DiskConfig, StageConfig
 from datasets.inventory import Columns
 from datasets.places import gib
 from datasets.run_images import ImageJob
@@ -34,8 +34,8 @@ class Flags:
     token_dtype: str = ""
 
 
-def build_request(cfg: StageConfig, flags: Flags) -> Request:
-    """Merge ``flags`` over ``cfg``."""
+def build_request(cfg: StageConfig, flags: Flags, disk: DiskConfig | None = None) -> Request:
+    """Merge ``flags`` over ``cfg``; ``disk`` measures candidate roots when no --dest is given."""
     images = ImageJob(flags.size or cfg.size, flags.resize or cfg.resize, cfg.resample, cfg.shard_size)
     text = TextJob(flags.field or cfg.text_field, flags.tokenizer, flags.token_dtype or cfg.token_dtype)
     fetch = Fetch(cfg.ssh_command, cfg.retries, cfg.http_timeout_s, flags.sha256, flags.copy)
@@ -49,6 +49,8 @@ def build_request(cfg: StageConfig, flags: Flags) -> Request:
         columns=Columns(cfg.path_column, cfg.label_column),
         fetch=fetch,
         dest_roots=cfg.dest_roots,
+        disk=disk,
+        measured_max_age_h=cfg.measured_max_age_h,
         headroom_fraction=cfg.headroom_fraction,
         max_rejects=flags.max_rejects or cfg.max_rejects,
         workers=flags.workers,

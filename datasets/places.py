@@ -1,18 +1,23 @@
 """Where a staged dataset goes, and whether it fits there.
 
-Without ``--dest``, the dataset goes under the configured root with the most free space that is a local disk:
-network filesystems (NFS, SMB, Lustre, ...), FUSE mounts (s3fs, gcsfuse, rclone, sshfs) and RAM (tmpfs) are
-left out, and an overlay (a container's own root) only counts when nothing better is there
-(ref/data-staging.md §6.3). This is the fallback; a measured disk choice from bootstrap's disk checks plugs in
-as ``choose_root``'s ``ranked`` argument.
+Without ``--dest``, the dataset goes under one of the configured roots (``preflight.stage.dest_roots``), one per
+filesystem. Only local disks count: network filesystems (NFS, SMB, Lustre, ...), FUSE mounts (s3fs, gcsfuse,
+rclone, sshfs) and RAM (tmpfs) are left out, and an overlay (a container's own root) only counts when nothing
+better is there (ref/data-staging.md §6.3). Among those with room, the one that reads fastest for a data loader
+wins, measured by bootstrap's disk checks (checks/disk_cache.py) or, when bootstrap has not measured it since
+this boot, measured now (checks/probe_disk.py, a few seconds per disk). A root that already holds this dataset
+(staged, or an unfinished run) is kept, so a re-run is a no-op or a resume wherever the disk speeds now rank.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from checks.disk import data_score, rate
+from checks.facts import LocationFacts
 from datasets.errors import StageFailure
 
 NETWORK_FS = frozenset(
@@ -60,15 +65,25 @@ def mounts(root: Path = Path("/")) -> list[tuple[str, str]]:
     return found
 
 
-def fstype_of(path: Path, table: list[tuple[str, str]]) -> str:
-    """Return the type of the filesystem holding ``path`` (the longest mount point above it)."""
+def _holder(path: Path, table: list[tuple[str, str]]) -> tuple[str, str]:
+    """Return (mount point, type) of the filesystem holding ``path``: the longest mount point above it."""
     real = os.path.realpath(path)
     best, kind = "", "unknown"
     for point, fstype in table:
         inside = real == point or real.startswith(point.rstrip("/") + "/")
         if inside and len(point) >= len(best):
             best, kind = point, fstype
-    return kind
+    return best, kind
+
+
+def fstype_of(path: Path, table: list[tuple[str, str]]) -> str:
+    """Return the type of the filesystem holding ``path``."""
+    return _holder(path, table)[1]
+
+
+def mount_point(path: Path, table: list[tuple[str, str]]) -> str:
+    """Return the mount point of the filesystem holding ``path`` ("" when the table has none above it)."""
+    return _holder(path, table)[0]
 
 
 def existing_ancestor(path: Path) -> Path:
@@ -100,11 +115,78 @@ def candidates(roots: list[str], table: list[tuple[str, str]] | None = None) -> 
     return list(found.values())
 
 
-def choose_root(places: list[Place]) -> Place | None:
-    """Pick the local non-overlay place with the most free space; an overlay only when it is all there is."""
+@dataclass(frozen=True)
+class Choice:
+    """The root picked, and one line saying why (shown before any work starts)."""
+
+    place: Place
+    why: str
+
+
+Measure = Callable[[Place], LocationFacts]
+
+
+def choose_root(
+    places: list[Place],
+    name: str,
+    need: int = 0,
+    measured: list[LocationFacts] | None = None,
+    measure: Measure | None = None,
+    measured_when: str = "measured by bootstrap",
+    table: list[tuple[str, str]] | None = None,
+) -> Choice | None:
+    """Pick the root for dataset ``name`` needing ``need`` bytes; None when no local disk is configured.
+
+    ``measured``: locations bootstrap measured (matched to a place by mount point); ``measure``: measures a
+    place now (None: rank by free space only, as without any measurement).
+    """
     local = [p for p in places if p.local]
-    better = [p for p in local if p.fstype != "overlay"] or local
-    return max(better, key=lambda p: p.free, default=None)
+    pool = [p for p in local if p.fstype != "overlay"] or local
+    if not pool:
+        return None
+    for place in pool:
+        folder = place.path / "staged"
+        if (folder / name).is_dir() or (folder / f".{name}.staging").is_dir():
+            return Choice(place, f"staging to {place.path}: it already holds {name} (staged or unfinished)")
+    roomy = [p for p in pool if p.free >= need] or [max(pool, key=lambda p: p.free)]  # check_space says the rest
+    if len(roomy) == 1:
+        only = roomy[0]
+        return Choice(only, f"staging to {only.describe()}: the only local disk with room among the configured roots")
+    if measure is None and not measured:
+        best = max(roomy, key=lambda p: p.free)
+        return Choice(best, f"staging to {best.describe()}: the most free space (disk speeds not measured)")
+    table = mounts() if table is None else table
+    ranked = [(p, _speed_of(p, measured or [], measure, measured_when, table)) for p in roomy]
+    best_place, (best_loc, how) = max(ranked, key=lambda pr: (data_score(pr[1][0]), pr[0].free))
+    others = "; ".join(f"{p.path} {_speed(loc)} ({h})" for p, (loc, h) in ranked if p is not best_place)
+    return Choice(
+        best_place, f"staging to {best_place.describe()}: {_speed(best_loc)} ({how}), the fastest of: {others}"
+    )
+
+
+def _speed_of(
+    place: Place,
+    measured: list[LocationFacts],
+    measure: Measure | None,
+    measured_when: str,
+    table: list[tuple[str, str]],
+) -> tuple[LocationFacts, str]:
+    """The place's measurement: bootstrap's for the same mount point, else a fresh one (else an empty one)."""
+    point = mount_point(place.path, table)
+    for loc in measured:
+        if loc.mountpoint and loc.mountpoint == point and loc.cold_read_mb_s is not None:
+            return loc, measured_when
+    if measure is None:
+        return LocationFacts(path=str(place.path), error="not measured"), "not measured"
+    loc = measure(place)
+    return loc, "measured now" if loc.error is None else f"not measured: {loc.error}"
+
+
+def _speed(loc: LocationFacts) -> str:
+    if loc.cold_read_mb_s is None:
+        return "speed unknown"
+    small = f", {loc.small_files_per_s:,.0f} small files/s" if loc.small_files_per_s else ""
+    return f"{rate(loc.cold_read_mb_s)} cold read{small}"
 
 
 def check_space(where: Path, name: str, needed: int, what: str, alternatives: list[Place], smaller: str = "") -> None:

@@ -11,12 +11,16 @@ import errno
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import requests
 
+from checks import disk_cache
+from checks.config import DiskConfig
+from checks.facts import LocationFacts
 from datasets import manifest, places, run_images, run_text, sources
 from datasets.errors import StageFailure, UsageError
 from datasets.finalize import fsync_dir
@@ -45,6 +49,8 @@ class Request:
     fetch: sources.Fetch = field(default_factory=lambda: sources.Fetch("ssh", 3, 30.0))
     dest_roots: tuple[str, ...] = ("~",)
     headroom_fraction: float = 0.05
+    disk: DiskConfig | None = None  # how to measure a candidate root now; None: rank by free space only
+    measured_max_age_h: float = 24.0  # bootstrap's disk measurements older than this are measured again
 
 
 @dataclass(frozen=True)
@@ -57,18 +63,31 @@ class Outcome:
     notes: tuple[str, ...] = ()
 
 
-def stage(req: Request, session: requests.Session | None = None, progress: Progress | None = None) -> Outcome:
-    """Stage ``req.source`` and return where it went; raise UsageError (exit 2) or StageFailure (exit 1)."""
+def stage(
+    req: Request,
+    session: requests.Session | None = None,
+    progress: Progress | None = None,
+    say: Callable[[str], None] | None = None,
+) -> Outcome:
+    """Stage ``req.source`` and return where it went; raise UsageError (exit 2) or StageFailure (exit 1).
+
+    ``say`` hears, before any work starts, which disk was picked and why (when ``--dest`` was not given).
+    """
     _validate(req)
     session = session or requests.Session()
     progress = progress or Silent()
     src = sources.parse(req.source)
-    dest = _destination(req, src)
+    try:
+        inv = _scan_local(req, src)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise StageFailure(f"cannot read the source: {exc.strerror or exc}{where}", hint="check --source") from None
+    dest = _destination(req, src, inv, say or (lambda _: None))
     work = dest.with_name(f".{dest.name}.staging")
     dest.parent.mkdir(parents=True, exist_ok=True)
     with locked(dest.with_name(f".{dest.name}.lock")):
         try:
-            return _locked_stage(req, src, dest, work, session, progress)
+            return _locked_stage(req, src, inv, dest, work, session, progress)
         except OSError as exc:
             raise _disk_error(exc, work) from None
 
@@ -97,11 +116,16 @@ def _disk_error(exc: OSError, work: Path) -> StageFailure:
 
 
 def _locked_stage(
-    req: Request, src: sources.Source, dest: Path, work: Path, session: requests.Session, progress: Progress
+    req: Request,
+    src: sources.Source,
+    inv: Inventory | None,
+    dest: Path,
+    work: Path,
+    session: requests.Session,
+    progress: Progress,
 ) -> Outcome:
     """Decide what to do (nothing, resume, start over), then do it."""
     started = time.monotonic()
-    inv = _scan_local(req, src)
     ident = inv.digest if inv is not None else sources.identity(src, req.fetch, session)
     params = _params(req, inv)
     fp = sources.fingerprint(ident, params)
@@ -189,16 +213,45 @@ def _validate(req: Request) -> None:
             ) from None
 
 
-def _destination(req: Request, src: sources.Source) -> Path:
+def _destination(req: Request, src: sources.Source, inv: Inventory | None, say: Callable[[str], None]) -> Path:
     if req.dest:
         return Path(req.dest).expanduser().absolute()
-    root = places.choose_root(places.candidates(list(req.dest_roots)))
-    if root is None:
-        raise UsageError("no local disk among preflight.stage.dest_roots to stage onto", hint="give --dest DIR")
     suffix = (
         f"-{req.images.size}px" + ("-stretch" if req.images.policy == "stretch" else "") if req.kind != "text" else ""
     )
-    return root.path / "staged" / f"{src.name}{suffix}"
+    name = f"{src.name}{suffix}"
+    need = 0  # a remote source's size is known only once fetched: then check_space has the last word
+    if inv is not None:
+        nothing_yet = Path("/nonexistent") / f".{name}.staging"
+        need = int((run_text if inv.kind == "text" else run_images).estimate(req, inv, nothing_yet)[0])
+        need = int(need * (1 + req.headroom_fraction))
+    cached = disk_cache.load(req.measured_max_age_h * 3600)
+    measured = list(cached.locations) if cached else []
+    when = f"measured by bootstrap {_ago(cached.age_s)} ago" if cached else ""
+    choice = places.choose_root(
+        places.candidates(list(req.dest_roots)), name, need, measured, _measurer(req.disk), when
+    )
+    if choice is None:
+        raise UsageError("no local disk among preflight.stage.dest_roots to stage onto", hint="give --dest DIR")
+    say(choice.why)
+    return choice.place.path / "staged" / name
+
+
+def _measurer(cfg: DiskConfig | None) -> places.Measure | None:
+    """Measure a candidate root now, within bootstrap's per-location budget (checks/probe_disk.py)."""
+    if cfg is None:
+        return None
+    from checks.probe_disk import measure_location
+    from checks.probe_mounts import read_mounts
+
+    def measure(place: places.Place) -> LocationFacts:
+        return measure_location(str(place.path), True, read_mounts(cfg.stat_timeout_s), cfg)
+
+    return measure
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{max(1, round(seconds / 60))} min"
 
 
 def _scan_local(req: Request, src: sources.Source) -> Inventory | None:

@@ -49,3 +49,26 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         yield point
     finally:
         subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+@pytest.fixture
+def ext4_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 64 MiB ext4 filesystem on a loop device (needs root; skipped elsewhere), unmounted afterwards."""
+    if os.geteuid() != 0 or not (shutil.which("mkfs.ext4") and shutil.which("mount")):
+        pytest.skip("a loop-mounted ext4 needs root, mkfs.ext4 and mount")
+    image, point = tmp_path / "disk.img", tmp_path / "ext4"
+    point.mkdir()
+    with image.open("wb") as fh:
+        fh.truncate(64 * 1024 * 1024)
+    made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True)
+    done = (
+        made
+        if made.returncode
+        else subprocess.run(["mount", "-o", "loop", str(image), str(point)], capture_output=True)
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a loop ext4 here: {done.stderr.decode().strip()}")
+    try:
+        yield point
+    finally:
+        subprocess.run(["umount", str(point)], check=False)  # -o loop: the loop device is released with it

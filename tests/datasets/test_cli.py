@@ -147,3 +147,33 @@ def _children(pid: int) -> list[str]:
         return (Path(f"/proc/{pid}/task/{pid}/children").read_text()).split()
     except OSError:
         return []
+
+
+def test_without_dest_the_fastest_measured_root_wins_and_keeps_the_dataset(
+    photo_tree: Path, tmp_path: Path, ext4_disk: Path
+) -> None:
+    from checks import disk_cache
+    from checks.facts import LocationFacts
+
+    home = tmp_path / "home"
+    home.mkdir()
+    disk = tmp_path / "disk"  # on this box's own filesystem; ext4_disk is another one
+    disk.mkdir()
+    conf = tmp_path / "invoke.yaml"
+    conf.write_text(f'preflight:\n  stage:\n    dest_roots: ["{disk}", "{ext4_disk}"]\n')
+    # bootstrap measured the loop disk (by its mount point) as far faster: no need to measure it again
+    kept = LocationFacts(path=str(ext4_disk), mountpoint=str(ext4_disk), fs_type="ext4", cold_read_mb_s=99_000.0)
+    assert disk_cache.save([kept]) == disk_cache.cache_path()
+    args = ["-f", str(conf), "stage-data", "--source", str(photo_tree), "--size", "16", "--max-rejects", "5"]
+    run = invoke(home, *args)
+    assert run.code == 0, run.why()
+    why = next(line for line in run.err.splitlines() if line.startswith("staging to "))
+    assert why.startswith(f"staging to {ext4_disk} (ext4,") and "99.0 GB/s cold read (measured by bootstrap" in why
+    assert f"{disk} " in why and "(measured now)" in why  # the other root was measured on the spot
+    assert (ext4_disk / "staged" / "train-16px" / "manifest.json").is_file()
+    # bootstrap's figures gone, the other root may now measure faster: the staged copy stays where it is
+    disk_cache.cache_path().unlink()
+    again = invoke(home, *args)
+    assert again.code == 0 and "already staged" in again.out, again.why()
+    assert f"staging to {ext4_disk}: it already holds train-16px" in again.err
+    assert not (disk / "staged").exists()
