@@ -88,6 +88,9 @@ def test_slow_checkpoint_directory_is_checkpoint_bound(tmp_path: Path, monkeypat
 
 
 def test_workers_far_above_the_cores_are_cpu_starved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One intra-op thread in the training child: with two, a stalled OpenMP region on the oversubscribed cores can
+    # stretch the tiny model's steps past the data wait when other jobs share the box (then: compute-bound).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     _, results, m = smoke(
         tmp_path, monkeypatch, config(steps=40), dataset=f"{PLUGINS}:busy", model=f"{PLUGINS}:tiny_model", workers=8
     )  # 40 steps: 8 workers x prefetch 2 buffer 16 batches while the child sets up; the rest must be produced
