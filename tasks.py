@@ -41,6 +41,17 @@ def _config_files(argv: list[str], environ: Mapping[str, str]) -> list[Path]:
     """The files Invoke will merge (system, user, project, runtime ``-f``), in its order; .py files are skipped."""
     stems = [Path("/etc/invoke"), Path(os.path.expanduser("~/.invoke")), Path(__file__).resolve().parent / "invoke"]
     files = [stem.with_name(stem.name + ext) for stem in stems for ext in (".yaml", ".yml", ".json")]
+    runtime = _runtime_config(argv, environ)
+    if runtime is not None and not runtime.exists():  # Invoke would go on without it, and without saying so
+        raise PreflightError(
+            f"configuration file {runtime} does not exist",
+            hint="fix the path given with -f / --config / INVOKE_RUNTIME_CONFIG",
+        )
+    return files + ([runtime] if runtime else [])
+
+
+def _runtime_config(argv: list[str], environ: Mapping[str, str]) -> Path | None:
+    """The runtime configuration file: the last ``-f``/``--config`` on the command line, else the variable."""
     runtime = environ.get("INVOKE_RUNTIME_CONFIG")
     for i, arg in enumerate(argv):
         if arg in ("-f", "--config") and i + 1 < len(argv):
@@ -49,7 +60,7 @@ def _config_files(argv: list[str], environ: Mapping[str, str]) -> list[Path]:
             runtime = arg.split("=", 1)[1]
         elif arg.startswith("-f") and len(arg) > 2:
             runtime = arg[2:]
-    return files + ([Path(runtime)] if runtime else [])
+    return Path(os.path.expanduser(runtime)) if runtime else None
 
 
 # Before Invoke merges files and casts variables: a bad value is one line and exit 2, not a traceback.

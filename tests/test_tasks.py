@@ -523,6 +523,13 @@ def test_bad_config_file_is_a_one_line_usage_error(
     assert_usage_error(run, *needles)
 
 
+def test_a_config_file_that_does_not_exist_is_a_usage_error(home: Path, tmp_path: Path, capped: Path) -> None:
+    missing = tmp_path / "invoke.yml"  # Invoke alone would run with the defaults and not say so
+    assert_usage_error(invoke(home, "-f", str(missing), "bootstrap", "--machine", str(capped)), f"{missing} does not")
+    run = invoke(home, "bootstrap", "--machine", str(capped), INVOKE_RUNTIME_CONFIG=str(missing))
+    assert_usage_error(run, "does not exist", "INVOKE_RUNTIME_CONFIG")
+
+
 @pytest.mark.parametrize(
     ("yaml_text", "key"),
     [("preflight: {gpu: 0.8}", "preflight.gpu"), ("preflight: {host: {nofile_min: {soft: 1}}}", "preflight.host")],
