@@ -23,6 +23,7 @@ from datasets import npyfile
 from datasets.images import RejectedImage, Resize, decode_file
 
 MAX_CHUNK = 64  # items per task: ~12 MiB of 256 px rows in memory per worker, and fine-grained resume
+CHUNKS_PER_WORKER = 16
 _PR_SET_PDEATHSIG = 1
 
 
@@ -83,7 +84,9 @@ def chunks(
 ) -> list[ChunkTask]:
     """Split the ``todo`` ranges into tasks small enough to keep every worker busy to the end."""
     remaining = sum(stop - start for start, stop in todo)
-    step = max(1, min(MAX_CHUNK, remaining // (workers * 4)))
+    # At least 16 tasks per worker: a kill -9 loses the chunks in flight (up to one per worker), so on a small
+    # source they must be small for a resume to redo little; on a large one MAX_CHUNK bounds them.
+    step = max(1, min(MAX_CHUNK, remaining // (workers * CHUNKS_PER_WORKER)))
     tasks = []
     for start, stop in todo:
         for a in range(start, stop, step):
