@@ -57,6 +57,14 @@ EXPECTED: dict[str, list[Expectation]] = {
         *machine(SKIP, "gpu-inventory", "cuda-compat", "torch-libs", *PER_GPU_IDS, *BENCH_IDS),
         *machine(OK, "torch-build", "cpu-cores", "ram", "shm", "ulimits", "dataloader-advice"),
     ],
+    # Recorded with `invoke snapshot` on the 2-vCPU VM this project is developed on: no driver, CPU torch, and
+    # a real finding: the container's open-files limit is 20000, hard, below the 65536 many workers want.
+    "recorded-cpu-vm-2vcpu.json": [
+        ("driver", None, FAIL),
+        ("ulimits", None, WARN),
+        *machine(SKIP, "gpu-inventory", "cuda-compat", "torch-libs", *PER_GPU_IDS, *BENCH_IDS),
+        *machine(OK, "torch-build", "cpu-cores", "ram", "shm", "dataloader-advice"),
+    ],
     "h100-sxm-8x-healthy.json": [
         *machine(OK, *MACHINE_IDS),
         *each(("gpu-inventory", *PER_GPU_IDS, *BENCH_IDS), 8, OK),
