@@ -113,7 +113,9 @@ def loader_advice(m: MachineFacts, cfg: PreflightConfig) -> LoaderAdvice:
     """Recommended DataLoader settings per training process (one process per GPU)."""
     gpus, dl = max(1, _gpu_count(m)), cfg.dataloader
     per, workers = _cpu_workers(m, cfg)
-    reasons = [f"{per:.1f} cores per GPU - {dl.reserve_cores} for the training process -> {workers} worker{'' if workers == 1 else 's'}"]
+    reasons = [
+        f"{per:.1f} cores per GPU - {dl.reserve_cores} for the training process -> {workers} worker{'' if workers == 1 else 's'}"
+    ]
     if workers == dl.max_workers:
         reasons.append(f"capped at {dl.max_workers} (more workers contend for memory bandwidth)")
     shm = m.host.shm_total
