@@ -191,6 +191,7 @@ class VerifyConfig:
     seed: int
     num_workers: int
     profile_steps: int
+    loader_probe_s: float
     timeout_s: float
     stall_timeout_s: float
     checkpoint_dir: str

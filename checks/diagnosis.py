@@ -76,6 +76,8 @@ class Signals:
     machine_cpu: float | None = None  # median fraction of the usable cores busy (any process) over the window
     tree_cpu: float | None = None  # median fraction of the usable cores the training processes used
     sampler_coverage: float | None = None  # samples taken in the measured window / samples due at the interval
+    samples_s: float | None = None  # what the loop consumed, samples per second
+    loader_alone: dict[str, Any] | None = None  # checks.smoke.extras.loader_alone: the DataLoader with nothing else
 
 
 def diagnose(s: Signals, cfg: VerifyConfig) -> list[Verdict]:
@@ -112,6 +114,16 @@ def _data(s: Signals, cfg: VerifyConfig) -> Verdict | None:
     ev |= {"cpu_during_wait": s.cpu_during_wait, "machine_cpu_during_wait": s.machine_cpu_during_wait}
     ev |= {"iowait_during_wait_pct": s.iowait_during_wait, "sampler_coverage": s.sampler_coverage}
     waits = f"the loop waits for data {_pct(d)} of each step"
+    if s.loader_alone:
+        ev["loader_alone"] = s.loader_alone
+    handoff = _handoff(s)
+    if handoff:  # the workers' copies keep the cores busy too, but fewer workers, not more cores, is the fix
+        rate = (s.loader_alone or {}).get("samples_s") or 0.0
+        summary = (
+            f"{waits}; alone, the DataLoader delivers {rate:,.0f} samples/s with {s.workers} workers and "
+            f"{handoff[1]:,.0f} in the training process: the workers' hand-off is the limit"
+        )
+        return Verdict("data-bound", severity, confidence, summary, handoff[0], d, ev)
     starved = _starved(s, cfg, waits)
     if starved is not None:
         return Verdict("cpu-starved", severity, confidence, starved[0], starved[1], d, ev)
@@ -129,11 +141,42 @@ def _data(s: Signals, cfg: VerifyConfig) -> Verdict | None:
         confidence = "low"
         got = "" if s.sampler_coverage is None else f" (it took {_pct(s.sampler_coverage)} of its samples)"
         cpu = f"; the sampler saw no CPU figures during the waits{got}, so CPU-starved can't be told apart"
+    cpu += _alone(s)
     fix = (
         "each batch takes longer to produce than to train on: raise num_workers towards the usable cores, "
         "prefetch_factor, persistent_workers=True; make __getitem__ cheaper (pre-decode with invoke stage-data)"
     )
     return Verdict("data-bound", severity, confidence, f"{waits} with {s.workers} worker(s){cpu}", fix, d, ev)
+
+
+HANDOFF_GAIN = 1.5  # in-process loading this much faster than the workers: the hand-off is the cost (tool-defined)
+
+
+def _alone(s: Signals) -> str:
+    """ "; the DataLoader alone delivers N samples/s ..." when it was timed, else ""."""
+    rate = (s.loader_alone or {}).get("samples_s")
+    if not rate:
+        return ""
+    took = f" and the loop consumed {s.samples_s:,.0f}" if s.samples_s else ""
+    return f"; the DataLoader alone delivers {rate:,.0f} samples/s with {s.workers} worker(s){took}"
+
+
+def _handoff(s: Signals) -> tuple[str, float] | None:
+    """(fix, in-process samples/s) when reading in the training process beat the workers by HANDOFF_GAIN.
+
+    Each batch a worker makes is copied into fresh shared memory that the training process maps; for cheap reads
+    of large samples (memory-mapped arrays) that copy is the whole cost (BENCHMARKS.md, stage-data read rows).
+    """
+    alone = s.loader_alone or {}
+    rate, local = alone.get("samples_s"), alone.get("in_process_samples_s")
+    if not (rate and local and s.workers and local >= HANDOFF_GAIN * rate):
+        return None
+    fix = (
+        f"use num_workers=0 (or 1): reading in the training process is {local / rate:.0f}x faster than handing "
+        "batches over from worker processes, whose copies into shared memory cost more than the reads "
+        "(cheap __getitem__, large samples: memory-mapped arrays)"
+    )
+    return fix, local
 
 
 def _starved(s: Signals, cfg: VerifyConfig, waits: str) -> tuple[str, str] | None:

@@ -177,6 +177,9 @@ def plan(
         "seed": cfg.seed,
         "loader": loader,
         "profile_steps": cfg.profile_steps,
+        "loader_probe": {"seconds": cfg.loader_probe_s, "min_share": cfg.share_warn}
+        if cfg.loader_probe_s > 0
+        else None,
         "checkpoint": {"dir": ckpt, "resume_steps": cfg.resume_steps, "rtol": cfg.resume_rtol},
         "sweep": None,
         "ab": {"steps": cfg.ab_steps} if opts.ab else None,

@@ -93,6 +93,8 @@ def signals(p: Plan, o: Outcome, cfg: VerifyConfig, figures: dict[str, Any]) -> 
         machine_cpu=_median(trace.values("cpu_pct"), 100.0),
         tree_cpu=_median(trace.values("tree_cpu_cores"), p.usable_cores),
         sampler_coverage=coverage(trace, window),
+        samples_s=figures.get("samples_per_s"),
+        loader_alone=None if "error" in (r.get("loader_alone") or {}) else r.get("loader_alone"),
     )
 
 
@@ -146,7 +148,7 @@ def judge(p: Plan, o: Outcome, cfg: VerifyConfig) -> tuple[list[Result], dict[st
     verdicts = diagnose(s, cfg) if s is not None else []
     results += _diagnosis(verdicts, figs, r, s, m)
     results += [_sampler(p, o, m), _cost(p, r, figs, m), compile_result(r, figs), sweep_result(r)]
-    keys = ("flops_per_step", "memory", "kernels", "checkpoint", "oom", "ab", "sweep", "timeline")
+    keys = ("flops_per_step", "memory", "kernels", "checkpoint", "oom", "ab", "sweep", "loader_alone", "timeline")
     m |= {k: r[k] for k in keys if r.get(k)}
     if (r.get("device") or {}).get("type") == "cpu":
         why = "no GPU: the run was on the CPU"

@@ -1,7 +1,7 @@
 """The smoke test's child process: build the run from its spec, go through the phases, write one JSON result.
 
 Phases: setup -> FLOP count -> warm-up -> measure -> kernel profile (GPU) -> memory -> checkpoint round trip ->
-compile A/B (asked) -> batch sweep (asked). Each phase adds to the result as it finishes, so Ctrl-C (SIGINT from
+compile A/B (asked) -> batch sweep (asked) -> the loader alone (when the loop waited for data). Each phase adds to the result as it finishes, so Ctrl-C (SIGINT from
 the parent) or an error still leaves a partial result with everything measured so far. Progress goes to the
 events file as JSON lines; the result file is written once, atomically, at the end.
 """
@@ -77,6 +77,21 @@ class Smoke:
             self.timed("ab", lambda: extras.compile_ab(b.trainer, b.feed, self.spec["ab"]["steps"]))
         if self.spec.get("sweep"):
             self.timed("sweep", self.sweep)
+        probe = self.spec.get("loader_probe")
+        if probe and extras.data_wait_share(self.result["steps"]) >= probe["min_share"]:
+            self.timed("loader_alone", lambda: self.loader_alone(probe["seconds"]))
+
+    def loader_alone(self, seconds: float) -> dict[str, Any]:
+        """Last, as it opens the data in this process: the loader's own rate, with workers and without."""
+        b = self.b
+        assert b is not None
+        b.feed.close()  # its persistent workers would compete with the ones timed here
+
+        def make(dataset: Any, loader: dict[str, Any]) -> Feed:
+            return Feed(dataset, b.batch_size, self.spec["seed"], loader)
+
+        local = b.fresh_dataset() if not self.spec["dataset"] else b.dataset
+        return extras.loader_alone(make, b.dataset, local, b.loader, seconds)
 
     def timed(self, name: str, work: Any) -> None:
         """Run an optional phase; its failure (a full disk, a profiler without CUPTI) is its result, not the run's."""

@@ -181,3 +181,51 @@ def compile_ab(trainer: Trainer, feed: Feed, steps: int) -> dict[str, Any]:
         "median_step_s": statistics.median(r.total for r in records),
         "median_compute_s": statistics.median(r.forward + r.backward + r.optimizer for r in records),
     }
+
+
+def data_wait_share(steps: list[dict[str, Any]]) -> float:
+    """Exposed data wait over the step time of the measured steps (0 when none)."""
+    keys = ("data_wait", "h2d", "forward", "backward", "optimizer")
+    total = sum(s[k] for s in steps for k in keys)
+    return sum(s["data_wait"] for s in steps) / total if total > 0 else 0.0
+
+
+def loader_alone(
+    make_feed: Callable[[Any, dict[str, Any]], Feed], dataset: Any, local: Any, loader: dict[str, Any], seconds: float
+) -> dict[str, Any]:
+    """Samples/s of the DataLoader with nothing else to do: with the loop's workers, then in this process.
+
+    ``dataset`` is the loop's own (its workers receive it); ``local`` is one this process may open, so that maps
+    opened here never travel to workers started later. Each timing skips what the workers had prefetched while
+    they started, then counts the batches of ``seconds``. The loop's rate is the other half of the comparison:
+    a loader alone slower than the loop consumes makes data wait inevitable, whatever the model.
+    """
+    workers = int(loader.get("num_workers") or 0)
+    out: dict[str, Any] = {
+        "workers": workers,
+        "samples_s": _feed_rate(make_feed(dataset, loader), workers, loader, seconds),
+    }
+    if workers:
+        local_kw = {"num_workers": 0, "pin_memory": bool(loader.get("pin_memory"))}
+        out["in_process_samples_s"] = _feed_rate(make_feed(local, local_kw), 0, local_kw, seconds)
+    return out
+
+
+def _feed_rate(feed: Feed, workers: int, loader: dict[str, Any], seconds: float) -> float | None:
+    ready = workers * int(loader.get("prefetch_factor") or 2) if workers else 0
+    try:
+        for _ in range(1 + ready):
+            feed.next()  # worker start-up and the batches prefetched meanwhile
+        batches = samples = 0
+        start = time.monotonic()
+        while (elapsed := time.monotonic() - start) < seconds or batches < 2:
+            samples += _samples(feed.next())
+            batches += 1
+        return round(samples / elapsed, 1) if elapsed > 0 else None
+    finally:
+        feed.close()
+
+
+def _samples(batch: Any) -> int:
+    first = batch[0] if isinstance(batch, (list, tuple)) else batch
+    return int(first.shape[0]) if hasattr(first, "shape") else len(first)

@@ -6,7 +6,9 @@ measurements. Imported in the child only (torch is imported inside the factories
 
 from __future__ import annotations
 
+import atexit
 import os
+import tempfile
 import time
 from typing import Any
 
@@ -64,6 +66,35 @@ class Entropy(Patterned):
         return (img + np.random.default_rng().integers(0, 60, img.shape, dtype=np.uint8)).astype(np.uint8), label
 
 
+class Mapped:
+    """256 x 256 x 3 samples read from a memory-mapped uint8 file, as a staged images.npy is (the template's
+    reader): a read is one copy, and with worker processes every batch is copied once more into shared memory
+    for the hand-off, which costs more than the read."""
+
+    num_classes = 4
+
+    def __init__(self, length: int = 256, side: int = 256) -> None:
+        fd, self.path = tempfile.mkstemp(suffix=".npy", prefix="smoke-mapped-")
+        os.close(fd)
+        atexit.register(os.unlink, self.path)  # in the training child; forked workers leave without atexit
+        rows = np.lib.format.open_memmap(self.path, mode="w+", dtype=np.uint8, shape=(length, side, side, 3))
+        rows[:] = np.random.default_rng(0).integers(0, 255, rows.shape[1:], dtype=np.uint8)
+        rows.flush()
+        del rows
+        self.length = length
+        self._rows: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        import torch
+
+        if self._rows is None:  # opened in the process that reads, as templates/staged_dataset.py does
+            self._rows = np.load(self.path, mmap_mode="c")
+        return torch.from_numpy(self._rows[int(i)]), int(i) % 4
+
+
 def patterned() -> Patterned:
     return Patterned()
 
@@ -78,6 +109,18 @@ def busy() -> Busy:
 
 def entropy() -> Entropy:
     return Entropy()
+
+
+def mapped() -> Mapped:
+    return Mapped()
+
+
+def strided_model() -> Any:
+    """The tiny model on every 16th pixel of a 256 x 256 image: almost free, so only the loader can be slow."""
+    model = tiny_model()
+    forward = model.forward
+    model.forward = lambda x: forward(x[:, ::16, ::16, :])
+    return model
 
 
 def tiny_model() -> Any:

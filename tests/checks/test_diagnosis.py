@@ -116,6 +116,22 @@ def test_data_wait_without_cpu_samples_is_data_bound_with_low_confidence() -> No
     assert v.evidence["sampler_coverage"] == 0.04
 
 
+def test_a_loader_faster_in_process_than_through_workers_points_at_the_hand_off() -> None:
+    alone = {"workers": 4, "samples_s": 4000.0, "in_process_samples_s": 50000.0}
+    busy = {"cpu_during_wait": 0.97, "machine_cpu_during_wait": 1.0}  # the copies keep the cores busy as well
+    v = diagnose(signals(shares=shares(data_wait=0.5), workers=4, loader_alone=alone, samples_s=2600.0, **busy), CFG)[0]
+    assert v.id == "data-bound" and v.fix.startswith("use num_workers=0 (or 1)") and "12x faster" in v.fix
+    assert "4,000 samples/s with 4 workers and 50,000 in the training process" in v.summary
+    assert v.evidence["loader_alone"] == alone
+    # Not faster enough in-process: the loader's rate is evidence, the usual rules decide
+    slow = alone | {"in_process_samples_s": 5000.0}
+    v = diagnose(signals(shares=shares(data_wait=0.5), workers=4, loader_alone=slow, samples_s=2600.0), CFG)[0]
+    assert v.id == "data-bound" and "raise num_workers" in v.fix
+    assert "the DataLoader alone delivers 4,000 samples/s with 4 worker(s) and the loop consumed 2,600" in v.summary
+    starved = diagnose(signals(shares=shares(data_wait=0.5), workers=4, loader_alone=slow, **busy), CFG)[0]
+    assert starved.id == "cpu-starved"
+
+
 def test_a_busy_neighbour_starves_only_workers_that_want_cpu() -> None:
     sleeping = signals(shares=shares(data_wait=0.4), workers=4, cpu_during_wait=0.02, machine_cpu_during_wait=0.98)
     working = signals(shares=shares(data_wait=0.4), workers=4, cpu_during_wait=0.5, machine_cpu_during_wait=0.98)

@@ -102,6 +102,35 @@ def test_workers_far_above_the_cores_are_cpu_starved(tmp_path: Path, monkeypatch
     assert ev["workers"] == 8 and ev["data_wait_share"] >= 0.1
 
 
+def test_memory_mapped_samples_through_workers_are_bound_by_the_hand_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Reads from a memory map are cheap; two workers copy every 196 KB sample into shared memory once more.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    _, results, m = smoke(
+        tmp_path,
+        monkeypatch,
+        config(steps=30, loader_probe_s=1.5),
+        dataset=f"{PLUGINS}:mapped",
+        model=f"{PLUGINS}:strided_model",
+        workers=2,
+    )
+    verdict = m["diagnosis"]["verdicts"][0]
+    alone = m["loader_alone"]
+    assert alone["workers"] == 2 and alone["in_process_samples_s"] >= 1.5 * alone["samples_s"], alone
+    assert results["diagnosis"].value == "data-bound", verdict
+    assert verdict["fix"].startswith("use num_workers=0") and "hand-off is the limit" in verdict["summary"]
+    assert verdict["evidence"]["loader_alone"] == alone
+
+
+def test_a_loop_that_does_not_wait_for_data_does_not_time_the_loader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outcome, results, m = smoke(tmp_path, monkeypatch, config(image_size=32, loader_probe_s=5.0), workers=1)
+    assert results["diagnosis"].value == "compute-bound"
+    assert "loader_alone" not in m and "loader_alone" not in (outcome.child.result or {})["timeline"]
+
+
 def test_resume_reproduces_the_uninterrupted_loss_bit_for_bit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     outcome, results, _ = smoke(tmp_path, monkeypatch, config(steps=4), workers=1)
     ckpt = (outcome.child.result or {})["checkpoint"]
