@@ -116,14 +116,10 @@ def _data(s: Signals, cfg: VerifyConfig) -> Verdict | None:
     waits = f"the loop waits for data {_pct(d)} of each step"
     if s.loader_alone:
         ev["loader_alone"] = s.loader_alone
-    handoff = _handoff(s)
-    if handoff:  # the workers' copies keep the cores busy too, but fewer workers, not more cores, is the fix
-        rate = (s.loader_alone or {}).get("samples_s") or 0.0
-        summary = (
-            f"{waits}; alone, the DataLoader delivers {rate:,.0f} samples/s with {s.workers} workers and "
-            f"{handoff[1]:,.0f} in the training process: the workers' hand-off is the limit"
-        )
-        return Verdict("data-bound", severity, confidence, summary, handoff[0], d, ev)
+    # The workers' copies keep the cores busy too, but fewer workers, not more cores, is the fix: before _starved.
+    handoff = _handoff(s, waits)
+    if handoff is not None:
+        return Verdict("data-bound", severity, confidence, handoff[0], handoff[1], d, ev)
     starved = _starved(s, cfg, waits)
     if starved is not None:
         return Verdict("cpu-starved", severity, confidence, starved[0], starved[1], d, ev)
@@ -161,8 +157,8 @@ def _alone(s: Signals) -> str:
     return f"; the DataLoader alone delivers {rate:,.0f} samples/s with {s.workers} worker(s){took}"
 
 
-def _handoff(s: Signals) -> tuple[str, float] | None:
-    """(fix, in-process samples/s) when reading in the training process beat the workers by HANDOFF_GAIN.
+def _handoff(s: Signals, waits: str) -> tuple[str, str] | None:
+    """(summary, fix) when reading in the training process beat the workers by HANDOFF_GAIN.
 
     Each batch a worker makes is copied into fresh shared memory that the training process maps; for cheap reads
     of large samples (memory-mapped arrays) that copy is the whole cost (BENCHMARKS.md, stage-data read rows).
@@ -171,12 +167,16 @@ def _handoff(s: Signals) -> tuple[str, float] | None:
     rate, local = alone.get("samples_s"), alone.get("in_process_samples_s")
     if not (rate and local and s.workers and local >= HANDOFF_GAIN * rate):
         return None
+    summary = (
+        f"{waits}; alone, the DataLoader delivers {rate:,.0f} samples/s with {s.workers} workers and "
+        f"{local:,.0f} in the training process: the workers' hand-off is the limit"
+    )
     fix = (
         f"use num_workers=0 (or 1): reading in the training process is {local / rate:.0f}x faster than handing "
         "batches over from worker processes, whose copies into shared memory cost more than the reads "
         "(cheap __getitem__, large samples: memory-mapped arrays)"
     )
-    return fix, local
+    return summary, fix
 
 
 def _starved(s: Signals, cfg: VerifyConfig, waits: str) -> tuple[str, str] | None:

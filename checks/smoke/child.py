@@ -21,6 +21,7 @@ import torch
 from checks.smoke import extras
 from checks.smoke.ckpt import compare, deterministic, load, rng_state, save_atomic, set_rng_state
 from checks.smoke.data import StagedDataError
+from checks.smoke.figures import breakdown
 from checks.smoke.loop import Feed, Interrupted, Trainer, resolve, run_steps
 from checks.smoke.setup import Build, UsageError, build
 
@@ -78,7 +79,8 @@ class Smoke:
         if self.spec.get("sweep"):
             self.timed("sweep", self.sweep)
         probe = self.spec.get("loader_probe")
-        if probe and extras.data_wait_share(self.result["steps"]) >= probe["min_share"]:
+        steps = self.result["steps"]
+        if probe and steps and breakdown(steps)["data_wait"] >= probe["min_share"]:
             self.timed("loader_alone", lambda: self.loader_alone(probe["seconds"]))
 
     def loader_alone(self, seconds: float) -> dict[str, Any]:

@@ -183,13 +183,6 @@ def compile_ab(trainer: Trainer, feed: Feed, steps: int) -> dict[str, Any]:
     }
 
 
-def data_wait_share(steps: list[dict[str, Any]]) -> float:
-    """Exposed data wait over the step time of the measured steps (0 when none)."""
-    keys = ("data_wait", "h2d", "forward", "backward", "optimizer")
-    total = sum(s[k] for s in steps for k in keys)
-    return sum(s["data_wait"] for s in steps) / total if total > 0 else 0.0
-
-
 def loader_alone(
     make_feed: Callable[[Any, dict[str, Any]], Feed], dataset: Any, local: Any, loader: dict[str, Any], seconds: float
 ) -> dict[str, Any]:
@@ -201,18 +194,19 @@ def loader_alone(
     a loader alone slower than the loop consumes makes data wait inevitable, whatever the model.
     """
     workers = int(loader.get("num_workers") or 0)
-    out: dict[str, Any] = {
-        "workers": workers,
-        "samples_s": _feed_rate(make_feed(dataset, loader), workers, loader, seconds),
-    }
+    out: dict[str, Any] = {"workers": workers, "samples_s": _feed_rate(make_feed, dataset, loader, seconds)}
     if workers:
         local_kw = {"num_workers": 0, "pin_memory": bool(loader.get("pin_memory"))}
-        out["in_process_samples_s"] = _feed_rate(make_feed(local, local_kw), 0, local_kw, seconds)
+        out["in_process_samples_s"] = _feed_rate(make_feed, local, local_kw, seconds)
     return out
 
 
-def _feed_rate(feed: Feed, workers: int, loader: dict[str, Any], seconds: float) -> float | None:
+def _feed_rate(
+    make_feed: Callable[[Any, dict[str, Any]], Feed], dataset: Any, loader: dict[str, Any], seconds: float
+) -> float | None:
+    workers = int(loader.get("num_workers") or 0)
     ready = workers * int(loader.get("prefetch_factor") or 2) if workers else 0
+    feed = make_feed(dataset, loader)
     try:
         for _ in range(1 + ready):
             feed.next()  # worker start-up and the batches prefetched meanwhile
