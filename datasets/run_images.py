@@ -66,13 +66,14 @@ def allowed_rejects(spec: str, inputs: int) -> int:
         ) from None
 
 
-def estimate(req: Request, inv: Inventory, work: Path) -> tuple[int, str, str]:
-    """Return (bytes still needed, what for, a smaller alternative) for decoding ``inv``."""
+def estimate(req: Request, inv: Inventory, work: Path | None) -> tuple[int, str, str]:
+    """Return (bytes still needed, what for, a smaller alternative) for decoding ``inv`` (``work``: None before
+    a staging folder exists)."""
     n, s = len(inv.paths), req.images.size
     total = n * s * s * 3 + n * 8 + (1 << 20)
     if req.format == "pt":
         total += req.images.shard_size * s * s * 3  # one shard exists twice while it is written
-    held = npyfile.allocated_bytes(work / "out" / SLOTS)
+    held = npyfile.allocated_bytes(work / "out" / SLOTS) if work is not None else 0
     half = max(8, s // 2)
     smaller = f"--size {half} needs {gib(n * half * half * 3)}"
     return max(0, total - held), f"{n:,} images x {s}x{s}x3 bytes", smaller

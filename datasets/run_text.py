@@ -45,7 +45,7 @@ class TextJob:
             return self.tokenizer  # load_tokenizer reports the missing file
 
 
-def estimate(req: Request, inv: Inventory, work: Path) -> tuple[int, str, str]:
+def estimate(req: Request, inv: Inventory, work: Path | None) -> tuple[int, str, str]:
     """Return (bytes still needed, what for, alternative): at most one token per input byte."""
     itemsize = 4 if req.text.token_dtype == "uint32" else 2
     return inv.total_bytes * itemsize + (1 << 20), f"{inv.total_bytes:,} bytes of text as tokens", ""

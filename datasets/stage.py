@@ -20,7 +20,7 @@ import requests
 
 from checks import disk_cache
 from checks.config import DiskConfig
-from checks.facts import LocationFacts
+from checks.facts import LocationFacts, MountFacts
 from datasets import manifest, places, run_images, run_text, sources
 from datasets.errors import StageFailure, UsageError
 from datasets.finalize import fsync_dir
@@ -220,17 +220,14 @@ def _destination(req: Request, src: sources.Source, inv: Inventory | None, say: 
         f"-{req.images.size}px" + ("-stretch" if req.images.policy == "stretch" else "") if req.kind != "text" else ""
     )
     name = f"{src.name}{suffix}"
-    need = 0  # a remote source's size is known only once fetched: then check_space has the last word
-    if inv is not None:
-        nothing_yet = Path("/nonexistent") / f".{name}.staging"
-        need = int((run_text if inv.kind == "text" else run_images).estimate(req, inv, nothing_yet)[0])
-        need = int(need * (1 + req.headroom_fraction))
+    # A remote source's size is known only once fetched: then check_space has the last word.
+    need = int(_estimate(req, inv, None)[0] * (1 + req.headroom_fraction)) if inv is not None else 0
     cached = disk_cache.load(req.measured_max_age_h * 3600)
     measured = list(cached.locations) if cached else []
     when = f"measured by bootstrap {_ago(cached.age_s)} ago" if cached else ""
-    choice = places.choose_root(
-        places.candidates(list(req.dest_roots)), name, need, measured, _measurer(req.disk), when
-    )
+    table = places.mounts()
+    roots = places.candidates(list(req.dest_roots), table)
+    choice = places.choose_root(roots, name, need, measured, _measurer(req.disk), when, table)
     if choice is None:
         raise UsageError("no local disk among preflight.stage.dest_roots to stage onto", hint="give --dest DIR")
     say(choice.why)
@@ -244,10 +241,21 @@ def _measurer(cfg: DiskConfig | None) -> places.Measure | None:
     from checks.probe_disk import measure_location
     from checks.probe_mounts import read_mounts
 
+    mounts: list[
+        MountFacts
+    ] = []  # read once, on the first place that needs measuring (statvfs of every mount, with timeouts)
+
     def measure(place: places.Place) -> LocationFacts:
-        return measure_location(str(place.path), True, read_mounts(cfg.stat_timeout_s), cfg)
+        if not mounts:
+            mounts.extend(read_mounts(cfg.stat_timeout_s))
+        return measure_location(str(place.path), True, mounts, cfg)
 
     return measure
+
+
+def _estimate(req: Request, inv: Inventory, work: Path | None) -> tuple[int, str, str]:
+    """(bytes still needed, what for, a smaller alternative) for decoding ``inv``; ``work``: None before it exists."""
+    return (run_text if inv.kind == "text" else run_images).estimate(req, inv, work)
 
 
 def _ago(seconds: float) -> str:
@@ -314,7 +322,7 @@ def _check_space(req: Request, inv: Inventory | None, work: Path, fetch_bytes: i
     if inv is None:
         need, what, smaller = fetch_bytes, "the fetched source", ""
     else:
-        need, what, smaller = (run_text if inv.kind == "text" else run_images).estimate(req, inv, work)
+        need, what, smaller = _estimate(req, inv, work)
         need, what = need + fetch_bytes, what + (" plus the copied source" if fetch_bytes else "")
     alternatives = places.candidates(list(req.dest_roots))
     name = work.name.removeprefix(".").removesuffix(".staging")
