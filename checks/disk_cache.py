@@ -22,6 +22,7 @@ from typing import Any
 from checks import TOOL_NAME
 from checks.facts import LocationFacts
 from checks.fileio import write_atomic
+from checks.probe_host import boot_id
 
 SCHEMA = 1
 _FIELDS = {f.name for f in dataclasses.fields(LocationFacts)}
@@ -40,14 +41,6 @@ def cache_path(env: dict[str, str] | None = None) -> Path:
     env = dict(os.environ) if env is None else env
     base = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
     return Path(base) / TOOL_NAME / "disks.json"
-
-
-def boot_id() -> str | None:
-    """This boot's random id (Linux); None where the kernel does not say."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
-    except OSError:
-        return None
 
 
 def save(locations: Sequence[LocationFacts], path: Path | None = None) -> Path | None:

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import NamedTuple
 
+from checks.probe_host import boot_id
+
 MIB = 1024**2
 GIB = 1024**3
 CHUNK = 4 * MIB  # one write/read call, as fio --bs=4M
@@ -73,11 +75,7 @@ def _start_ticks(pid: int) -> int | None:
 @functools.cache
 def _scope() -> str | None:
     """This boot of this machine and this PID namespace, hashed: a PID means something only within them."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            boot = fh.read().strip()
-    except OSError:
-        boot = socket.gethostname()
+    boot = boot_id() or socket.gethostname()
     try:
         namespace = os.readlink("/proc/self/ns/pid")
     except OSError:

@@ -326,3 +326,11 @@ def _tightest(values: Iterable[_T | None]) -> _T | None:
     """Return the smallest known value, or None when none is known."""
     known = [v for v in values if v is not None]
     return min(known) if known else None
+
+
+def boot_id() -> str | None:
+    """This boot's random id (Linux); None where the kernel does not say. Command line: cat /proc/sys/kernel/random/boot_id"""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip() or None
+    except OSError:
+        return None
