@@ -24,14 +24,14 @@ from checks.env_config import check_env_overrides
 from checks.errors import ExitStatus, PreflightError
 from checks.facts import AllocFacts, MachineFacts
 from checks.fileio import write_atomic
-from checks.fleet import FleetReport, build_fleet_report, host_measurements
-from checks.fleet_render import render_fleet
+from checks.fleet.render import render_fleet
+from checks.fleet.report import FleetReport, build_fleet_report, host_measurements
+from checks.machine.runner import run_checks
 from checks.parse_errors import usage_error
 from checks.probe import LocalProbe, Probe, SnapshotProbe
-from checks.probe_diskio import terminate_as_interrupt
+from checks.probe.diskio import terminate_as_interrupt
 from checks.render import render_text, use_colour
 from checks.result import Report
-from checks.runner import run_checks
 from checks.snapshot import dump_snapshot, to_jsonable, write_snapshot
 from provision.alloc_env import Change, choose_value, ensure_alloc_conf, ensure_alloc_conf_removed, variables_for
 from provision.hosts import HostSpec, select_hosts
@@ -179,7 +179,7 @@ def _check_output_path(json_path: str) -> None:
 
 
 def _measurements(facts: MachineFacts, cfg: PreflightConfig, notes: list[str]) -> dict[str, Any]:
-    from checks.resources import loader_advice
+    from checks.machine.resources import loader_advice
 
     out: dict[str, Any] = {"dataloader": loader_advice(facts, cfg).as_dict()}
     if facts.bench is not None and facts.bench.gpus:
@@ -319,7 +319,7 @@ def alloc_conf(c: Context, dry_run: bool = False, undo: bool = False) -> None:
 
 
 def _alloc_only() -> Any:
-    from checks.runner import CHECKS
+    from checks.machine.runner import CHECKS
 
     return tuple(item for item in CHECKS if item[0] == "alloc-conf")
 
@@ -457,9 +457,9 @@ def verify(
     """Train a few dozen steps as the real run will and say where step time goes: verdict, fix, cost."""
     from contextlib import ExitStack
 
-    from checks import verify as v
-    from checks.verify_report import judge
-    from checks.verify_results import render_verdicts
+    from checks.verify import plan as v
+    from checks.verify.report import judge
+    from checks.verify.results import render_verdicts
 
     cfg = settings(c)
     opts = v.Options(data, steps, batch_size, accum, workers, ckpt_dir, ckpt_every, price_per_hour, json, plot, sweep, ab, dataset, model, device)  # fmt: skip
@@ -503,9 +503,9 @@ def _progress(line: str | None) -> None:
 )
 def watch(c: Context, seconds: int = 0, pid: int = 0, json: str = "", plot: str = "") -> None:
     """Sample GPU and CPU use while your own training runs and say which one holds it back."""
-    from checks import verify as v
-    from checks import watch as w
-    from checks.verify_results import render_verdicts
+    from checks.verify import plan as v
+    from checks.verify import watch as w
+    from checks.verify.results import render_verdicts
 
     cfg = settings(c)
     w.check_pid(pid)

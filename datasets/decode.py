@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from checks.probe_host import read_host
+from checks.probe.host import read_host
 from datasets import npyfile
 from datasets.images import RejectedImage, Resize, decode_file
 

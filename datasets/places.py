@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from checks.disk import data_score, rate
 from checks.facts import LocationFacts
+from checks.machine.disk import data_score, rate
 from datasets.errors import StageFailure
 
 NETWORK_FS = frozenset(

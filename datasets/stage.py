@@ -18,9 +18,9 @@ from typing import Any
 
 import requests
 
-from checks import disk_cache
 from checks.config import DiskConfig
 from checks.facts import LocationFacts, MountFacts
+from checks.probe import disk_cache
 from datasets import manifest, places, run_images, run_text, sources
 from datasets.errors import StageFailure, UsageError
 from datasets.finalize import fsync_dir
@@ -238,8 +238,8 @@ def _measurer(cfg: DiskConfig | None) -> places.Measure | None:
     """Measure a candidate root now, within bootstrap's per-location budget (checks/probe_disk.py)."""
     if cfg is None:
         return None
-    from checks.probe_disk import measure_location
-    from checks.probe_mounts import read_mounts
+    from checks.probe.disk import measure_location
+    from checks.probe.mounts import read_mounts
 
     mounts: list[
         MountFacts

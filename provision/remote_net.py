@@ -1,12 +1,12 @@
 """Between the hosts of a fleet run: TCP both ways for every pair, round-trip times, and an all-reduce.
 
-Links: every host runs one agent (``python -m checks.probe_tcp serve``, with an iperf3 server when iperf3 is
+Links: every host runs one agent (``python -m checks.probe.tcp serve``, with an iperf3 server when iperf3 is
 there); for a pair (a, b) the client on b measures b -> a and, reversed, a -> b, so each direction is measured
 at its receiver. Pairs are scheduled round-robin (the circle method): n-1 rounds in which no host is in two
 pairs, measured concurrently unless ``network.concurrent_pairs`` is off.
 
 All-reduce: ``python -m torch.distributed.run`` (torchrun) on every host with a static rendezvous at the first
-host, running ``checks/scripts/allreduce.py``: NCCL with one process per GPU where every host has GPUs and a
+host, running ``checks/probe/scripts/allreduce.py``: NCCL with one process per GPU where every host has GPUs and a
 CUDA torch with NCCL, else gloo with one process per host.
 """
 
@@ -42,8 +42,8 @@ def rounds(n: int) -> list[list[tuple[int, int]]]:
 
 
 def agent(host: Prepared, args: list[str]) -> str:
-    """Write the shell line that runs ``python -m checks.probe_tcp ARGS`` from the host's checkout."""
-    return f"cd {shlex.quote(host.directory)} && exec {host.python} -m checks.probe_tcp {shlex.join(args)}"
+    """Write the shell line that runs ``python -m checks.probe.tcp ARGS`` from the host's checkout."""
+    return f"cd {shlex.quote(host.directory)} && exec {host.python} -m checks.probe.tcp {shlex.join(args)}"
 
 
 def _json_tail(done: Completed) -> dict[str, Any]:
@@ -162,7 +162,7 @@ def plan_allreduce(hosts: list[Host], reports: dict[str, Any]) -> tuple[str, lis
 
 def _launch(host: Host, rank: int, plan: tuple[str, list[int]], master: tuple[str, int], cfg: NetworkConfig) -> str:
     prepared, (backend, counts) = host[1], plan
-    script, tmp = shlex.quote(f"{prepared.directory}/checks/scripts/allreduce.py"), shlex.quote(prepared.tmp)
+    script, tmp = shlex.quote(f"{prepared.directory}/checks/probe/scripts/allreduce.py"), shlex.quote(prepared.tmp)
     return (
         f"cd {tmp} && exec env -u SLURM_JOB_NODELIST TMPDIR={tmp} {prepared.python} -m torch.distributed.run "
         f"--nnodes={len(counts)} --node-rank={rank} --nproc-per-node={counts[rank]} --master-addr={shlex.quote(master[0])} "

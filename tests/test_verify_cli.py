@@ -20,7 +20,7 @@ from tests.test_tasks import REPO, Run, assert_usage_error, by_id, child_env, in
 
 pytestmark = pytest.mark.slow
 
-PLUGINS = "tests.checks.smoke_plugins"
+PLUGINS = "tests.checks.verify.smoke_plugins"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SHARES = {"data_wait", "h2d", "forward", "backward", "optimizer", "checkpoint"}
 VERDICTS = {"data-bound", "cpu-starved", "h2d-bound", "launch-bound", "compute-bound", "checkpoint-bound", "near-oom", "throttled", "cpu-contended", "cant-tell"}  # fmt: skip

@@ -23,10 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from checks.config import make_config  # noqa: E402
-from checks.probe_host import read_host  # noqa: E402
-from checks.probe_nvml import read_nvml  # noqa: E402
-from checks.probe_torch import read_torch  # noqa: E402
-from checks.runner import run_checks  # noqa: E402
+from checks.machine.runner import run_checks  # noqa: E402
+from checks.probe.host import read_host  # noqa: E402
+from checks.probe.nvml import read_nvml  # noqa: E402
+from checks.probe.torch import read_torch  # noqa: E402
 from checks.snapshot import load_snapshot  # noqa: E402
 from tests.bench.benchmarks_md import write_section  # noqa: E402
 

@@ -27,10 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from checks.probe_diskio import cold_read, seq_write  # noqa: E402
-from checks.probe_fio import fio_sequential  # noqa: E402
-from checks.probe_host import read_host  # noqa: E402
-from checks.probe_mounts import mount_of, read_mounts  # noqa: E402
+from checks.probe.diskio import cold_read, seq_write  # noqa: E402
+from checks.probe.fio import fio_sequential  # noqa: E402
+from checks.probe.host import read_host  # noqa: E402
+from checks.probe.mounts import mount_of, read_mounts  # noqa: E402
 from tests.bench.benchmarks_md import write_section  # noqa: E402
 from tests.netns import Cluster, cluster, python_for_hosts, unavailable  # noqa: E402
 
@@ -109,14 +109,14 @@ def bench_link(c: Cluster, rate: int, repeats: int) -> list[str]:
     a, b = c.hosts[0], c.hosts[1]
     for host in (a, b):
         c.shape(host, rate)
-    server = subprocess.Popen(["ip", "netns", "exec", a.netns, sys.executable, "-m", "checks.probe_tcp", "serve",
+    server = subprocess.Popen(["ip", "netns", "exec", a.netns, sys.executable, "-m", "checks.probe.tcp", "serve",
                                "--bind", a.address, "--iperf3-port", "5201", "--idle", "300"],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert server.stdout is not None
         info = json.loads(server.stdout.readline())
         common = ["--streams", "4", "--seconds", "3", "--omit", "1"]
-        py = [sys.executable, "-m", "checks.probe_tcp"]
+        py = [sys.executable, "-m", "checks.probe.tcp"]
         ours: list[float] = []
         iperf: list[float] = []
         for i in range(repeats):

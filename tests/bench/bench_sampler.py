@@ -26,13 +26,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from checks.probe_host import read_host  # noqa: E402
-from checks.probe_sample import GpuReader, HostReader  # noqa: E402
-from checks.probe_torch import read_torch  # noqa: E402
-from checks.sampler import Sampler  # noqa: E402
-from checks.smoke.data import synthetic_spec  # noqa: E402
-from checks.smoke.figures import step_total  # noqa: E402
-from checks.smoke.launch import run_smoke  # noqa: E402
+from checks.probe.host import read_host  # noqa: E402
+from checks.probe.sample import GpuReader, HostReader  # noqa: E402
+from checks.probe.torch import read_torch  # noqa: E402
+from checks.verify.sampler import Sampler  # noqa: E402
+from checks.verify.smoke.data import synthetic_spec  # noqa: E402
+from checks.verify.smoke.figures import step_total  # noqa: E402
+from checks.verify.smoke.launch import run_smoke  # noqa: E402
 from tests.bench.benchmarks_md import write_section  # noqa: E402
 
 BEGIN, END = "<!-- bench:sampler:begin -->", "<!-- bench:sampler:end -->"

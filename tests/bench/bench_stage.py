@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from checks.probe_host import read_host  # noqa: E402
+from checks.probe.host import read_host  # noqa: E402
 from datasets.decode import usable_cores  # noqa: E402
 from datasets.images import Resize, decode_bytes  # noqa: E402
 from tests.bench.benchmarks_md import write_section  # noqa: E402

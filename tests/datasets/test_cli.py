@@ -152,8 +152,8 @@ def _children(pid: int) -> list[str]:
 def test_without_dest_the_fastest_measured_root_wins_and_keeps_the_dataset(
     photo_tree: Path, tmp_path: Path, ext4_disk: Path
 ) -> None:
-    from checks import disk_cache
     from checks.facts import LocationFacts
+    from checks.probe import disk_cache
 
     home = tmp_path / "home"
     home.mkdir()

@@ -1,0 +1,1 @@
+"""Several hosts: the fleet report (one row per host and the links between them) and its rendering."""

@@ -1,0 +1,294 @@
+"""The fleet report of ``invoke bootstrap --hosts``: every host's results tagged with its name, the links and
+the all-reduce between the hosts, and outliers against the fleet median (a host or GPU far below its peers).
+
+JSON, schema 1: the single-host report (``checks/result.py``) extended::
+
+    {"schema": 1, "tool": ..., "host": "<this machine>", "machine": "fleet of 4 hosts (--hosts)",
+     "counts": {...all results...},
+     "hosts": [{"host": "h1", "status": "ok" | "fail", "reason": null | "unreachable: ...",
+                "exit_code": 1, "seconds": 12.3, "counts": {...}}],
+     "results": [{...a result..., "host": "h1"},       # host null: about the fleet (links, all-reduce)
+                 ...],
+     "measurements": {"hosts": {"h1": {...that host's measurements...}},
+                      "disks": [{"host": "h1", "path": ...}], "downloads": [{"host": ...}],
+                      "links": [{"src", "dst", "tcp_mbit_s", "rtt_ms", "tool", "streams", "error"}],
+                      "allreduce": [{"backend", "world_size", "bytes", "algbw_gb_s", "busbw_gb_s", ...}]}}
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from checks import TOOL_NAME, TOOL_VERSION
+from checks.config import PreflightConfig
+from checks.facts import AllreduceFacts, LinkFacts, MachineFacts
+from checks.machine.disk import disk_measurements
+from checks.machine.network import allreduce_results, link_results, net_measurements
+from checks.result import REPORT_SCHEMA, Result, Status, fail, ok, warn
+
+Tagged = tuple[str | None, Result]  # (host name or None for fleet-wide results, result)
+GPU_METRICS = (
+    ("h2d_gb_s", "host-to-device GB/s"),
+    ("d2h_gb_s", "device-to-host GB/s"),
+    ("d2d_gb_s", "device copy GB/s"),
+    ("matmul_tflops", "matmul TFLOPS"),
+)
+
+
+@dataclass(frozen=True)
+class HostOutcome:
+    """One host of a fleet run: its report, or the reason it has none."""
+
+    name: str
+    status: str  # ok | fail
+    reason: str | None
+    report: dict[str, Any] | None
+    seconds: float
+    exit_code: int | None = None
+    shipped: str | None = None  # rsync | tar
+
+
+@dataclass(frozen=True)
+class FleetFacts:
+    """Everything a fleet run gathered."""
+
+    hosts: tuple[HostOutcome, ...]
+    links: tuple[LinkFacts, ...] = ()
+    links_skipped: str | None = None
+    allreduce: tuple[AllreduceFacts, ...] = ()
+    allreduce_reason: str | None = None  # "skipped: ..." or "failed ..."
+    source: str = "--hosts"
+
+
+def inventory(m: MachineFacts) -> dict[str, Any]:
+    """Summarise a host's accelerators for the fleet (all-reduce backend, GPU outliers)."""
+    names = [g.name for g in m.nvml.gpus if not g.error]
+    return {
+        "gpus": len(names),
+        "gpu_names": names,
+        "torch": m.torch.version,
+        "cuda": m.torch.cuda_available,
+        "nccl": m.torch.nccl_version,
+    }
+
+
+def host_measurements(m: MachineFacts) -> dict[str, Any]:
+    """Build the disk, download and inventory parts of a host's ``measurements``."""
+    return {**disk_measurements(m), **net_measurements(m), "inventory": inventory(m)}
+
+
+def result_from_json(data: dict[str, Any]) -> Result:
+    return Result(
+        data["id"],
+        Status(data["status"]),
+        data["summary"],
+        data.get("value"),
+        data.get("expected"),
+        data.get("hint"),
+        data.get("subject"),
+        float(data.get("duration_s") or 0.0),
+    )
+
+
+def _fail_hint(reason: str) -> str:
+    hints = {
+        "unreachable": "check that the host is up and that `ssh HOST` works from here",
+        "authentication": "install your public key there (ssh-copy-id) or set IdentityFile in ~/.ssh/config",
+        "host key": "the host's key changed: verify it, then update ~/.ssh/known_hosts",
+        "no Python": "install Python 3.10+ there, or point hosts.python (or python= in a hosts file) at it",
+        "too old": "use a Python 3.10+ there (hosts.python, or python= in a hosts file)",
+        "dependencies": "install gpu-preflight's dependencies with that Python (the command is in the reason)",
+        "died mid-run": "look at the host: out of memory, rebooted, or lost its network",
+    }
+    return next((h for key, h in hints.items() if key in reason), "see the reason; run bootstrap there by hand")
+
+
+def host_results(o: HostOutcome) -> list[Tagged]:
+    """Tag a host's results: its fail row, or its ok row followed by every result of its own report."""
+    if o.status != "ok" or o.report is None:
+        reason = o.reason or "no report"
+        return [(o.name, fail("host-bootstrap", f"{o.name}: {reason}", _fail_hint(reason)))]
+    head = ok(
+        "host-bootstrap", f"bootstrap ran in {o.seconds:.1f} s (exit {o.exit_code}), checkout copied by {o.shipped}"
+    )
+    return [(o.name, head), *((o.name, result_from_json(r)) for r in o.report.get("results", []))]
+
+
+def _measure(o: HostOutcome) -> dict[str, Any]:
+    return dict((o.report or {}).get("measurements") or {})
+
+
+def _gpu_models(o: HostOutcome) -> dict[str, str]:
+    rows = (o.report or {}).get("results", [])
+    return {r["subject"]: str(r["value"]) for r in rows if r.get("id") == "gpu-inventory" and r.get("subject")}
+
+
+def gpu_outliers(hosts: tuple[HostOutcome, ...], fraction: float) -> list[Tagged]:
+    """Flag GPUs far below the fleet median of the same model (needs figures from 2+ hosts)."""
+    groups: dict[tuple[str, str], list[tuple[str, str, float]]] = defaultdict(list)
+    for o in hosts:
+        models = _gpu_models(o)
+        for row in _measure(o).get("gpu_bench", []):
+            model = models.get(f"gpu{row.get('index')}")
+            for key, _ in GPU_METRICS:
+                if model and isinstance(row.get(key), (int, float)):
+                    groups[(model, key)].append((o.name, f"gpu{row['index']}", float(row[key])))
+    out: list[Tagged] = []
+    for (model, key), values in groups.items():
+        if len({h for h, _, _ in values}) < 2 or len(values) < 3:
+            continue
+        median = statistics.median(v for _, _, v in values)
+        label = dict(GPU_METRICS)[key]
+        for host, gpu, value in values:
+            if value < fraction * median:
+                summary = (
+                    f"{host} {gpu} ({model}): {label} {value:g} is {value / median:.0%} of the fleet median {median:g}"
+                )
+                out.append(
+                    (
+                        host,
+                        warn(
+                            "fleet-outlier",
+                            summary,
+                            "this GPU is far below its peers: ask the provider",
+                            subject=gpu,
+                            value=value,
+                        ),
+                    )
+                )
+    return out
+
+
+def _host_outliers(scores: dict[str, float], what: str, unit: str, fraction: float, hint: str) -> list[Tagged]:
+    if len(scores) < 3:
+        return []
+    median = statistics.median(scores.values())
+    return [
+        (
+            h,
+            warn(
+                "fleet-outlier",
+                f"{h}: {what} {v:,.0f} {unit} is {v / median:.0%} of the fleet median {median:,.0f}",
+                hint,
+                subject=what,
+                value=v,
+            ),
+        )
+        for h, v in scores.items()
+        if median > 0 and v < fraction * median
+    ]
+
+
+def link_scores(links: tuple[LinkFacts, ...]) -> dict[str, float]:
+    """Score each host by the median TCP rate of the links it takes part in (either direction)."""
+    per: dict[str, list[float]] = defaultdict(list)
+    for link in links:
+        if link.tcp_mbit_s is not None:
+            per[link.src].append(link.tcp_mbit_s)
+            per[link.dst].append(link.tcp_mbit_s)
+    return {h: statistics.median(v) for h, v in per.items()}
+
+
+def disk_scores(hosts: tuple[HostOutcome, ...]) -> dict[str, float]:
+    """Score each host by the best cold read of its local locations."""
+    scores = {}
+    for o in hosts:
+        reads = [
+            d["cold_read_mb_s"] for d in _measure(o).get("disks", []) if d.get("local") and d.get("cold_read_mb_s")
+        ]
+        if reads:
+            scores[o.name] = float(max(reads))
+    return scores
+
+
+def fleet_results(f: FleetFacts, cfg: PreflightConfig) -> list[Tagged]:
+    """All results: per host, then links, all-reduce and outliers across the fleet."""
+    tagged = [host_results(o) for o in f.hosts]
+    out: list[Tagged] = [rows[0] for rows in tagged] + [t for rows in tagged for t in rows[1:]]  # host rows first
+    out += [(None, r) for r in link_results(list(f.links), cfg.network)]
+    names = [n for o in f.hosts for n in _measure(o).get("inventory", {}).get("gpu_names", [])]
+    if f.allreduce or f.allreduce_reason:
+        out += [
+            (None, r)
+            for r in allreduce_results(list(f.allreduce), f.allreduce_reason, list(f.links), names, cfg.network)
+        ]
+    fraction = cfg.hosts.outlier_fraction
+    out += _host_outliers(
+        link_scores(f.links), "links", "Mbit/s", fraction, "this host's network is slower than its peers'"
+    )
+    out += _host_outliers(
+        disk_scores(f.hosts), "disk", "MB/s", fraction, "this host's local disk is slower than its peers'"
+    )
+    out += gpu_outliers(f.hosts, cfg.bench.outlier_fraction)
+    return out
+
+
+@dataclass(frozen=True)
+class FleetReport:
+    """All results of a fleet run, tagged with their host, and the measurements behind them."""
+
+    controller: str
+    facts: FleetFacts
+    results: tuple[Tagged, ...]
+
+    def counts(self) -> dict[str, int]:
+        counts = {s.value: 0 for s in Status}
+        for _, r in self.results:
+            counts[r.status.value] += 1
+        return counts
+
+    def exit_code(self, strict: bool = False) -> int:
+        """0 when nothing is worse than warn; 1 on any fail or error, any host included (or warn, strict)."""
+        bad = {Status.FAIL, Status.ERROR} | ({Status.WARN} if strict else set())
+        return 1 if any(r.status in bad for _, r in self.results) else 0
+
+    def hosts(self) -> list[dict[str, Any]]:
+        rows = []
+        for o in self.facts.hosts:
+            counts = {s.value: 0 for s in Status}
+            for host, r in self.results:
+                if host == o.name:
+                    counts[r.status.value] += 1
+            rows.append(
+                {
+                    "host": o.name,
+                    "status": o.status,
+                    "reason": o.reason,
+                    "exit_code": o.exit_code,
+                    "seconds": o.seconds,
+                    "counts": counts,
+                }
+            )
+        return rows
+
+    def measurements(self) -> dict[str, Any]:
+        per = {o.name: _measure(o) for o in self.facts.hosts if o.report}
+        tagged = {
+            key: [{"host": h, **row} for h, m in per.items() for row in m.get(key, [])]
+            for key in ("disks", "downloads")
+        }
+        return {
+            "hosts": per,
+            **tagged,
+            "links": [asdict(x) for x in self.facts.links],
+            "allreduce": [asdict(x) for x in self.facts.allreduce],
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": REPORT_SCHEMA,
+            "tool": f"{TOOL_NAME} {TOOL_VERSION}",
+            "host": self.controller,
+            "machine": f"fleet of {len(self.facts.hosts)} hosts ({self.facts.source})",
+            "counts": self.counts(),
+            "hosts": self.hosts(),
+            "results": [{**r.to_json(), "host": h} for h, r in self.results],
+            "measurements": self.measurements(),
+        }
+
+
+def build_fleet_report(f: FleetFacts, cfg: PreflightConfig, controller: str) -> FleetReport:
+    return FleetReport(controller, f, tuple(fleet_results(f, cfg)))

@@ -1,0 +1,1 @@
+"""Bootstrap's rules: one module per subject, each a judgment over the probe's facts, and the runner."""

@@ -1,0 +1,76 @@
+"""Run every check against the gathered facts, each isolated: a check that raises is one ``error`` result."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+
+from checks.config import PreflightConfig
+from checks.facts import MachineFacts
+from checks.machine import alloc, bench, compat, disk, gpu, network, resources
+from checks.result import Result, Status, timed
+
+Check = Callable[[MachineFacts, PreflightConfig], list[Result]]
+
+# (id, check) in report order. Ids are stable: scripts and the README depend on them. A check function may
+# return results under more than one id (gpu_bench returns gpu-h2d, gpu-d2h, gpu-d2d, gpu-matmul).
+CHECKS: tuple[tuple[str, Check], ...] = (
+    ("driver", compat.driver),
+    ("gpu-inventory", gpu.gpu_inventory),
+    ("torch-build", compat.torch_build),
+    ("cuda-compat", compat.cuda_compat),
+    ("torch-arch", compat.torch_arch),
+    ("torch-libs", compat.torch_libs),
+    ("gpu-power", gpu.gpu_power),
+    ("gpu-pcie", gpu.gpu_pcie),
+    ("gpu-nvlink", gpu.gpu_nvlink),
+    ("gpu-throttle", gpu.gpu_throttle),
+    ("gpu-ecc", gpu.gpu_ecc),
+    ("gpu-mig", gpu.gpu_mig),
+    ("gpu-processes", gpu.gpu_processes),
+    ("gpu-persistence", gpu.gpu_persistence),
+    ("gpu-compute-mode", gpu.gpu_compute_mode),
+    ("cpu-cores", resources.cpu_cores),
+    ("ram", resources.ram),
+    ("shm", resources.shm),
+    ("ulimits", resources.ulimits),
+    ("dataloader-advice", resources.dataloader_advice),
+    ("gpu-bench", bench.gpu_bench),
+    ("disk-mounts", disk.disk_mounts),
+    ("disk-speed", disk.disk_speed),
+    ("disk-data", disk.disk_data),
+    ("disk-checkpoint", disk.disk_checkpoint),
+    ("net-download", network.net_download),
+    ("alloc-conf", alloc.alloc_conf),
+)
+
+
+def run_check(check_id: str, check: Check, facts: MachineFacts, cfg: PreflightConfig) -> list[Result]:
+    """Run one check; an exception becomes a single ``error`` result naming it."""
+    start = time.perf_counter()
+    try:
+        results = check(facts, cfg)
+    except Exception as exc:  # noqa: BLE001 - isolation is the point: one crash must not stop the others
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        summary = f"check crashed: {type(exc).__name__}: {exc} ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"
+        results = [
+            Result(
+                check_id,
+                Status.ERROR,
+                summary,
+                hint="a bug in gpu-preflight: please report it with the snapshot (invoke snapshot)",
+            )
+        ]
+    spent = (time.perf_counter() - start) / max(1, len(results))
+    return [timed(r, spent) for r in results]
+
+
+def run_checks(
+    facts: MachineFacts, cfg: PreflightConfig, checks: tuple[tuple[str, Check], ...] = CHECKS
+) -> list[Result]:
+    """Run all checks in order and return their results."""
+    results: list[Result] = []
+    for check_id, check in checks:
+        results += run_check(check_id, check, facts, cfg)
+    return results

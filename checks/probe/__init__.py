@@ -1,0 +1,159 @@
+"""The hardware seam: the only way checks learn about a machine.
+
+``LocalProbe`` reads the live machine through the adapters (``probe_nvml``: NVML; ``probe_torch``: torch in a
+child process with a timeout; ``probe_host``: /proc, /sys, cgroups, psutil). ``SnapshotProbe`` replays a
+recorded machine from a snapshot file, so every line above this seam runs in tests without a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Protocol
+
+from checks.config import PreflightConfig
+from checks.facts import AllocFacts, BenchFacts, DiskFacts, MachineFacts, NetFacts
+from checks.probe import disk_cache
+from checks.probe.disk import measure_disks
+from checks.probe.host import read_host
+from checks.probe.net import measure_downloads
+from checks.probe.nvml import PcieLinkSampler, read_nvml
+from checks.probe.torch import read_alloc, read_torch, run_bench
+from checks.snapshot import load_snapshot
+
+
+class Probe(Protocol):
+    """Where facts come from: the live machine or a snapshot."""
+
+    live: bool
+    label: str  # "live" or the snapshot's file name
+
+    def machine(self) -> MachineFacts:
+        """Driver, GPU, torch and host facts (cheap: seconds)."""
+        ...
+
+    def measure(self, facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
+        """Run the GPU micro-benchmarks (reading PCIe links under load), the disk and download measurements."""
+        ...
+
+    def alloc(self, wanted: str, variables: tuple[str, ...], cfg: PreflightConfig) -> AllocFacts:
+        """Read the allocator settings back from a fresh login shell."""
+        ...
+
+
+class LocalProbe:
+    """The machine this process runs on."""
+
+    live = True
+    label = "live"
+
+    def __init__(self, torch_timeout_s: float = 60.0) -> None:
+        self.torch_timeout_s = torch_timeout_s
+
+    def machine(self) -> MachineFacts:
+        nvml = read_nvml()
+        host = read_host()
+        torch = read_torch(timeout=self.torch_timeout_s)
+        return MachineFacts(nvml=nvml, torch=torch, host=host)
+
+    def measure(self, facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
+        facts = _disks_and_net(facts, cfg)
+        reason = _bench_precondition(facts, cfg)
+        if reason:
+            return dataclasses.replace(facts, bench=BenchFacts(skipped=reason))
+        settings = {k: getattr(cfg.bench, k) for k in ("copy_mib", "d2d_mib", "matmul_n", "warmup", "repeats")}
+        with PcieLinkSampler() as sampler:
+            bench = _align_to_nvml(run_bench(settings, cfg.bench.timeout_s, while_running=sampler.sample), facts)
+            peak = sampler.peak()
+        gpus = tuple(
+            dataclasses.replace(g, pcie_gen_loaded=peak[g.index][0], pcie_width_loaded=peak[g.index][1])
+            if g.index in peak
+            else g
+            for g in facts.nvml.gpus
+        )
+        return dataclasses.replace(facts, bench=bench, nvml=dataclasses.replace(facts.nvml, gpus=gpus))
+
+    def alloc(self, wanted: str, variables: tuple[str, ...], cfg: PreflightConfig) -> AllocFacts:
+        return read_alloc(wanted, variables, cfg.probe.alloc_timeout_s)
+
+
+def _disks_and_net(facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
+    """Disks (checks/probe_disk.py) and downloads (checks/probe_net.py); each bounded by its config budget."""
+    net = cfg.network
+    downloads = measure_downloads(net.download_urls, net.download_max_mib, net.download_timeout_s)
+    disks = measure_disks(cfg.disk)
+    disk_cache.save(disks.locations)  # for stage-data's choice of disk (checks/disk_cache.py)
+    return dataclasses.replace(facts, disks=disks, net=downloads)
+
+
+def _bare_uuid(uuid: str) -> str:
+    return uuid.lower().removeprefix("gpu-")
+
+
+def _align_to_nvml(bench: BenchFacts, facts: MachineFacts) -> BenchFacts:
+    """Renumber benchmark rows from CUDA indices to NVML indices by UUID (ref/compat.md §7 "Index mapping").
+
+    Without a UUID (torch < 2.1) the child ran with CUDA_DEVICE_ORDER=PCI_BUS_ID, which is NVML's order as
+    long as CUDA_VISIBLE_DEVICES does not hide GPUs.
+    """
+    by_uuid = {_bare_uuid(g.uuid): g.index for g in facts.nvml.gpus if g.uuid}
+    rows = tuple(
+        dataclasses.replace(row, index=by_uuid[_bare_uuid(row.uuid)])
+        if row.uuid and _bare_uuid(row.uuid) in by_uuid
+        else row
+        for row in bench.gpus
+    )
+    return dataclasses.replace(bench, gpus=rows)
+
+
+def _bench_precondition(facts: MachineFacts, cfg: PreflightConfig) -> str | None:
+    if not cfg.bench.enabled:
+        return "disabled (preflight.bench.enabled: false, or --no-bench)"
+    if facts.nvml.error or not facts.nvml.gpus:
+        return "no NVIDIA GPU visible (see driver)"
+    if not facts.torch.cuda_available:
+        return "torch cannot use CUDA here (see torch-build and cuda-compat)"
+    return None
+
+
+class SnapshotProbe:
+    """A recorded machine, replayed. Measurements it does not hold are skipped with that reason."""
+
+    live = False
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.facts, self.header = load_snapshot(path)
+        self.label = f"snapshot {path.name}" + (" (recorded)" if self.header.get("recorded") else "")
+
+    def machine(self) -> MachineFacts:
+        return dataclasses.replace(self.facts, bench=None, alloc=None, disks=None, net=None)
+
+    def measure(self, facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
+        recorded = self.facts.bench
+        if not cfg.bench.enabled:
+            bench = BenchFacts(skipped="disabled (preflight.bench.enabled: false, or --no-bench)")
+        elif recorded is None:
+            bench = BenchFacts(skipped="replayed snapshot: GPU micro-benchmarks need the live machine")
+        else:
+            bench = dataclasses.replace(recorded, recorded=True)
+        return dataclasses.replace(facts, bench=bench, disks=self._disks(), net=self._net())
+
+    def _disks(self) -> DiskFacts:
+        if self.facts.disks is None:
+            return DiskFacts(skipped="replayed snapshot: disk measurements need the live machine")
+        return dataclasses.replace(self.facts.disks, recorded=True)
+
+    def _net(self) -> NetFacts:
+        if self.facts.net is None:
+            return NetFacts(skipped="replayed snapshot: downloads need the live machine")
+        return dataclasses.replace(self.facts.net, recorded=True)
+
+    def alloc(self, wanted: str, variables: tuple[str, ...], cfg: PreflightConfig) -> AllocFacts:
+        if self.facts.alloc is not None:
+            return self.facts.alloc
+        return AllocFacts(
+            wanted=wanted,
+            variable=variables[0],
+            skipped="replayed snapshot: the allocator read-back needs the live machine",
+        )

@@ -1,0 +1,214 @@
+"""The sampling part of the seam: cheap NVML and psutil readings taken ~10 times a second.
+
+``GpuReader`` reads utilisation, memory, power, SM clock, PCIe throughput and clock-event reasons through the
+NVML adapter's single query helper (``probe_nvml._Query``), so "not supported" is ``None`` here too and a lost GPU
+stops being read instead of raising. ``HostReader`` reads per-core CPU, iowait and the CPU time of one process
+tree (a training process and its DataLoader workers). Neither ever raises once constructed; units are plain
+(%, MiB, W, MHz, MB/s, CPU cores).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import psutil
+
+from checks.probe.nvml import _Query, _start, _stop, _Unanswered
+
+MIB = 1024**2
+# nvmlDeviceGetPcieThroughput counts bytes over a 20 ms window per call (NVML API reference): two calls per
+# GPU per sample, so it is read only for the GPUs in focus.
+_PCIE_TX, _PCIE_RX = 0, 1  # NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES
+_CHILDREN_REFRESH_S = 2.0  # scanning /proc for children (~2 ms) is the expensive part; the tree changes rarely
+
+
+def _mb_s(kib_per_s: Any) -> float | None:
+    return None if kib_per_s is None else round(kib_per_s * 1024 / 1e6, 2)
+
+
+class GpuReader:
+    """Context manager over NVML: ``read()`` returns one dict of columns per GPU (``gpu<i>_<name>``).
+
+    Without NVML (no driver, no library) it is inert: ``read()`` returns ``{}``. Command line equivalent:
+    nvidia-smi --query-gpu=utilization.gpu,utilization.memory,memory.used,power.draw,clocks.sm,
+    clocks_event_reasons.active --format=csv -lms 100 (plus nvidia-smi dmon -s t for PCIe throughput)
+    """
+
+    def __init__(self, nvml: Any | None = None) -> None:
+        self._nvml = nvml
+        self._query: _Query | None = None
+        self._handles: dict[int, Any] = {}
+        self._max_clock: dict[int, int | None] = {}
+        self.uuids: dict[int, str | None] = {}
+        self.focus: set[int] | None = None  # GPUs whose PCIe throughput is read; None: all
+        self.error: str | None = None
+
+    def __enter__(self) -> GpuReader:
+        nvml, failure = _start(self._nvml)
+        if failure is not None:
+            self.error = failure.error
+            return self
+        self._query = q = _Query(nvml)
+        with contextlib.suppress(_Unanswered):
+            for index in range(q("nvmlDeviceGetCount") or 0):
+                with contextlib.suppress(_Unanswered):
+                    self._handles[index] = handle = q.handle(index)
+                    self.uuids[index] = q("nvmlDeviceGetUUID", handle)
+                    self._max_clock[index] = q("nvmlDeviceGetMaxClockInfo", handle, nvml.NVML_CLOCK_SM)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._query is not None:
+            _stop(self._query.nvml)
+            self._query = None
+
+    @property
+    def indices(self) -> list[int]:
+        """GPUs being read."""
+        return sorted(self._handles)
+
+    def index_of(self, uuid: str | None) -> int | None:
+        """Return the NVML index of the GPU with ``uuid`` (torch and NVML can order GPUs differently)."""
+        return next((i for i, u in self.uuids.items() if uuid and u and u.endswith(uuid.removeprefix("GPU-"))), None)
+
+    def processes(self) -> dict[int, set[int]]:
+        """PIDs with a CUDA context on each GPU (host PIDs: inside a container they may not match).
+
+        Command line equivalent: nvidia-smi --query-compute-apps=gpu_uuid,pid --format=csv
+        """
+        q, out = self._query, {}
+        if q is None:
+            return {}
+        for index, handle in self._handles.items():
+            with contextlib.suppress(_Unanswered):
+                found = q("nvmlDeviceGetComputeRunningProcesses", handle) or []
+                out[index] = {int(p.pid) for p in found}
+        return out
+
+    def read(self) -> dict[str, float | None]:
+        """Read every GPU once; a GPU lost mid-run is dropped from later reads."""
+        q = self._query
+        if q is None:
+            return {}
+        q.errors.clear()
+        row: dict[str, float | None] = {}
+        for index in list(self._handles):
+            try:
+                row.update(self._read_one(q, index))
+            except _Unanswered:
+                del self._handles[index]
+        return row
+
+    def _read_one(self, q: _Query, index: int) -> dict[str, float | None]:
+        h, nvml, p = self._handles[index], q.nvml, f"gpu{index}_"
+        util, mem = q("nvmlDeviceGetUtilizationRates", h), q("nvmlDeviceGetMemoryInfo", h)
+        power = q("nvmlDeviceGetPowerUsage", h)
+        reasons = q("nvmlDeviceGetCurrentClocksEventReasons", h)
+        if reasons is None:
+            reasons = q("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+        row = {
+            p + "util_pct": None if util is None else float(util.gpu),
+            p + "mem_util_pct": None if util is None else float(util.memory),
+            p + "mem_used_mib": None if mem is None else round(mem.used / MIB, 1),
+            p + "mem_total_mib": None if mem is None else round(mem.total / MIB, 1),
+            p + "power_w": None if power is None else power / 1000.0,
+            p + "sm_mhz": q("nvmlDeviceGetClockInfo", h, nvml.NVML_CLOCK_SM),
+            p + "sm_max_mhz": self._max_clock.get(index),
+            p + "clock_reasons": reasons,
+        }
+        if self.focus is None or index in self.focus:
+            row[p + "pcie_tx_mb_s"] = _mb_s(q("nvmlDeviceGetPcieThroughput", h, _PCIE_TX))
+            row[p + "pcie_rx_mb_s"] = _mb_s(q("nvmlDeviceGetPcieThroughput", h, _PCIE_RX))
+        return row
+
+
+class HostReader:
+    """psutil readings: per-core CPU %, iowait %, and the CPU use of the process tree under ``pid``.
+
+    ``cores`` restricts the per-core figures to the CPUs this process may run on (its affinity mask). Command line
+    equivalent: mpstat -P ALL 1; pidstat -t -p PID 1
+    """
+
+    def __init__(self, pid: int | None = None, cores: Iterable[int] | None = None, usable: float | None = None):
+        self.pid = pid
+        self.cores = sorted(cores) if cores is not None else _affinity()
+        self.usable = usable or float(len(self.cores)) or 1.0
+        self._procs: dict[int, psutil.Process] = {}
+        self._cpu_seen: dict[int, float] = {}
+        self._retired = 0.0  # CPU seconds of descendants that have exited
+        self._children_at = -1.0
+        self._last: tuple[float, float, float] | None = None  # (time, tree cpu s, worker cpu s)
+        psutil.cpu_percent(percpu=True)  # prime the deltas
+        psutil.cpu_times_percent()
+
+    def read(self) -> dict[str, float | None]:
+        """Read once; CPU figures are averages since the previous read."""
+        per_core = psutil.cpu_percent(percpu=True)
+        mine = [per_core[c] for c in self.cores if c < len(per_core)] or per_core
+        row: dict[str, float | None] = {
+            "cpu_pct": round(sum(mine) / max(1, len(mine)), 1),
+            "cpu_max_core_pct": max(mine, default=None),
+            "iowait_pct": getattr(psutil.cpu_times_percent(), "iowait", None),
+        }
+        row.update({f"core{c}_pct": per_core[c] for c in self.cores if c < len(per_core)})
+        if self.pid is not None:
+            row.update(self._tree())
+        return row
+
+    def _tree(self) -> dict[str, float | None]:
+        """CPU cores used by the process and by its descendants (the DataLoader workers) since the last read."""
+        now = time.monotonic()
+        if now - self._children_at >= _CHILDREN_REFRESH_S:
+            self._refresh_children()
+            self._children_at = now
+        main = self._cpu(self.pid)
+        workers = self._retired + sum(self._cpu(pid) or 0.0 for pid in list(self._procs) if pid != self.pid)
+        total = None if main is None else main + workers
+        last, self._last = self._last, (now, total or 0.0, workers)
+        out: dict[str, float | None] = {"workers": float(len(self._procs) - 1) if self._procs else None}
+        if last is None or total is None or now <= last[0]:
+            return {**out, "tree_cpu_cores": None, "worker_cpu_cores": None}
+        dt = now - last[0]
+        return {
+            **out,
+            "tree_cpu_cores": round(max(0.0, total - last[1]) / dt, 3),
+            "worker_cpu_cores": round(max(0.0, workers - last[2]) / dt, 3),
+        }
+
+    def _refresh_children(self) -> None:
+        """Re-list the descendants. An exited worker's CPU time stays in the totals; a new one counts from now."""
+        try:
+            root = self._procs.get(self.pid or -1) or psutil.Process(self.pid)
+            kids = root.children(recursive=True)
+        except psutil.Error:
+            kids, root = [], None
+        procs = {k.pid: self._procs.get(k.pid, k) for k in kids}
+        if root is not None:
+            procs[root.pid] = root
+        for gone in set(self._procs) - set(procs):
+            if gone != self.pid:
+                self._retired += self._cpu_seen.pop(gone, 0.0)
+        new = [pid for pid in procs if pid not in self._procs and pid != self.pid]
+        self._procs = procs
+        for pid in new:  # only CPU used from now on counts: its history would land in one sample as a spike
+            self._retired -= self._cpu(pid) or 0.0
+
+    def _cpu(self, pid: int | None) -> float | None:
+        """Cumulative user+system seconds of ``pid`` (the last value seen once it has exited)."""
+        proc = self._procs.get(pid if pid is not None else -1)
+        if proc is None or pid is None:
+            return self._cpu_seen.get(pid) if pid is not None else None
+        with contextlib.suppress(psutil.Error):
+            t = proc.cpu_times()
+            self._cpu_seen[pid] = t.user + t.system
+        return self._cpu_seen.get(pid)
+
+
+def _affinity() -> list[int]:
+    try:
+        return sorted(psutil.Process().cpu_affinity() or [])
+    except (AttributeError, psutil.Error):
+        return list(range(psutil.cpu_count() or 1))

@@ -1,0 +1,348 @@
+"""Verdicts: where a training step's time goes, what to fix, how sure we are. Pure: signals in, verdicts out.
+
+Rules, thresholds and their sources are ref/diagnosis.md §2.6 (V1-V11); every threshold is a key under
+``preflight.verify``. A rule abstains when its inputs are missing (never reads a missing signal as zero), and
+GPU utilisation is never a verdict on its own (§3 item 2). Verdict ids (the ``diagnosis`` result's value):
+
+- ``data-bound``: the device waits for the next batch (V1: data wait share >= share_warn).
+- ``cpu-starved``: data-bound while the training process tree keeps the usable cores saturated (V1a).
+- ``h2d-bound``: host-to-device copies take a large share (V2).
+- ``launch-bound``: the GPU idles between many tiny kernels inside the compute window (V3).
+- ``checkpoint-bound``: checkpoint saves, amortised over the interval, take a large share (V7).
+- ``near-oom``: peak reserved memory near the card's size, fragmentation, or an OOM at the asked batch (V9/V10).
+- ``throttled``: SM clock well below its maximum with power or thermal reasons (V11).
+- ``cpu-contended``: other processes keep the usable cores busy during the run (a caveat on every figure).
+- ``compute-bound``: forward + backward + optimizer dominate: healthy; only now does a bigger GPU help (V5).
+- ``cant-tell``: no single cause clears its threshold, or the run did not produce enough to judge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from checks.config import VerifyConfig
+from checks.machine.gpu import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
+
+TIME_VERDICTS = ("data-bound", "cpu-starved", "h2d-bound", "launch-bound", "checkpoint-bound")
+_THROTTLE_BITS = SW_POWER_CAP | HW_SLOWDOWN | SW_THERMAL | HW_THERMAL | HW_POWER_BRAKE
+_RANK = {"near-oom": 1, "throttled": 2, "compute-bound": 3, "cpu-contended": 4, "cant-tell": 5}  # time: 0, by share
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One finding: what, how bad, how sure, the numbers behind it, and the fix."""
+
+    id: str
+    severity: str  # critical | warn | info
+    confidence: str  # high | medium | low
+    summary: str
+    fix: str
+    share: float = 0.0  # the share of step time it explains (ranks the time verdicts)
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "severity": self.severity,
+            "confidence": self.confidence,
+            "summary": self.summary,
+            "fix": self.fix,
+            "share": round(self.share, 4),
+            "evidence": self.evidence,
+        }
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What the smoke run measured; ``None`` means not measured here (the rule that needs it abstains)."""
+
+    steps: int
+    device: str  # "cuda" | "cpu"
+    shares: dict[str, float]  # checks.verify.smoke.figures.breakdown
+    step_s: float  # mean seconds per step (checkpoints amortised in)
+    workers: int = 0
+    usable_cores: float = 1.0
+    cpu_during_wait: float | None = None  # fraction of usable cores the process tree used while waiting for data
+    machine_cpu_during_wait: float | None = None  # fraction of the usable cores busy (any process) meanwhile
+    iowait_during_wait: float | None = None  # %
+    kernels: dict[str, Any] | None = None  # checks.verify.smoke.extras.kernel_summary
+    ab_speedup: float | None = None
+    memory: dict[str, Any] | None = None  # checks.verify.smoke.extras.memory
+    gpu: dict[str, Any] | None = None  # checks.verify.sampler.gpu_summary
+    checkpoint: dict[str, Any] | None = None  # save_s, bytes, every_steps
+    oom: dict[str, Any] | None = None
+    precision: str = "fp32"
+    machine_cpu: float | None = None  # median fraction of the usable cores busy (any process) over the window
+    tree_cpu: float | None = None  # median fraction of the usable cores the training processes used
+    sampler_coverage: float | None = None  # samples taken in the measured window / samples due at the interval
+    samples_s: float | None = None  # what the loop consumed, samples per second
+    loader_alone: dict[str, Any] | None = (
+        None  # checks.verify.smoke.extras.loader_alone: the DataLoader with nothing else
+    )
+
+
+def diagnose(s: Signals, cfg: VerifyConfig) -> list[Verdict]:
+    """Every verdict that fires, the primary one first."""
+    if s.oom is not None:
+        return [_oom(s.oom)]
+    if s.steps < 2:
+        return [
+            Verdict("cant-tell", "info", "low", f"only {s.steps} measured step(s): too few to judge", "run more steps")
+        ]
+    found = [v for rule in (_data, _h2d, _checkpoint, _launch) if (v := rule(s, cfg)) is not None]
+    found += [v for rule in (_memory, _throttle, _contended) if (v := rule(s, cfg)) is not None]
+    if not any(v.id in TIME_VERDICTS for v in found):
+        found.append(_compute_or_abstain(s, cfg))
+    return sorted(found, key=lambda v: (_RANK.get(v.id, 0), -v.share))
+
+
+def _severity(share: float, s: Signals, cfg: VerifyConfig, warn_at: float) -> tuple[str, str]:
+    """critical/warn by share, capped at warn below the minimum steps; confidence follows."""
+    critical = share >= max(cfg.share_critical, warn_at) and s.steps >= cfg.critical_min_steps
+    return ("critical", "high") if critical else ("warn", "medium" if s.steps >= cfg.critical_min_steps else "low")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _data(s: Signals, cfg: VerifyConfig) -> Verdict | None:
+    d = s.shares["data_wait"]
+    if d < cfg.share_warn:
+        return None
+    severity, confidence = _severity(d, s, cfg, cfg.share_warn)
+    ev: dict[str, Any] = {"data_wait_share": round(d, 4), "workers": s.workers, "usable_cores": s.usable_cores}
+    ev |= {"cpu_during_wait": s.cpu_during_wait, "machine_cpu_during_wait": s.machine_cpu_during_wait}
+    ev |= {"iowait_during_wait_pct": s.iowait_during_wait, "sampler_coverage": s.sampler_coverage}
+    waits = f"the loop waits for data {_pct(d)} of each step"
+    if s.loader_alone:
+        ev["loader_alone"] = s.loader_alone
+    # The workers' copies keep the cores busy too, but fewer workers, not more cores, is the fix: before _starved.
+    handoff = _handoff(s, waits)
+    if handoff is not None:
+        return Verdict("data-bound", severity, confidence, handoff[0], handoff[1], d, ev)
+    starved = _starved(s, cfg, waits)
+    if starved is not None:
+        return Verdict("cpu-starved", severity, confidence, starved[0], starved[1], d, ev)
+    if s.iowait_during_wait is not None and s.iowait_during_wait >= cfg.iowait_high_pct:
+        summary = f"{waits} with iowait at {s.iowait_during_wait:.0f}%: reading is the limit"
+        fix = "copy the dataset to local NVMe or /dev/shm first (invoke stage-data); pack small files into arrays"
+        return Verdict("data-bound", severity, confidence, summary, fix, d, ev)
+    if s.workers == 0:
+        fix = (
+            "set num_workers > 0 (the main process loads every batch itself), pin_memory=True, persistent_workers=True"
+        )
+        return Verdict("data-bound", severity, confidence, f"{waits}; num_workers=0", fix, d, ev)
+    cpu = "" if s.cpu_during_wait is None else f"; CPU {_pct(s.cpu_during_wait)} of the usable cores meanwhile"
+    if s.cpu_during_wait is None:  # no sample fell into a wait: CPU-starved and slow reads look the same from here
+        confidence = "low"
+        got = "" if s.sampler_coverage is None else f" (it took {_pct(s.sampler_coverage)} of its samples)"
+        cpu = f"; the sampler saw no CPU figures during the waits{got}, so CPU-starved can't be told apart"
+    cpu += _alone(s)
+    fix = (
+        "each batch takes longer to produce than to train on: raise num_workers towards the usable cores, "
+        "prefetch_factor, persistent_workers=True; make __getitem__ cheaper (pre-decode with invoke stage-data)"
+    )
+    return Verdict("data-bound", severity, confidence, f"{waits} with {s.workers} worker(s){cpu}", fix, d, ev)
+
+
+HANDOFF_GAIN = 1.5  # in-process loading this much faster than the workers: the hand-off is the cost (tool-defined)
+
+
+def _alone(s: Signals) -> str:
+    """ "; the DataLoader alone delivers N samples/s ..." when it was timed, else ""."""
+    rate = (s.loader_alone or {}).get("samples_s")
+    if not rate:
+        return ""
+    took = f" and the loop consumed {s.samples_s:,.0f}" if s.samples_s else ""
+    return f"; the DataLoader alone delivers {rate:,.0f} samples/s with {s.workers} worker(s){took}"
+
+
+def _handoff(s: Signals, waits: str) -> tuple[str, str] | None:
+    """(summary, fix) when reading in the training process beat the workers by HANDOFF_GAIN.
+
+    Each batch a worker makes is copied into fresh shared memory that the training process maps; for cheap reads
+    of large samples (memory-mapped arrays) that copy is the whole cost (BENCHMARKS.md, stage-data read rows).
+    """
+    alone = s.loader_alone or {}
+    rate, local = alone.get("samples_s"), alone.get("in_process_samples_s")
+    if not (rate and local and s.workers and local >= HANDOFF_GAIN * rate):
+        return None
+    summary = (
+        f"{waits}; alone, the DataLoader delivers {rate:,.0f} samples/s with {s.workers} workers and "
+        f"{local:,.0f} in the training process: the workers' hand-off is the limit"
+    )
+    fix = (
+        f"use num_workers=0 (or 1): reading in the training process is {local / rate:.0f}x faster than handing "
+        "batches over from worker processes, whose copies into shared memory cost more than the reads "
+        "(cheap __getitem__, large samples: memory-mapped arrays)"
+    )
+    return summary, fix
+
+
+def _starved(s: Signals, cfg: VerifyConfig, waits: str) -> tuple[str, str] | None:
+    """V1a: the usable cores are saturated while the loop waits: by the training processes, or by a neighbour."""
+    mine, machine, cores = s.cpu_during_wait, s.machine_cpu_during_wait, f"{s.usable_cores:g} usable cores"
+    if mine is not None and mine >= cfg.cpu_saturated_fraction:
+        crowd = s.workers > s.usable_cores
+        fix = (
+            f"{s.workers} workers on {cores} only contend: use at most {max(1, int(s.usable_cores) - 1)}; "
+            if crowd
+            else ""
+        )
+        fix += "move decoding/augmentation off the CPU or do it once ahead of time (invoke stage-data), or rent more cores per GPU"
+        return f"{waits}; the training processes keep {_pct(mine)} of {cores} busy meanwhile", fix
+    # A saturated machine starves the loop only if our processes want the CPU too (tool-defined: a quarter of
+    # the saturation mark); with workers sleeping on I/O the tree is near idle and a busy neighbour is no cause.
+    if machine is not None and machine >= cfg.cpu_saturated_fraction and (mine or 0) >= cfg.cpu_saturated_fraction / 4:
+        ours = "" if mine is None else f" (the training processes {_pct(mine)})"
+        summary = f"{waits}; the {cores} are {_pct(machine)} busy meanwhile{ours}: other processes take the CPU"
+        return summary, "find what else runs on this machine (top); on a shared box, rent cores that are yours"
+    return None
+
+
+def _h2d(s: Signals, cfg: VerifyConfig) -> Verdict | None:
+    h = s.shares["h2d"]
+    if h < cfg.share_warn:
+        return None
+    severity, confidence = _severity(h, s, cfg, cfg.share_warn)
+    fix = "pin_memory=True with .to(device, non_blocking=True); send uint8 and normalise on the GPU"
+    return Verdict("h2d-bound", severity, confidence, f"host-to-device copies take {_pct(h)} of each step", fix, h)
+
+
+def _checkpoint(s: Signals, cfg: VerifyConfig) -> Verdict | None:
+    c, l_share = s.checkpoint, s.shares["checkpoint"]
+    if c is None or l_share < cfg.checkpoint_share_warn:
+        return None
+    severity, confidence = _severity(l_share, s, cfg, cfg.checkpoint_share_warn)
+    rate = c["bytes"] / c["save_s"] / 1e6 if c.get("save_s") else None
+    speed = f" ({c['bytes'] / 1e6:.0f} MB at {rate:.0f} MB/s)" if rate else ""
+    summary = f"a checkpoint save takes {c['save_s']:.2f} s{speed}; every {c['every_steps']} steps that is {_pct(l_share)} of the time"
+    fix = "save to local disk and upload in the background (or torch.distributed.checkpoint's async save); save less often"
+    return Verdict("checkpoint-bound", severity, confidence, summary, fix, l_share, dict(c))
+
+
+def _launch(s: Signals, cfg: VerifyConfig) -> Verdict | None:
+    k = s.kernels
+    if s.device != "cuda" or not k or k.get("busy_fraction") is None or k.get("median_kernel_us") is None:
+        return None
+    compute = s.shares["forward"] + s.shares["backward"] + s.shares["optimizer"]
+    busy, median = k["busy_fraction"], k["median_kernel_us"]
+    if compute < 0.5 or busy >= cfg.launch_busy_max or median > cfg.launch_kernel_us_max:
+        return None
+    share = compute * (1 - busy)
+    severity, confidence = _severity(share, s, cfg, cfg.share_warn)
+    ab = s.ab_speedup
+    if ab is not None:
+        confidence = "high" if ab >= cfg.compile_speedup_confirm else "low" if ab < 1.1 else "medium"
+    summary = (
+        f"the GPU computes only {_pct(busy)} of the compute window: {k['kernels_per_step']:.0f} kernels per step, "
+        f"median {median:.1f} µs" + (f"; torch.compile A/B: {ab:.2f}x" if ab is not None else "")
+    )
+    fix = "torch.compile(model, mode='reduce-overhead') (CUDA graphs) or fusion; a larger batch; a fused/foreach optimizer"
+    return Verdict("launch-bound", severity, confidence, summary, fix, share, dict(k))
+
+
+def _memory(s: Signals, cfg: VerifyConfig) -> Verdict | None:
+    m = s.memory
+    if not m or not m.get("total_bytes"):
+        return None
+    total, reserved = m["total_bytes"], m.get("peak_reserved_bytes") or m.get("reserved_bytes") or 0
+    allocated, retries = m.get("allocated_bytes") or 0, m.get("num_alloc_retries") or 0
+    ev = {k: m.get(k) for k in ("total_bytes", "peak_reserved_bytes", "allocated_bytes", "num_alloc_retries")}
+    fix = "activation checkpointing (~20% slower), bf16, a smaller micro-batch with gradient accumulation"
+    if reserved >= cfg.near_oom_fraction * total:
+        summary = f"peak reserved memory is {_pct(reserved / total)} of the GPU's {total / 2**30:.0f} GiB"
+        return Verdict("near-oom", "critical", "high", summary, fix, 0.0, ev)
+    fragmented = allocated and reserved / allocated >= cfg.fragmentation_ratio
+    if retries or (fragmented and reserved >= cfg.fragmentation_min_fraction * total):
+        summary = f"allocator fragmentation: reserved {reserved / 2**30:.1f} GiB for {allocated / 2**30:.1f} GiB allocated, {retries} allocation retries"
+        fix = "PYTORCH_ALLOC_CONF=expandable_segments:True (invoke alloc-conf); max_split_size_mb only as a last resort"
+        return Verdict("near-oom", "warn", "medium", summary, fix, 0.0, ev)
+    return None
+
+
+def _contended(s: Signals, cfg: VerifyConfig) -> Verdict | None:
+    """The usable cores are saturated over the window, mostly not by the training: a neighbour slows every step."""
+    busy, mine = s.machine_cpu, s.tree_cpu
+    if busy is None or mine is None or busy < cfg.cpu_saturated_fraction or mine >= busy / 2:
+        return None
+    summary = f"the usable cores were {_pct(busy)} busy, the training processes used {_pct(mine)} of them"
+    fix = "other processes take the CPU (top): stop them, or rent cores that are yours; every figure here is slowed by them"
+    return Verdict("cpu-contended", "warn", "medium", summary, fix, 0.0, {"machine_cpu": busy, "tree_cpu": mine})
+
+
+def _throttle(s: Signals, cfg: VerifyConfig) -> Verdict | None:
+    return throttle_verdict(s.gpu, cfg)
+
+
+def throttle_verdict(g: dict[str, Any] | None, cfg: VerifyConfig) -> Verdict | None:
+    """V11 from a sampler GPU summary: median SM clock under the fraction of max, with power/thermal reasons."""
+    if not g or not g.get("sm_mhz") or not g.get("sm_max_mhz"):
+        return None
+    clock, top, reasons = g["sm_mhz"]["p50"], g["sm_max_mhz"], int(g.get("clock_reasons_seen") or 0)
+    if clock >= cfg.throttle_clock_fraction * top or not reasons & _THROTTLE_BITS:
+        return None
+    summary = f"SM clock {clock:.0f} MHz is {_pct(clock / top)} of its {top:.0f} MHz maximum (clock-event reasons {hex(reasons)})"
+    fix = "not your code: the card is power- or heat-limited; ask the provider, or rent another box (see bootstrap's gpu-power, gpu-throttle)"
+    return Verdict(
+        "throttled", "warn", "medium", summary, fix, 0.0, {"sm_mhz_p50": clock, "sm_max_mhz": top, "reasons": reasons}
+    )
+
+
+def _compute_or_abstain(s: Signals, cfg: VerifyConfig) -> Verdict:
+    c = s.shares["forward"] + s.shares["backward"] + s.shares["optimizer"]
+    ev = {k: round(v, 4) for k, v in s.shares.items()}
+    if c >= cfg.compute_bound_min:
+        confidence = "high" if s.steps >= cfg.critical_min_steps else "medium"
+        fix = "healthy: the model's math is the limit. Faster math: bf16 autocast, torch.compile, a faster GPU"
+        if s.device == "cuda" and s.precision == "fp32":
+            fix = "compute-bound in fp32: bf16 autocast (or torch.set_float32_matmul_precision('high')) uses the tensor cores"
+        return Verdict(
+            "compute-bound",
+            "info",
+            confidence,
+            f"forward + backward + optimizer take {_pct(c)} of each step",
+            fix,
+            c,
+            ev,
+        )
+    top = max(("data_wait", "h2d", "checkpoint"), key=lambda k: s.shares[k])
+    summary = f"no single bottleneck: compute {_pct(c)}, the largest other share ({top}) {_pct(s.shares[top])}"
+    return Verdict(
+        "cant-tell",
+        "info",
+        "medium",
+        summary,
+        "nothing stands out; compare with your real training (--model/--dataset)",
+        0.0,
+        ev,
+    )
+
+
+def _oom(oom: dict[str, Any]) -> Verdict:
+    fit = oom.get("largest_fit") or 0
+    mem = oom.get("memory") or {}
+    total = mem.get("total_bytes")
+    where = (
+        f" ({(mem.get('peak_reserved_bytes') or 0) / 2**30:.1f} of {total / 2**30:.0f} GiB reserved at peak)"
+        if total
+        else ""
+    )
+    summary = f"out of memory at batch {oom['batch']}{where}; the largest batch that fits is {fit}"
+    fix = f"--batch-size {fit} with gradient accumulation for the same global batch; bf16; activation checkpointing"
+    return Verdict("near-oom", "critical", "high", summary, fix, 1.0, dict(oom))
+
+
+def upgrade_bound(s: Signals) -> dict[str, Any]:
+    """Amdahl: only the compute share scales with a faster GPU; data, copies, launches and saves do not."""
+    compute = s.shares["forward"] + s.shares["backward"] + s.shares["optimizer"]
+    busy = (s.kernels or {}).get("busy_fraction")
+    scalable = compute * busy if busy is not None else compute
+    return {
+        "scalable_share": round(scalable, 4),
+        "max_step_time_cut": round(scalable, 4),
+        "max_throughput_gain": round(1 / (1 - scalable) - 1, 3) if scalable < 1 else None,
+        "step_time_cut_at_2x": round(scalable / 2, 4),
+    }

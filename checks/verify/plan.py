@@ -1,0 +1,280 @@
+"""``invoke verify``: plan the smoke run, gate on bootstrap's fast checks, run the child under the sampler.
+
+gather (gate facts, the child's measurements, the sampler's trace) -> evaluate (``checks.verify.report``) ->
+render (text, JSON, CSV, PNG). Everything the user can get wrong is checked before the child starts: a broken
+staged directory, an unwritable checkpoint directory or report path, an unknown choice (one line, exit 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from checks.config import PreflightConfig, VerifyConfig
+from checks.errors import PreflightError
+from checks.facts import AllocFacts, BenchFacts, MachineFacts
+from checks.machine.resources import loader_advice, usable_cores
+from checks.machine.runner import run_checks
+from checks.probe.sample import GpuReader, HostReader
+from checks.result import Result, skip
+from checks.verify.sampler import Sampler, Trace
+from checks.verify.smoke.data import DataSpec, StagedDataError, inspect_staged, synthetic_spec
+from checks.verify.smoke.launch import ChildRun, run_smoke
+
+CHOICES = {
+    "device": ("auto", "cuda", "cpu"),
+    "precision": ("auto", "bf16", "fp16", "fp32"),
+    "model_size": ("auto", "small", "base"),
+    "data_kind": ("images", "tokens"),
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    """The task's flags (0 / empty / -1: take the configured value)."""
+
+    data: str = ""
+    steps: int = 0
+    batch_size: int = 0
+    accum: int = 0
+    workers: int = -1
+    ckpt_dir: str = ""
+    ckpt_every: int = 0
+    price_per_hour: float = 0.0
+    json: str = ""
+    plot: str = ""
+    sweep: bool = False
+    ab: bool = False
+    dataset: str = ""
+    model: str = ""
+    device: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated run: the child's spec, where the outputs go, and the settings the report quotes."""
+
+    spec: dict[str, Any]
+    data: DataSpec | None  # None: the user's --dataset (described by the child)
+    loader: dict[str, Any]
+    usable_cores: float
+    json_path: str  # "-" for stdout
+    csv_path: Path
+    png_path: Path
+    ckpt_every: int
+    ckpt_temporary: bool
+    price_per_hour: float
+
+
+def effective(cfg: VerifyConfig, opts: Options) -> VerifyConfig:
+    """Fold the flags into the configuration and validate the choices (exit 2 on a bad one)."""
+    over: dict[str, Any] = {"steps": opts.steps, "accum": opts.accum, "checkpoint_every_steps": opts.ckpt_every}
+    out = dataclasses.replace(cfg, **{k: v for k, v in over.items() if v})
+    if opts.device:
+        out = dataclasses.replace(out, device=opts.device)
+    if opts.price_per_hour:
+        out = dataclasses.replace(out, price_per_hour=opts.price_per_hour)
+    for key, allowed in CHOICES.items():
+        if getattr(out, key) not in allowed:
+            raise PreflightError(
+                f"preflight.verify.{key} must be one of {', '.join(allowed)}, got {getattr(out, key)!r}"
+            )
+    for key in ("steps", "accum", "checkpoint_every_steps", "batch_size_cpu", "batch_size_gpu", "resume_steps"):
+        if getattr(out, key) < 1:
+            raise PreflightError(f"verify: {key.replace('_', '-')} must be at least 1, got {getattr(out, key)}")
+    if opts.batch_size < 0 or out.price_per_hour < 0:
+        raise PreflightError("verify: --batch-size and --price-per-hour cannot be negative")
+    return out
+
+
+def data_spec(opts: Options, cfg: VerifyConfig) -> DataSpec | None:
+    """Validate ``--data`` (exit 2 on a broken staged directory) or describe synthetic data."""
+    if opts.dataset:
+        if opts.data:
+            raise PreflightError("verify: give --data or --dataset, not both")
+        return None
+    if not opts.data:
+        return synthetic_spec(cfg.data_kind, cfg.image_size, cfg.classes, cfg.seq_len)
+    try:
+        return inspect_staged(Path(opts.data).expanduser(), cfg.seq_len)
+    except StagedDataError as exc:
+        raise PreflightError(f"staged data: {exc}", hint="re-run invoke stage-data, or check --data") from None
+
+
+def checkpoint_dir(opts: Options, cfg: VerifyConfig, stack: ExitStack) -> tuple[str, bool]:
+    """The checkpoint directory, created and proven writable; a temporary one when none is configured."""
+    wanted = opts.ckpt_dir or cfg.checkpoint_dir
+    if not wanted:
+        return stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-preflight-ckpt-")), True
+    path = Path(wanted).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".gpu-preflight-write-test.{os.getpid()}"
+        probe.write_bytes(b"x")
+        probe.unlink()
+    except OSError as exc:
+        raise PreflightError(
+            f"checkpoint directory {path} is not writable: {exc.strerror or exc}", hint="pick another --ckpt-dir"
+        ) from None
+    return str(path), False
+
+
+def outputs(json: str, plot: str, cfg: VerifyConfig, task: str = "verify") -> tuple[str, Path, Path]:
+    """Where the JSON, the CSV and the PNG go: beside ``--json PATH``, else in the report directory."""
+    stamp = time.strftime(f"{task}-%Y%m%d-%H%M%S")
+    if json and json != "-":
+        base = Path(json).expanduser()
+        json_path = str(base)
+    else:
+        base = Path(cfg.report_dir).expanduser() / f"{stamp}.json"
+        json_path = json or str(base)
+    png = Path(plot).expanduser() if plot else base.with_suffix(".png")
+    for path in (base, png):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PreflightError(f"cannot write reports to {path.parent}: {exc.strerror}") from None
+        if path.is_dir() or not os.access(path.parent, os.W_OK):
+            raise PreflightError(f"cannot write {path}", hint="pick writable --json / --plot paths")
+    return json_path, base.with_name(base.stem + ".samples.csv"), png
+
+
+def plan(
+    opts: Options, config: PreflightConfig, machine: Callable[[], MachineFacts], stack: ExitStack
+) -> tuple[Plan, MachineFacts]:
+    """Validate every input (before ``machine()`` reads the machine: mistakes fail fast), build the child's spec."""
+    cfg = effective(config.verify, opts)
+    data = data_spec(opts, cfg)
+    json_path, csv_path, png_path = outputs(opts.json, opts.plot, cfg)
+    ckpt, temporary = checkpoint_dir(opts, cfg, stack)
+    facts = machine()
+    loader = loader_advice(facts, config).as_dict()
+    workers = opts.workers if opts.workers >= 0 else cfg.num_workers
+    if workers >= 0:
+        loader |= {"num_workers": workers, "persistent_workers": workers > 0, "prefetch_factor": 2 if workers else None}
+    spec: dict[str, Any] = {
+        "device": cfg.device,
+        "precision": cfg.precision,
+        "model_size": cfg.model_size,
+        "data": data.as_dict() if data else None,
+        "dataset": opts.dataset,
+        "model": opts.model,
+        "user_path": os.getcwd(),
+        "batch_size": opts.batch_size,
+        "batch_size_cpu": cfg.batch_size_cpu,
+        "batch_size_gpu": cfg.batch_size_gpu,
+        "accum": cfg.accum,
+        "warmup": cfg.warmup,
+        "steps": cfg.steps,
+        "lr": cfg.lr,
+        "seed": cfg.seed,
+        "loader": loader,
+        "profile_steps": cfg.profile_steps,
+        "loader_probe": {"seconds": cfg.loader_probe_s, "min_share": cfg.share_warn}
+        if cfg.loader_probe_s > 0
+        else None,
+        "checkpoint": {"dir": ckpt, "resume_steps": cfg.resume_steps, "rtol": cfg.resume_rtol},
+        "sweep": None,
+        "ab": {"steps": cfg.ab_steps} if opts.ab else None,
+    }
+    if opts.sweep:
+        sweep = {"limit": cfg.sweep_max_batch, "warmup": cfg.sweep_warmup, "steps": cfg.sweep_steps}
+        spec["sweep"] = sweep | {"knee": cfg.knee_fraction}
+    cores = usable_cores(facts)
+    every, price = cfg.checkpoint_every_steps, cfg.price_per_hour
+    return Plan(spec, data, loader, cores, json_path, csv_path, png_path, every, temporary, price), facts
+
+
+def cpu_machine(facts: MachineFacts) -> bool:
+    """No NVIDIA driver library and a CPU-only torch build: a machine without a GPU by design, not a broken one."""
+    return facts.nvml.error_kind == "library-not-found" and not facts.torch.error and facts.torch.cuda is None
+
+
+def gate(facts: MachineFacts, config: PreflightConfig) -> list[Result]:
+    """Bootstrap's fast checks again: no micro-benchmarks, no allocator read-back (bootstrap's own steps)."""
+    quiet = dataclasses.replace(config, bench=dataclasses.replace(config.bench, enabled=False))
+    facts = dataclasses.replace(
+        facts,
+        bench=BenchFacts(skipped="verify re-runs the fast checks only (invoke bootstrap measures)"),
+        alloc=AllocFacts(wanted="", variable="", skipped="verify skips the read-back (invoke bootstrap does it)"),
+    )
+    results = run_checks(facts, quiet)
+    if cpu_machine(facts):
+        reason = "no NVIDIA driver and a CPU-only torch: a CPU machine, verify trains on the CPU"
+        results = [skip(r.id, reason) if r.id == "driver" else r for r in results]
+    return results
+
+
+@dataclass
+class Outcome:
+    """The gathered run: the child's result, the sampler's trace, the NVML index of the GPU the child used."""
+
+    child: ChildRun
+    trace: Trace
+    gpu_index: int | None
+    gpu_error: str | None
+
+
+def run(p: Plan, config: PreflightConfig, on_event: Callable[[dict[str, Any]], None]) -> Outcome:
+    """Start the sampler, run the child under it, stop the sampler (also on Ctrl-C or a timeout)."""
+    cfg = config.verify
+    host = HostReader(usable=p.usable_cores)
+    gpu = GpuReader()
+    found: dict[str, Any] = {}
+
+    def event(e: dict[str, Any]) -> None:
+        if e.get("event") == "device" and e.get("uuid"):
+            sampler.focus(e["uuid"])
+            found["index"] = gpu.index_of(e["uuid"])
+        on_event(e)
+
+    def started(pid: int) -> None:
+        host.pid = pid
+
+    with Sampler(cfg.sample_interval_s, gpu, host) as sampler:
+        child = run_smoke(p.spec, cfg.timeout_s, cfg.stall_timeout_s, event, started)
+    return Outcome(child, sampler.trace, found.get("index"), gpu.error)
+
+
+def raise_usage(o: Outcome) -> None:
+    """A --model/--dataset the child could not use, or CUDA asked for and absent: exit 2, like any bad flag."""
+    r = o.child.result or {}
+    if r.get("error_kind") == "usage":
+        raise PreflightError(str(r["error"]), hint="see the --model/--dataset convention in the README")
+
+
+def progress(event: dict[str, Any]) -> str | None:
+    """A line for the terminal about a child event (phase changes, every 10th step), or None."""
+    kind = event.get("event")
+    if kind == "phase":
+        return f"verify: {event['phase']}"
+    if kind == "step" and (event["i"] % 10 == 0 or event["i"] == event["of"]):
+        return f"verify: {event['phase']} step {event['i']}/{event['of']}"
+    if kind in ("oom-probe", "sweep"):
+        return f"verify: {kind} batch {event['batch']}"
+    return None
+
+
+def write_outputs(
+    csv: Path, png: Path, trace: Trace, title: str, gpu: int | None, cores: float, **plot: Any
+) -> list[str]:
+    """Write the sampler CSV and the PNG timeline; return what could not be written (the report says so)."""
+    from checks.verify.plot import draw
+
+    problems = []
+    try:
+        trace.write_csv(csv)
+    except OSError as exc:
+        problems.append(f"cannot write {csv}: {exc.strerror}")
+    try:
+        draw(png, trace, title, gpu, cores, **plot)
+    except (OSError, ImportError) as exc:
+        problems.append(f"cannot draw {png}: {exc}")
+    return problems

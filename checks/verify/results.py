@@ -1,0 +1,154 @@
+"""Results of a verify run that do not need the verdict rules: the loop, throughput, checkpoint, A/B, sweep;
+and the text block that lists every verdict. Pure functions over the child's result dict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from checks.config import VerifyConfig
+from checks.result import Result, fail, ok, skip, warn
+from checks.verify.diagnosis import Verdict
+from checks.verify.plan import Outcome, Plan
+
+
+def _data_line(p: Plan, r: dict[str, Any]) -> str:
+    loader = r.get("loader") or p.loader
+    settings = ", ".join(f"{k}={v}" for k, v in loader.items())
+    data = r.get("data") or {}
+    if data.get("kind") == "user" or (data and p.data is None):
+        what = f"your dataset {data.get('source')} ({data.get('samples', 0):,} samples)"
+    else:
+        what = p.data.describe() if p.data else "data not built"
+    return f"{what}; DataLoader({settings})"
+
+
+def loop_results(p: Plan, o: Outcome, cfg: VerifyConfig, figs: dict[str, Any] | None) -> list[Result]:
+    """``verify-data``, ``verify-loop`` and ``verify-throughput``."""
+    r = o.child.result or {}
+    out = [ok("verify-data", _data_line(p, r), value=(r.get("data") or (p.data.as_dict() if p.data else None)))]
+    out.append(_loop(o, r, cfg, figs))
+    if figs is None or not figs.get("samples_per_s"):
+        out.append(skip("verify-throughput", "no measured step"))
+        return out
+    rate, floor = figs["samples_per_s"], cfg.min_samples_per_s
+    tokens = f", {figs['tokens_per_s']:,.0f} tokens/s" if figs.get("tokens_per_s") else ""
+    summary = f"{rate:,.1f} samples/s{tokens} (floor: {f'{floor:g}' if floor else 'none'})"
+    if floor and rate < floor:
+        out.append(
+            fail("verify-throughput", summary, "below preflight.verify.min_samples_per_s: see diagnosis", value=rate)
+        )
+    else:
+        out.append(ok("verify-throughput", summary, value=round(rate, 3)))
+    return out
+
+
+def _loop(o: Outcome, r: dict[str, Any], cfg: VerifyConfig, figs: dict[str, Any] | None) -> Result:
+    log = (o.child.log_tail.strip().splitlines() or ["no output"])[-1][:300]
+    if o.child.failure in ("timeout", "stalled"):
+        limit = cfg.timeout_s if o.child.failure == "timeout" else cfg.stall_timeout_s
+        what = "did not finish" if o.child.failure == "timeout" else "stopped reporting progress"
+        return fail(
+            "verify-loop",
+            f"the training child {what} within {limit:g} s and was killed",
+            f"a hung CUDA call or a stuck DataLoader worker? last output: {log}",
+        )
+    if r.get("oom"):
+        oom = r["oom"]
+        return fail(
+            "verify-loop",
+            f"out of memory at batch {oom['batch']}: {oom['message']}",
+            f"the largest batch that fits is {oom['largest_fit']}: --batch-size {oom['largest_fit']}",
+        )
+    if r.get("error") or o.child.failure:
+        return fail(
+            "verify-loop", f"the training loop failed: {r.get('error') or o.child.failure}", f"last output: {log}"
+        )
+    if figs is None:
+        return fail("verify-loop", "no step was measured", "run again; see the phases in the JSON report")
+    model, device = r.get("model") or {}, r.get("device") or {}
+    summary = (
+        f"{figs['steps']} steps ({len(r.get('warmup') or [])} warm-up excluded) of {model.get('name')} "
+        f"({(model.get('parameters') or 0) / 1e6:.1f}M parameters), batch {r.get('batch_size')}"
+        f"{' x ' + str(r.get('accum')) if (r.get('accum') or 1) > 1 else ''}, {r.get('precision')} on {device.get('name')}: "
+        f"median {1000 * figs['median_s']:.1f} ms, p95 {1000 * figs['p95_s']:.1f} ms per step"
+    )
+    if o.child.interrupted or r.get("interrupted"):
+        return warn(
+            "verify-loop", f"interrupted: {summary}", "the figures cover the steps before Ctrl-C", value=figs["steps"]
+        )
+    return ok("verify-loop", summary, value=figs["steps"])
+
+
+def checkpoint_result(p: Plan, r: dict[str, Any]) -> Result:
+    """``verify-checkpoint``: the round trip reproduces the losses; what a save costs."""
+    c = r.get("checkpoint")
+    if not c:
+        return skip("verify-checkpoint", "the run ended before the checkpoint round trip")
+    if "error" in c:
+        return fail(
+            "verify-checkpoint",
+            f"the checkpoint round trip failed: {c['error']}",
+            "is the checkpoint directory full or read-only?",
+        )
+    where = "a temporary directory (pass --ckpt-dir to time your real one)" if p.ckpt_temporary else c["dir"]
+    mb = c["bytes"] / 1e6
+    cost = f"save {c['save_s']:.2f} s ({mb:.0f} MB, {mb / c['save_s']:.0f} MB/s) to {where}, load {c['load_s']:.2f} s"
+    n = len(c["uninterrupted"])
+    if c["reproduced"]:
+        exact = "exactly" if c["max_rel_diff"] == 0 else f"within {c['max_rel_diff']:.1e}"
+        return ok("verify-checkpoint", f"resume reproduces the next {n} steps' loss {exact}; {cost}", value=c["save_s"])
+    hint = (
+        "something the checkpoint does not hold drives the loss: randomness in the dataset or model outside the saved "
+        "RNG states, a buffer missing from state_dict, or nondeterministic kernels"
+    )
+    losses = f"uninterrupted {c['uninterrupted']} vs resumed {c['resumed']}"
+    return fail("verify-checkpoint", f"resume does not reproduce the loss: {losses}; {cost}", hint, value=c["save_s"])
+
+
+def compile_result(r: dict[str, Any], figs: dict[str, Any] | None) -> Result:
+    """``verify-compile-ab``: the measured gain of torch.compile (--ab)."""
+    ab = r.get("ab")
+    if not ab:
+        return skip("verify-compile-ab", "not asked (--ab runs a quick torch.compile A/B)")
+    if ab.get("error") or figs is None:
+        reason = ab.get("error") or "no eager steps to compare with"
+        return warn(
+            "verify-compile-ab",
+            f"torch.compile({ab.get('mode', '')}) failed: {reason}",
+            "some models do not compile; the eager figures stand",
+        )
+    speedup = figs["median_s"] / ab["median_step_s"]
+    summary = (
+        f"torch.compile(mode='{ab['mode']}'): {speedup:.2f}x ({1000 * figs['median_s']:.1f} -> "
+        f"{1000 * ab['median_step_s']:.1f} ms per step; compiling took {ab['compile_s']:.0f} s)"
+    )
+    return ok("verify-compile-ab", summary, value=round(speedup, 3))
+
+
+def sweep_result(r: dict[str, Any]) -> Result:
+    """``verify-sweep``: throughput per batch size and the knee (--sweep)."""
+    s = r.get("sweep")
+    if not s:
+        return skip("verify-sweep", "not asked (--sweep doubles the batch until OOM or the throughput knee)")
+    if "error" in s:
+        return warn("verify-sweep", f"the sweep failed: {s['error']}", "the main figures stand; see the JSON report")
+    parts = [
+        f"{row['batch']}: OOM" if row.get("oom") else f"{row['batch']}: {row['samples_per_s']:,.0f}/s"
+        for row in s["rows"]
+    ]
+    knee = s.get("knee_batch")
+    summary = f"knee at batch {knee}" if knee else "no batch size completed"
+    return ok("verify-sweep", f"{summary} (samples/s by batch: {', '.join(parts)})", value=knee)
+
+
+def render_verdicts(verdicts: list[Verdict]) -> str:
+    """Every verdict with severity, confidence, evidence and fix; the first is the diagnosis."""
+    if not verdicts:
+        return ""
+    width = max(len(v.id) for v in verdicts)
+    lines = ["", "diagnosis (primary first):"]
+    for v in verdicts:
+        lines.append(f"  {v.id:<{width}}  {v.severity:<8} {v.confidence:<6} {v.summary}")
+        lines.append(f"  {'':<{width}}  fix: {v.fix}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,236 @@
+"""The smoke test's child process: build the run from its spec, go through the phases, write one JSON result.
+
+Phases: setup -> FLOP count -> warm-up -> measure -> kernel profile (GPU) -> memory -> checkpoint round trip ->
+compile A/B (asked) -> batch sweep (asked) -> the loader alone (when the loop waited for data). Each phase adds to the result as it finishes, so Ctrl-C (SIGINT from
+the parent) or an error still leaves a partial result with everything measured so far. Progress goes to the
+events file as JSON lines; the result file is written once, atomically, at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from checks.verify.smoke import extras
+from checks.verify.smoke.ckpt import compare, deterministic, load, rng_state, save_atomic, set_rng_state
+from checks.verify.smoke.data import StagedDataError
+from checks.verify.smoke.figures import breakdown
+from checks.verify.smoke.loop import Feed, Interrupted, Trainer, resolve, run_steps
+from checks.verify.smoke.setup import Build, UsageError, build
+
+
+class Events:
+    """Append-only JSON lines the parent tails (progress, and the device as soon as it is known)."""
+
+    def __init__(self, path: str) -> None:
+        self.fh = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives as long as the process
+
+    def __call__(self, event: str, **data: Any) -> None:
+        self.fh.write(json.dumps({"event": event, "t": time.monotonic(), **data}) + "\n")
+
+
+class Smoke:
+    """One run of the phases; ``result`` grows as they finish."""
+
+    def __init__(self, spec: dict[str, Any], emit: Events) -> None:
+        self.spec, self.emit = spec, emit
+        self.result: dict[str, Any] = {"interrupted": False, "error": None, "timeline": {}, "warmup": [], "steps": []}
+        self.b: Build | None = None
+
+    def phase(self, name: str) -> None:
+        now = time.monotonic()
+        self.result["phase"] = name
+        self.result["timeline"][name] = [now, now]
+        self.emit("phase", phase=name)
+
+    def done(self, name: str) -> None:
+        self.result["timeline"][name][1] = time.monotonic()
+
+    def run(self) -> None:
+        self.phase("setup")
+        self.b = b = build(self.spec)
+        self.result.update(b.describe())
+        self.emit("device", **self.result["device"])
+        self.done("setup")
+        self.phase("flops")
+        # A separate dataset object: touching the loader's own in this process would open its memory maps
+        # here, and a spawn/forkserver worker started later would receive the whole array instead of a path.
+        source = b.fresh_dataset()
+        batch = torch.utils.data.default_collate([source[i] for i in range(b.batch_size)])
+        flops, note = extras.count_flops(b.trainer, batch)
+        self.result.update(flops_per_step=flops, flops_note=note)
+        self.done("flops")
+        if not self.train():
+            return
+        if b.cuda:
+            self.timed("kernels", lambda: extras.kernel_stats(b.trainer, b.feed, self.spec["profile_steps"]))
+        self.result["memory"] = extras.memory(b.cuda)
+        if self.spec.get("checkpoint"):
+            self.timed("checkpoint", self.round_trip)
+        if self.spec.get("ab"):
+            self.timed("ab", lambda: extras.compile_ab(b.trainer, b.feed, self.spec["ab"]["steps"]))
+        if self.spec.get("sweep"):
+            self.timed("sweep", self.sweep)
+        probe = self.spec.get("loader_probe")
+        steps = self.result["steps"]
+        if probe and steps and breakdown(steps)["data_wait"] >= probe["min_share"]:
+            self.timed("loader_alone", lambda: self.loader_alone(probe["seconds"]))
+
+    def loader_alone(self, seconds: float) -> dict[str, Any]:
+        """Last, as it opens the data in this process: the loader's own rate, with workers and without."""
+        b = self.b
+        assert b is not None
+        b.feed.close()  # its persistent workers would compete with the ones timed here
+
+        def make(dataset: Any, loader: dict[str, Any]) -> Feed:
+            return Feed(dataset, b.batch_size, self.spec["seed"], loader)
+
+        local = b.fresh_dataset() if not self.spec["dataset"] else b.dataset
+        return extras.loader_alone(make, b.dataset, local, b.loader, seconds)
+
+    def timed(self, name: str, work: Any) -> None:
+        """Run an optional phase; its failure (a full disk, a profiler without CUPTI) is its result, not the run's."""
+        self.phase(name)
+        try:
+            self.result[name] = work()
+        except Exception as exc:  # noqa: BLE001 - reported in the phase's own result
+            self.result[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
+            traceback.print_exc()
+        self.done(name)
+
+    def train(self) -> bool:
+        """Warm up and measure; on OOM record the memory figures and the largest batch that fits."""
+        b = self.b
+        assert b is not None
+        try:
+            self.steps("warmup", self.spec["warmup"])
+            self.steps("steps", self.spec["steps"], phase="measure")
+        except Exception as exc:
+            if not extras.oom_error(exc):
+                raise
+            self.result["oom"] = self.out_of_memory(exc)
+            return False
+        return True
+
+    def steps(self, key: str, count: int, phase: str | None = None) -> None:
+        b = self.b
+        assert b is not None
+        self.phase(phase or key)
+        prev = b.trainer.clock.mark()
+        try:
+            pending = run_steps(
+                b.trainer, b.feed, count, prev, lambda i: self.emit("step", phase=phase or key, i=i + 1, of=count)
+            )
+        except Interrupted as stop:
+            self.result[key] = [r.as_dict() for r in resolve(b.trainer.clock, stop.pending)]
+            self.done(phase or key)
+            raise
+        self.result[key] = [r.as_dict() for r in resolve(b.trainer.clock, pending)]
+        self.done(phase or key)
+
+    def out_of_memory(self, exc: BaseException) -> dict[str, Any]:
+        b = self.b
+        assert b is not None
+        b.feed.close()
+        extras.release(b.cuda)
+        figures = extras.memory(b.cuda)
+        self.phase("oom-search")
+
+        def fits(batch: int) -> bool:
+            self.emit("oom-probe", batch=batch)
+            try:
+                feed = b.feed_factory(batch)
+                resolve(b.trainer.clock, run_steps(b.trainer, feed, 2, b.trainer.clock.mark(), lambda i: None))
+                feed.close()
+                return True
+            except Exception as err:
+                if not extras.oom_error(err):
+                    raise
+                extras.release(b.cuda)
+                return False
+
+        largest = extras.largest_fit(fits, b.batch_size)
+        self.done("oom-search")
+        return {
+            "batch": b.batch_size,
+            "message": str(exc).splitlines()[0][:300],
+            "memory": figures,
+            "largest_fit": largest,
+        }
+
+    def round_trip(self) -> dict[str, Any]:
+        """Save, run on, reload into a fresh model, run the same steps again, compare the losses."""
+        b, spec = self.b, self.spec["checkpoint"]
+        assert b is not None
+        last = self.result["steps"][-1]["loss"] if self.result["steps"] else None
+        payload = {
+            "format": 1,
+            "model": b.trainer.model.state_dict(),
+            "optimizer": b.trainer.optimizer.state_dict(),
+            "scaler": b.trainer.scaler.state_dict() if b.trainer.scaler is not None else None,
+            "step": len(self.result["warmup"]) + len(self.result["steps"]),
+            "epoch": b.feed.epoch,
+            "loss": last,
+            "rng": rng_state(),
+            "sampler": b.feed.position(),
+        }
+        if b.cuda:
+            torch.cuda.synchronize()
+        saved = save_atomic(payload, Path(spec["dir"]))
+        del payload
+        with deterministic():
+            on = [r.loss for r in self.leg(b.trainer, b.feed, spec["resume_steps"])]
+            b.feed.close()
+            restored, load_s = load(saved.path, b.device)
+            fresh = b.fresh_trainer(restored)
+            set_rng_state(restored["rng"])
+            pos = restored["sampler"]
+            feed = b.feed_factory(b.batch_size, epoch=pos["epoch"], start=pos["batch"])
+            again = [r.loss for r in self.leg(fresh, feed, spec["resume_steps"])]
+        b.trainer, b.feed = fresh, feed  # later phases go on from the resumed state (one model in memory)
+        os.unlink(saved.path)
+        verdict = compare(on, again, spec["rtol"])
+        return {"save_s": saved.seconds, "bytes": saved.bytes, "dir": spec["dir"], "load_s": load_s, **verdict}
+
+    def leg(self, trainer: Trainer, feed: Feed, count: int) -> list[Any]:
+        return resolve(trainer.clock, run_steps(trainer, feed, count, trainer.clock.mark(), lambda i: None))
+
+    def sweep(self) -> dict[str, Any]:
+        b, s = self.b, self.spec["sweep"]
+        assert b is not None
+        b.feed.close()
+
+        def make(batch: int) -> tuple[Trainer, Feed]:
+            self.emit("sweep", batch=batch)
+            return b.trainer, b.feed_factory(batch)
+
+        return extras.sweep(make, b.batch_size, s["limit"], s["warmup"], s["steps"], s["knee"])
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    smoke = Smoke(spec, Events(spec["events"]))
+    try:
+        smoke.run()
+    except KeyboardInterrupt:
+        smoke.result["interrupted"] = True
+    except (UsageError, StagedDataError) as exc:
+        smoke.result.update(error=str(exc), error_kind="usage")
+    except Exception as exc:  # noqa: BLE001 - the parent reports it; the partial result still counts
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        text = f"{type(exc).__name__}: {str(exc).splitlines()[0][:400] if str(exc) else ''}"
+        smoke.result.update(error=f"{text} ({Path(where.filename).name}:{where.lineno})", error_kind="crash")
+        traceback.print_exc()
+    out = Path(spec["result"])
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(smoke.result, default=str), encoding="utf-8")
+    tmp.replace(out)
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,159 @@
+"""``invoke watch``: sample NVML and psutil while the user's own training runs, and judge GPU use against CPU use.
+
+The seed article's first test (§1.2): nvidia-smi in one window, htop in the other, for a minute. GPU utilisation
+low while CPU cores are saturated: the data pipeline (cpu-starved). Low with high iowait: reading the data
+(data-bound). High: the GPU is busy, but NVML's utilisation is time-based and a tiny kernel fills it too
+(ref/diagnosis.md §3 item 2), so this is compute-bound with low confidence; ``invoke verify --model`` tells it
+apart from launch-bound. Rules on coinciding samples follow SageMaker's CPUBottleneck (ref/diagnosis.md §1.12).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from checks.config import VerifyConfig
+from checks.errors import PreflightError
+from checks.facts import MachineFacts, NvmlFacts, TorchFacts
+from checks.machine.resources import usable_cores
+from checks.probe.host import read_host
+from checks.probe.sample import GpuReader, HostReader
+from checks.result import Result, ok, skip, warn
+from checks.verify.diagnosis import Verdict, throttle_verdict
+from checks.verify.sampler import Row, Sampler, Trace, busiest_gpu, gpu_summary, summarise
+
+
+@dataclass
+class Watched:
+    """The trace of one watch, the GPU judged, and whether Ctrl-C ended it early."""
+
+    trace: Trace
+    gpu: int | None
+    gpu_error: str | None
+    interrupted: bool
+    pid: int | None
+
+
+def usable_here() -> tuple[float, str]:
+    """Usable cores of this machine (affinity and cgroup quota) and its hostname, without the torch probe."""
+    host = read_host()
+    return usable_cores(MachineFacts(NvmlFacts(), TorchFacts(), host)), host.hostname
+
+
+def check_pid(pid: int) -> None:
+    """Refuse a PID that does not exist (exit 2) before sampling for a minute."""
+    if pid and not psutil.pid_exists(pid):
+        raise PreflightError(f"no process {pid}", hint="give the PID of your training process (ps, nvidia-smi)")
+
+
+def sample(seconds: float, pid: int | None, usable_cores: float, cfg: VerifyConfig) -> Watched:
+    """Sample for ``seconds`` (Ctrl-C stops early and keeps what was sampled)."""
+    gpu = GpuReader()
+    interrupted = False
+    with Sampler(cfg.sample_interval_s, gpu, HostReader(pid=pid, usable=usable_cores)) as sampler:
+        owners = gpu.processes() if pid else {}
+        tree = _tree(pid) if pid else set()
+        mine = sorted(i for i, pids in owners.items() if pids & tree)
+        if mine:
+            gpu.focus = set(mine)
+        try:
+            time.sleep(seconds)
+        except KeyboardInterrupt:
+            interrupted = True
+    index = mine[0] if mine else busiest_gpu(sampler.trace)
+    return Watched(sampler.trace, index, gpu.error, interrupted, pid)
+
+
+def _tree(pid: int) -> set[int]:
+    try:
+        root = psutil.Process(pid)
+        return {pid, *(p.pid for p in root.children(recursive=True))}
+    except psutil.Error:
+        return {pid}
+
+
+def _cpu_saturated(row: Row, usable_cores: float, by_tree: bool, fraction: float) -> bool:
+    tree = row.get("tree_cpu_cores")
+    if by_tree and tree is not None:
+        return tree / usable_cores >= fraction
+    mean, top = row.get("cpu_pct"), row.get("cpu_max_core_pct")
+    return (mean is not None and mean >= 100 * fraction) or (top is not None and top >= 100 * fraction)
+
+
+def verdicts(w: Watched, cfg: VerifyConfig, usable_cores: float) -> list[Verdict]:
+    """The GPU-utilisation-vs-CPU verdict, then near-oom and throttled when they apply."""
+    if w.gpu is None:
+        return [
+            Verdict(
+                "cant-tell",
+                "info",
+                "low",
+                "no GPU sampled: nothing to weigh the CPU against",
+                "run watch on the GPU machine",
+            )
+        ]
+    col = f"gpu{w.gpu}_util_pct"
+    rows = [r for r in w.trace.rows if r.get(col) is not None]
+    if len(rows) < 2:
+        return [Verdict("cant-tell", "info", "low", "fewer than 2 GPU samples", "watch for longer (--seconds)")]
+    g = gpu_summary(w.trace, w.gpu)
+    util = statistics.median(float(r[col] or 0.0) for r in rows)
+    low = [r for r in rows if (r[col] or 0.0) < cfg.gpu_util_low_pct]
+    starved = sum(_cpu_saturated(r, usable_cores, w.pid is not None, cfg.cpu_saturated_fraction) for r in low) / len(
+        rows
+    )
+    iowait = statistics.median(w.trace.values("iowait_pct") or [0.0])
+    ev = {"gpu": w.gpu, "util_p50": util, "starved_sample_fraction": round(starved, 3), "iowait_p50": iowait}
+    found = [_main(util, starved, iowait, cfg, ev)]
+    total, used = g.get("mem_total_mib"), g.get("mem_used_mib_max")
+    if total and used and used >= cfg.near_oom_fraction * total:
+        found.append(Verdict("near-oom", "warn", "medium", f"GPU memory peaked at {used / total:.0%} of {total / 1024:.0f} GiB",
+                             "bf16, activation checkpointing, or a smaller micro-batch with gradient accumulation", 0.0, {"mem_used_mib_max": used}))  # fmt: skip
+    throttled = throttle_verdict(g, cfg)
+    return found + ([throttled] if throttled else [])
+
+
+def _main(util: float, starved: float, iowait: float, cfg: VerifyConfig, ev: dict[str, Any]) -> Verdict:
+    gpu = f"GPU utilisation median {util:.0f}%"
+    if starved >= cfg.starved_sample_fraction:
+        summary = f"{gpu}; in {starved:.0%} of samples the GPU was under {cfg.gpu_util_low_pct:.0f}% while the CPU was saturated"
+        fix = "the data pipeline is CPU-bound: pre-decode once (invoke stage-data), lighter augmentation, workers sized to the usable cores, more vCPUs per GPU"
+        return Verdict("cpu-starved", "warn", "medium", summary, fix, starved, ev)
+    if util < cfg.gpu_util_low_pct and iowait >= cfg.iowait_high_pct:
+        fix = "reading the data is the limit: copy it to local NVMe or /dev/shm (invoke stage-data)"
+        return Verdict("data-bound", "warn", "medium", f"{gpu} with iowait at {iowait:.0f}%", fix, 0.0, ev)
+    if util >= cfg.gpu_util_busy_pct:
+        summary = f"{gpu}: busy by NVML's time-based measure (a single tiny kernel also counts as busy)"
+        fix = "if throughput is still low, many small kernels: try torch.compile; invoke verify --model MODULE:CALLABLE measures it"
+        return Verdict("compute-bound", "info", "low", summary, fix, 0.0, ev)
+    summary = f"{gpu} while the CPU is not saturated: the GPU waits on something else (I/O under the threshold, sync, eval, checkpoints, or no work)"
+    return Verdict("cant-tell", "info", "low", summary, "invoke verify times each phase of a step", 0.0, ev)
+
+
+def results(w: Watched, found: list[Verdict], usable_cores: float, csv: str) -> tuple[list[Result], dict[str, Any]]:
+    """``watch-sampler`` and ``diagnosis`` results, and the measurements for the JSON report."""
+    summary = summarise(w.trace, w.gpu, usable_cores)
+    m = {
+        "sampler": summary | {"csv": csv},
+        "diagnosis": {"verdict": found[0].id, "verdicts": [v.as_dict() for v in found]},
+    }
+    where = f"GPU {w.gpu}" if w.gpu is not None else f"no GPU ({w.gpu_error or 'none visible'})"
+    who = f"process {w.pid} and its children" if w.pid else "the whole machine"
+    line = f"{summary['samples']} samples over {summary['seconds']:.0f} s of {where} and {who}"
+    sampled = ok(
+        "watch-sampler", line + (" (stopped early by Ctrl-C)" if w.interrupted else ""), value=summary["samples"]
+    )
+    if not w.trace.rows:
+        return [sampled, skip("diagnosis", "nothing sampled")], m
+    top = found[0]
+    text = f"{top.id} ({top.confidence} confidence): {top.summary}"
+    judged = (
+        ok("diagnosis", text, value=top.id, hint=top.fix)
+        if top.id in ("compute-bound", "cant-tell")
+        else warn("diagnosis", text, top.fix, value=top.id)
+    )
+    return [sampled, judged], m

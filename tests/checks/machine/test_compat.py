@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+from checks.machine import compat
+from checks.result import Status
+from tests.factories import config, gpu, machine
+
+
+def _one(results):
+    assert len(results) == 1
+    return results[0]
+
+
+def test_driver_ok_reports_versions() -> None:
+    r = _one(compat.driver(machine(), config()))
+    assert r.status is Status.OK and r.value == {"driver": "570.124.06", "cuda": "12.8", "gpus": 1}
+
+
+def test_driver_loaded_but_no_gpu_visible_fails() -> None:
+    r = _one(compat.driver(machine(gpus=()), config()))
+    assert r.status is Status.FAIL and "VISIBLE_DEVICES" in (r.hint or "")
+
+
+def test_driver_version_mismatch_hint() -> None:
+    m = machine(
+        nvml={
+            "error": "NVML could not load: RM has detected an NVML/RM version mismatch.",
+            "error_kind": "version-mismatch",
+        }
+    )
+    r = _one(compat.driver(m, config()))
+    assert r.status is Status.FAIL and "reboot" in (r.hint or "")
+
+
+def test_missing_torch_names_the_variant_that_fits_the_driver() -> None:
+    r = _one(compat.torch_build(machine(torch={"error": "torch is not installed", "error_kind": "missing"}), config()))
+    assert r.status is Status.FAIL and "/cu128" in (r.hint or "")
+    r = _one(
+        compat.torch_build(
+            machine(nvml={"cuda_driver_version": 12020}, torch={"error": "x", "error_kind": "missing"}), config()
+        )
+    )
+    assert "/cu121" in (r.hint or "")
+
+
+def test_missing_torch_on_a_cpu_box_suggests_the_cpu_build() -> None:
+    m = machine(
+        nvml={"error": "no NVML", "error_kind": "library-not-found", "gpus": ()},
+        torch={"error": "x", "error_kind": "missing"},
+    )
+    r = _one(compat.torch_build(m, config(torch={"wheel_index": "https://example.invalid/whl"})))
+    assert r.hint == "install the build that fits: pip install torch --index-url https://example.invalid/whl/cpu"
+
+
+def test_torch_probe_timeout_is_a_failure_with_the_reason() -> None:
+    r = _one(
+        compat.torch_build(
+            machine(torch={"error": "torch probe no answer within 60 s", "error_kind": "timeout"}), config()
+        )
+    )
+    assert r.status is Status.FAIL and "no answer" in r.summary
+
+
+def test_rocm_build_is_not_called_cpu_only() -> None:
+    r = _one(compat.torch_build(machine(gpus=(), torch={"cuda": None, "hip": "6.2"}), config()))
+    assert "ROCm 6.2" in r.summary
+
+
+def test_ptx_only_coverage_warns_and_fails_on_an_older_driver() -> None:
+    blackwell = (gpu(name="NVIDIA GeForce RTX 5090", compute_capability=(12, 0)),)
+    m = machine(gpus=blackwell, torch={"arch_list": ("sm_90", "compute_90")})
+    assert _one(compat.torch_arch(m, config())).status is Status.WARN
+    m = machine(gpus=blackwell, nvml={"cuda_driver_version": 12060}, torch={"arch_list": ("sm_90", "compute_90")})
+    assert _one(compat.torch_arch(m, config())).status is Status.FAIL
+
+
+def test_arch_fail_when_no_build_runs_on_the_driver_says_upgrade_the_driver() -> None:
+    m = machine(
+        gpus=(gpu(compute_capability=(12, 0), name="NVIDIA GeForce RTX 5090"),),
+        nvml={"cuda_driver_version": 12040},
+        torch={"arch_list": ("sm_80", "sm_90")},
+    )
+    r = _one(compat.torch_arch(m, config()))
+    assert r.status is Status.FAIL and "upgrade the driver" in (r.hint or "")
+
+
+def test_unrelated_cuda_init_error_is_reported() -> None:
+    m = machine(
+        torch={
+            "cuda_available": False,
+            "cuda_init_error": "CUDA initialization: Unexpected error from cudaGetDeviceCount(). Error 999: unknown error",
+        }
+    )
+    r = _one(compat.cuda_compat(m, config()))
+    assert r.status is Status.FAIL and "999" in r.summary
+
+
+def test_cudnn_older_runtime_than_compiled_fails() -> None:
+    r = _one(compat.torch_libs(machine(torch={"cudnn_version": 90100, "cudnn_compiled_version": "9.10.2"}), config()))
+    assert r.status is Status.FAIL and "9.1.0" in r.summary
+
+
+def test_pins_that_differ_from_installed_libraries_warn_and_blame_ld_library_path() -> None:
+    torch = {
+        "requires": ("nvidia-cudnn-cu12==9.10.2.21; platform_system == 'Linux'", "nvidia-nccl-cu12==2.27.3"),
+        "installed_libs": {"nvidia-cudnn-cu12": "9.10.2.21", "nvidia-nccl-cu12": "2.21.5"},
+    }
+    m = machine(torch=torch, host={"env": {"LD_LIBRARY_PATH": "/usr/local/cuda/lib64"}})
+    r = _one(compat.torch_libs(m, config()))
+    assert r.status is Status.WARN and "nvidia-nccl-cu12 is 2.21.5, torch pins 2.27.3" in r.summary
+    assert "LD_LIBRARY_PATH" in (r.hint or "")
+
+
+def test_cudnn_8_version_numbers_decode() -> None:
+    r = _one(compat.torch_libs(machine(torch={"cudnn_version": 8902, "cudnn_compiled_version": "8.9.2"}), config()))
+    assert r.status is Status.OK and "cuDNN 8.9.2" in r.summary
+
+
+def test_a_too_old_driver_is_explained_once() -> None:
+    err = "CUDA initialization: The NVIDIA driver on your system is too old (found version 12020)."
+    m = machine(
+        nvml={"cuda_driver_version": 12020}, torch={"cuda": "13.0", "cuda_available": False, "cuda_init_error": err}
+    )
+    r = _one(compat.cuda_compat(m, config()))
+    assert r.status is Status.FAIL and "initialisation failed" not in r.summary and "802" not in (r.hint or "")

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+from checks.facts import GpuProcess
+from checks.machine import gpu as g
+from checks.result import Status
+from tests.factories import GIB, config, gpu, machine
+
+
+def _status(check, **changes):
+    [r] = check(machine(gpus=(gpu(**changes),)), config())
+    return r.status
+
+
+def test_power_cap_threshold_comes_from_config() -> None:
+    assert _status(g.gpu_power, power_enforced_limit_mw=600_000) is Status.WARN  # 86% < 90%
+    [r] = g.gpu_power(machine(gpus=(gpu(power_enforced_limit_mw=600_000),)), config(gpu={"power_min_fraction": 0.8}))
+    assert r.status is Status.OK
+
+
+def test_power_unreadable_skips() -> None:
+    assert _status(g.gpu_power, power_enforced_limit_mw=None, power_limit_mw=None) is Status.SKIP
+
+
+def test_pcie_idle_downtraining_is_not_judged_but_a_narrow_slot_is() -> None:
+    assert _status(g.gpu_pcie, pcie_gen_current=1, pcie_width_current=16) is Status.OK
+    assert _status(g.gpu_pcie, pcie_width_max=8) is Status.WARN  # x8 slot: 50%
+    assert _status(g.gpu_pcie, pcie_gen_max=4, pcie_width_max=8) is Status.FAIL  # 25%
+
+
+def test_pcie_under_load_wins_over_slot_capability() -> None:
+    assert _status(g.gpu_pcie, pcie_gen_loaded=5, pcie_width_loaded=16) is Status.OK
+    assert _status(g.gpu_pcie, pcie_gen_loaded=4, pcie_width_loaded=16) is Status.WARN
+
+
+def test_nvlink_sxm_missing_links_fail_and_pcie_parts_have_none() -> None:
+    assert _status(g.gpu_nvlink, nvlink_active=12) is Status.FAIL
+    [r] = g.gpu_nvlink(machine(gpus=(gpu(name="NVIDIA H100 PCIe", nvlink_total=None, nvlink_active=None),)), config())
+    assert r.status is Status.OK and "no NVLink" in r.summary
+    [r] = g.gpu_nvlink(machine(gpus=(gpu(name="NVIDIA H100 PCIe", nvlink_total=12, nvlink_active=6),)), config())
+    assert r.status is Status.WARN
+
+
+def test_throttle_reasons() -> None:
+    assert _status(g.gpu_throttle, clock_event_reasons=0x1 | 0x2 | 0x100) is Status.OK  # idle, app clocks, display
+    assert _status(g.gpu_throttle, clock_event_reasons=g.SW_POWER_CAP) is Status.WARN
+    assert _status(g.gpu_throttle, clock_event_reasons=g.HW_THERMAL | g.SW_POWER_CAP) is Status.FAIL
+    assert _status(g.gpu_throttle, clock_event_reasons=None) is Status.SKIP
+
+
+def test_ecc_lifetime_errors_warn_and_volatile_fail() -> None:
+    assert _status(g.gpu_ecc, ecc_uncorrected_aggregate=2) is Status.WARN
+    assert _status(g.gpu_ecc, ecc_uncorrected_volatile=1) is Status.FAIL
+    assert _status(g.gpu_ecc, retired_pages_pending=True) is Status.FAIL
+    consumer = {"ecc_enabled": None, "remapped_rows": None, "retired_pages_pending": None}
+    assert _status(g.gpu_ecc, **consumer) is Status.OK
+
+
+def test_mig_states() -> None:
+    assert _status(g.gpu_mig, mig_enabled=None) is Status.OK
+    assert _status(g.gpu_mig, mig_enabled=False, mig_pending=True) is Status.WARN
+    assert _status(g.gpu_mig, mig_enabled=True, mig_devices=0) is Status.FAIL
+
+
+def test_processes_by_share_of_memory_and_hidden_tenants() -> None:
+    few = (GpuProcess(pid=1, used_memory=10 * GIB),)
+    many = (GpuProcess(pid=1, used_memory=50 * GIB),)
+    assert _status(g.gpu_processes, processes=few) is Status.WARN
+    assert _status(g.gpu_processes, processes=many) is Status.FAIL
+    assert _status(g.gpu_processes, processes=(), memory_used=20 * GIB) is Status.WARN  # no process, 20 GiB used
+    assert _status(g.gpu_processes, processes=(), memory_used=int(4.5 * GIB)) is Status.WARN  # 5.6% > 5%
+    assert _status(g.gpu_processes, processes=None) is Status.SKIP
+
+
+def test_compute_mode_and_persistence() -> None:
+    assert _status(g.gpu_compute_mode, compute_mode=2) is Status.FAIL
+    assert _status(g.gpu_compute_mode, compute_mode=3) is Status.WARN
+    assert _status(g.gpu_compute_mode, compute_mode=1) is Status.WARN
+    assert _status(g.gpu_persistence, persistence_mode=False) is Status.WARN
+
+
+def test_lost_gpu_is_one_failed_inventory_entry_and_skipped_elsewhere() -> None:
+    m = machine(gpus=(gpu(0), gpu(1, error="GPU is lost")))
+    inv = g.gpu_inventory(m, config())
+    assert [(r.subject, r.status) for r in inv] == [("gpu0", Status.OK), ("gpu1", Status.FAIL)]
+    assert [r.subject for r in g.gpu_power(m, config())] == ["gpu0"]
+
+
+def test_unknown_card_is_not_judged_against_another_cards_datasheet() -> None:
+    [r] = g.gpu_inventory(machine(gpus=(gpu(name="NVIDIA Mystery 9000"),)), config())
+    assert "not in the datasheet table" in r.summary
+
+
+def test_failed_queries_are_shown_and_missing_power_cables_fail() -> None:
+    assert _status(g.gpu_inventory, query_errors=("nvmlDeviceGetEccMode: Unknown Error",)) is Status.WARN
+    assert (
+        _status(g.gpu_inventory, query_errors=("nvmlDeviceGetPowerUsage: Insufficient External Power",)) is Status.FAIL
+    )

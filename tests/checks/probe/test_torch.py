@@ -1,0 +1,125 @@
+"""The torch side of the seam, run for real: child processes, a login shell, the CPU torch installed here."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from checks.probe.torch import ChildFailed, read_alloc, read_torch, run_bench, run_child
+from provision.alloc_env import ensure_alloc_conf
+
+pytestmark = pytest.mark.slow
+
+
+def test_read_torch_on_this_machine() -> None:
+    facts = read_torch()
+    import torch
+
+    assert facts.error is None
+    assert facts.version == torch.__version__
+    assert facts.cuda == torch.version.cuda
+    assert facts.cuda_available is torch.cuda.is_available()
+
+
+def _fake_torch(tmp_path: Path, body: str) -> dict[str, str]:
+    pkg = tmp_path / "fake" / "torch"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(body)
+    return {**os.environ, "PYTHONPATH": str(tmp_path / "fake")}
+
+
+def test_missing_and_broken_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = _fake_torch(tmp_path, "raise ModuleNotFoundError(\"No module named 'torch'\")\n")
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
+    facts = read_torch()
+    assert (facts.error_kind, facts.error) == ("missing", "torch is not installed")
+    (tmp_path / "fake" / "torch" / "__init__.py").write_text(
+        "raise OSError('libcudart.so.12: cannot open shared object file')\n"
+    )
+    facts = read_torch()
+    assert facts.error_kind == "import-error" and "libcudart.so.12" in (facts.error or "")
+
+
+def test_a_hanging_child_is_killed_at_the_timeout(tmp_path: Path) -> None:
+    script = tmp_path / "hang.py"
+    script.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
+    start = time.monotonic()
+    with pytest.raises(ChildFailed) as info:
+        run_child([sys.executable, str(script)], timeout=1.0)
+    assert info.value.kind == "timeout"
+    assert time.monotonic() - start < 10
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+    assert leftovers == []
+
+
+def test_read_torch_timeout_is_a_fact_not_an_exception(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = _fake_torch(tmp_path, "import time\ntime.sleep(60)\n")
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
+    facts = read_torch(timeout=1.0)
+    assert facts.error_kind == "timeout" and "1 s" in (facts.error or "")
+
+
+def test_a_crashing_child_reports_its_last_stderr_line(tmp_path: Path) -> None:
+    script = tmp_path / "crash.py"
+    script.write_text("import sys\nprint('Segmentation fault', file=sys.stderr)\nsys.exit(139)\n")
+    with pytest.raises(ChildFailed, match="exited with 139: Segmentation fault") as info:
+        run_child([sys.executable, str(script)], timeout=10)
+    assert info.value.kind == "crashed"
+
+
+def test_children_run_outside_the_checkout(tmp_path: Path) -> None:
+    """Run from the repository, ``datasets/`` would shadow Hugging Face's package in the child."""
+    script = tmp_path / "cwd.py"
+    script.write_text("import json, os\nprint(json.dumps({'cwd': os.getcwd()}))\n")
+    cwd = run_child([sys.executable, str(script)], timeout=10)["cwd"]
+    assert not (Path(cwd) / "tasks.py").exists()
+
+
+def test_benchmark_timing_code_runs_on_the_cpu() -> None:
+    settings = {"device": "cpu", "copy_mib": 8, "d2d_mib": 8, "matmul_n": 128, "warmup": 1, "repeats": 3}
+    facts = run_bench(settings, timeout=60)
+    assert facts.skipped is None
+    [row] = facts.gpus
+    assert row.h2d_gb_s and row.h2d_gb_s > 0 and row.d2d_gb_s and row.d2d_gb_s > 0
+    assert row.matmul_tflops and row.matmul_tflops > 0 and row.matmul_dtype == "float32"
+
+
+def test_benchmark_without_cuda_says_why() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    facts = run_bench({"copy_mib": 1, "d2d_mib": 1, "matmul_n": 8, "warmup": 0, "repeats": 1}, timeout=60)
+    assert facts.skipped and "CUDA is not available" in facts.skipped
+
+
+def test_alloc_read_back_through_a_fresh_login_shell(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = {**os.environ, "HOME": str(home), "PYTORCH_CUDA_ALLOC_CONF": "leaked:1"}
+    nothing = read_alloc("expandable_segments:True", ("PYTORCH_CUDA_ALLOC_CONF",), 60, environ=env)
+    assert nothing.env_seen is None  # the caller's own variable must not count as proof
+    ensure_alloc_conf([home / ".profile"], "expandable_segments:True", ("PYTORCH_CUDA_ALLOC_CONF",))
+    seen = read_alloc("expandable_segments:True", ("PYTORCH_CUDA_ALLOC_CONF",), 60, environ=env)
+    assert seen.env_seen == "expandable_segments:True"
+    import torch
+
+    if hasattr(torch._C, "_accelerator_getAllocatorSettings"):
+        assert seen.torch_settings == "expandable_segments:True" and seen.source == "accelerator-api"
+
+
+def test_alloc_value_torch_rejects_is_reported(tmp_path: Path) -> None:
+    import torch
+
+    if not hasattr(torch._C, "_accelerator_getAllocatorSettings"):
+        pytest.skip("this torch cannot parse allocator settings without a GPU")
+    home = tmp_path / "home"
+    ensure_alloc_conf([home / ".profile"], "expandable_segments:Tru", ("PYTORCH_CUDA_ALLOC_CONF",))
+    facts = read_alloc(
+        "expandable_segments:Tru", ("PYTORCH_CUDA_ALLOC_CONF",), 60, environ={**os.environ, "HOME": str(home)}
+    )
+    assert facts.error and "Tru" in facts.error

@@ -1,0 +1,216 @@
+"""Verdict rules: GPU-only signals from recorded/hand-written traces, and each rule's edges from hand-built signals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checks.config import VerifyConfig, make_config
+from checks.verify.diagnosis import Signals, diagnose, upgrade_bound
+from checks.verify.plan import Outcome, Plan
+from checks.verify.report import coverage, judge
+from checks.verify.sampler import Trace, read_csv
+from checks.verify.smoke.data import synthetic_spec
+from checks.verify.smoke.launch import ChildRun
+
+TRACES = Path(__file__).resolve().parents[2] / "fixtures" / "traces"
+CFG: VerifyConfig = make_config().verify
+SHARES = {"data_wait": 0.02, "h2d": 0.01, "forward": 0.3, "backward": 0.6, "optimizer": 0.06, "checkpoint": 0.01}
+
+
+def plan(tmp: Path) -> Plan:
+    spec = synthetic_spec("images", 64, 10, 256)
+    loader = {"num_workers": 8, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 2}
+    return Plan({}, spec, loader, 16.0, str(tmp / "r.json"), tmp / "r.csv", tmp / "r.png", 500, False, 0.0)
+
+
+def replay(name: str, tmp: Path) -> tuple[dict[str, Any], dict[str, Any], list[Any], dict[str, Any]]:
+    """Judge a fixture: its child result and its sampler CSV, as verify would after a real run."""
+    doc = json.loads((TRACES / f"{name}.json").read_text())
+    outcome = Outcome(ChildRun(result=doc["result"]), read_csv(TRACES / f"{name}.csv"), 0, None)
+    results, measurements, verdicts = judge(plan(tmp), outcome, CFG)
+    return doc, {r.id: r for r in results}, verdicts, measurements
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in TRACES.glob("*.json")))
+def test_recorded_trace_gets_its_verdict(name: str, tmp_path: Path) -> None:
+    doc, results, verdicts, m = replay(name, tmp_path)
+    want = doc["expected"]
+    assert results["diagnosis"].value == want["diagnosis"], doc["description"]
+    assert m["diagnosis"]["verdict"] == want["diagnosis"]
+    assert [v.id for v in verdicts][1 : 1 + len(want.get("also", []))] == want.get("also", [])
+    assert results["verify-mfu"].status.value == want["mfu"]
+    if "confidence" in want:
+        assert verdicts[0].confidence == want["confidence"]
+    if "fix_contains" in want:
+        assert want["fix_contains"] in verdicts[0].fix
+    assert set(m["step_breakdown"]) == {"data_wait", "h2d", "forward", "backward", "optimizer", "checkpoint"}
+
+
+def test_launch_bound_trace_is_not_fooled_by_nvml_utilisation(tmp_path: Path) -> None:
+    _, results, verdicts, m = replay("h100-launch-bound", tmp_path)
+    assert m["sampler"]["gpu"]["util_pct"]["p50"] >= 95  # nvidia-smi would call this GPU busy
+    assert verdicts[0].evidence["busy_fraction"] == 0.28
+    assert "1.9" in verdicts[0].summary  # the measured torch.compile gain is shown
+    assert results["upgrade-estimate"].value < 0.3  # a faster GPU only speeds the 28% the kernels fill
+
+
+def test_mfu_uses_this_cards_dense_peak(tmp_path: Path) -> None:
+    doc, results, _, m = replay("a100-near-oom", tmp_path)
+    median = m["step_time"]["median_s"]
+    expected = doc["result"]["flops_per_step"] / median / 312e12  # A100 dense bf16
+    assert m["mfu"]["value"] == pytest.approx(expected)
+    assert m["mfu"]["peak_tflops"] == 312
+    assert results["verify-mfu"].value == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_card_missing_from_the_table_gets_no_borrowed_peak(tmp_path: Path) -> None:
+    _, results, _, m = replay("h200-name-not-in-table", tmp_path)
+    assert m["mfu"]["value"] is None and m["mfu"]["peak_tflops"] is None
+    assert "not in templates/gpus.yaml" in results["verify-mfu"].summary
+
+
+def signals(**kw: Any) -> Signals:
+    base: dict[str, Any] = {"steps": 30, "device": "cuda", "shares": dict(SHARES), "step_s": 0.1, "usable_cores": 8.0}
+    return Signals(**(base | kw))
+
+
+def shares(**kw: float) -> dict[str, float]:
+    """Shares with the given ones set and forward/backward/optimizer scaled so they add up to 1."""
+    fixed = {"data_wait": 0.0, "h2d": 0.0, "checkpoint": 0.0} | kw
+    rest = 1 - sum(fixed.values())
+    return fixed | {"forward": rest / 3, "backward": 2 * rest / 3 - 0.01, "optimizer": 0.01}
+
+
+def test_data_wait_under_the_threshold_does_not_fire() -> None:
+    assert diagnose(signals(shares=shares(data_wait=0.09)), CFG)[0].id == "compute-bound"
+
+
+def test_data_wait_at_the_threshold_is_data_bound_and_critical_from_twenty_percent() -> None:
+    warn_ = diagnose(signals(shares=shares(data_wait=0.10), workers=4, cpu_during_wait=0.3), CFG)[0]
+    crit = diagnose(signals(shares=shares(data_wait=0.20), workers=4, cpu_during_wait=0.3), CFG)[0]
+    assert (warn_.id, warn_.severity) == ("data-bound", "warn")
+    assert (crit.id, crit.severity, crit.confidence) == ("data-bound", "critical", "high")
+
+
+def test_few_steps_cap_a_verdict_at_warn() -> None:
+    v = diagnose(signals(steps=12, shares=shares(data_wait=0.5), workers=4), CFG)[0]
+    assert (v.severity, v.confidence) == ("warn", "low")
+
+
+def test_saturated_cores_while_waiting_turn_data_bound_into_cpu_starved() -> None:
+    v = diagnose(signals(shares=shares(data_wait=0.4), workers=32, cpu_during_wait=0.95), CFG)[0]
+    assert v.id == "cpu-starved" and "32 workers on 8 usable cores" in v.fix
+
+
+def test_data_wait_without_cpu_samples_is_data_bound_with_low_confidence() -> None:
+    # A starved sampler thread (or a wait too short to catch) leaves no CPU figure for the waits: the verdict is
+    # still data-bound (the wait is measured), but whether the CPU was the cause is not claimed.
+    v = diagnose(signals(shares=shares(data_wait=0.5), workers=8, sampler_coverage=0.04), CFG)[0]
+    assert (v.id, v.severity, v.confidence) == ("data-bound", "critical", "low")
+    assert "can't be told apart" in v.summary and "4% of its samples" in v.summary
+    assert v.evidence["sampler_coverage"] == 0.04
+
+
+def test_a_loader_faster_in_process_than_through_workers_points_at_the_hand_off() -> None:
+    alone = {"workers": 4, "samples_s": 4000.0, "in_process_samples_s": 50000.0}
+    busy = {"cpu_during_wait": 0.97, "machine_cpu_during_wait": 1.0}  # the copies keep the cores busy as well
+    v = diagnose(signals(shares=shares(data_wait=0.5), workers=4, loader_alone=alone, samples_s=2600.0, **busy), CFG)[0]
+    assert v.id == "data-bound" and v.fix.startswith("use num_workers=0 (or 1)") and "12x faster" in v.fix
+    assert "4,000 samples/s with 4 workers and 50,000 in the training process" in v.summary
+    assert v.evidence["loader_alone"] == alone
+    # Not faster enough in-process: the loader's rate is evidence, the usual rules decide
+    slow = alone | {"in_process_samples_s": 5000.0}
+    v = diagnose(signals(shares=shares(data_wait=0.5), workers=4, loader_alone=slow, samples_s=2600.0), CFG)[0]
+    assert v.id == "data-bound" and "raise num_workers" in v.fix
+    assert "the DataLoader alone delivers 4,000 samples/s with 4 worker(s) and the loop consumed 2,600" in v.summary
+    starved = diagnose(signals(shares=shares(data_wait=0.5), workers=4, loader_alone=slow, **busy), CFG)[0]
+    assert starved.id == "cpu-starved"
+
+
+def test_a_busy_neighbour_starves_only_workers_that_want_cpu() -> None:
+    sleeping = signals(shares=shares(data_wait=0.4), workers=4, cpu_during_wait=0.02, machine_cpu_during_wait=0.98)
+    working = signals(shares=shares(data_wait=0.4), workers=4, cpu_during_wait=0.5, machine_cpu_during_wait=0.98)
+    assert diagnose(sleeping, CFG)[0].id == "data-bound"
+    assert diagnose(working, CFG)[0].id == "cpu-starved"
+
+
+def test_iowait_while_waiting_is_io_bound() -> None:
+    v = diagnose(signals(shares=shares(data_wait=0.4), workers=4, cpu_during_wait=0.2, iowait_during_wait=70.0), CFG)[0]
+    assert v.id == "data-bound" and "iowait" in v.summary and "local NVMe" in v.fix
+
+
+def test_no_workers_says_so() -> None:
+    assert "num_workers > 0" in diagnose(signals(shares=shares(data_wait=0.4), workers=0), CFG)[0].fix
+
+
+def test_checkpoint_share_from_five_percent() -> None:
+    ckpt = {"save_s": 30.0, "bytes": 14e9, "every_steps": 100}
+    assert diagnose(signals(shares=shares(checkpoint=0.049), checkpoint=ckpt), CFG)[0].id == "compute-bound"
+    v = diagnose(signals(shares=shares(checkpoint=0.3), checkpoint=ckpt), CFG)[0]
+    assert v.id == "checkpoint-bound" and "every 100 steps" in v.summary and "467 MB/s" in v.summary
+
+
+def test_the_largest_time_share_is_the_primary_verdict() -> None:
+    ckpt = {"save_s": 1.0, "bytes": 1e9, "every_steps": 10}
+    found = diagnose(signals(shares=shares(data_wait=0.15, checkpoint=0.3), checkpoint=ckpt, workers=2), CFG)
+    assert [v.id for v in found] == ["checkpoint-bound", "data-bound"]
+
+
+def test_launch_bound_needs_short_kernels_and_a_gpu() -> None:
+    kernels = {"busy_fraction": 0.3, "median_kernel_us": 5.0, "kernels_per_step": 900}
+    assert diagnose(signals(kernels=kernels), CFG)[0].id == "launch-bound"
+    assert diagnose(signals(kernels=kernels | {"median_kernel_us": 80.0}), CFG)[0].id == "compute-bound"
+    assert diagnose(signals(kernels=kernels, device="cpu"), CFG)[0].id == "compute-bound"
+    assert diagnose(signals(kernels=None), CFG)[0].id == "compute-bound"  # no profile: the rule abstains
+
+
+def test_a_compile_ab_without_gain_lowers_launch_bound_confidence() -> None:
+    kernels = {"busy_fraction": 0.3, "median_kernel_us": 5.0, "kernels_per_step": 900}
+    assert diagnose(signals(kernels=kernels, ab_speedup=1.5), CFG)[0].confidence == "high"
+    assert diagnose(signals(kernels=kernels, ab_speedup=1.02), CFG)[0].confidence == "low"
+
+
+def test_no_single_cause_is_cant_tell() -> None:
+    v = diagnose(signals(shares=shares(data_wait=0.08, h2d=0.08, checkpoint=0.04)), CFG)[0]
+    assert v.id == "cant-tell" and "no single bottleneck" in v.summary
+
+
+def test_fp32_compute_bound_on_a_gpu_points_at_tensor_cores() -> None:
+    assert "bf16" in diagnose(signals(precision="fp32"), CFG)[0].fix
+
+
+def test_too_few_steps_is_cant_tell() -> None:
+    assert diagnose(signals(steps=1), CFG)[0].id == "cant-tell"
+
+
+def test_amdahl_counts_only_the_scalable_share() -> None:
+    up = upgrade_bound(signals(shares=shares(data_wait=0.5)))
+    assert up["max_step_time_cut"] == pytest.approx(0.5)
+    assert up["max_throughput_gain"] == pytest.approx(1.0)
+    assert up["step_time_cut_at_2x"] == pytest.approx(0.25)
+    busy = upgrade_bound(signals(shares=shares(), kernels={"busy_fraction": 0.25}))
+    assert busy["max_step_time_cut"] == pytest.approx(0.25)
+
+
+def test_thresholds_come_from_the_config() -> None:
+    strict = dataclasses.replace(CFG, share_warn=0.01)
+    assert diagnose(signals(shares=shares(data_wait=0.05), workers=2), strict)[0].id == "data-bound"
+
+
+def test_a_busy_neighbour_is_a_caveat_after_the_primary_verdict() -> None:
+    assert [v.id for v in diagnose(signals(machine_cpu=0.99, tree_cpu=0.3), CFG)] == ["compute-bound", "cpu-contended"]
+    assert [v.id for v in diagnose(signals(machine_cpu=0.99, tree_cpu=0.9), CFG)] == ["compute-bound"]  # all ours
+    balanced = signals(machine_cpu=0.99, tree_cpu=0.3, shares=shares(data_wait=0.08, h2d=0.08))
+    assert [v.id for v in diagnose(balanced, CFG)] == ["cpu-contended", "cant-tell"]
+
+
+def test_sampler_coverage_counts_the_samples_taken_in_the_window() -> None:
+    rows: list[dict[str, float | None]] = [{"t_mono": 10.0 + 0.1 * i} for i in range(5)]
+    assert coverage(Trace(rows, 0.1), [10.0, 12.0]) == 0.25  # 5 of the 20 due
+    assert coverage(Trace(rows * 10, 0.1), [10.0, 12.0]) == 1.0  # capped
+    assert coverage(Trace(rows, 0.1), None) is None and coverage(Trace(rows, 0.1), [10.0, 10.05]) is None

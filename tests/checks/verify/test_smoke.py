@@ -1,0 +1,295 @@
+"""The smoke loop's parts without a child process: staged-data validation, datasets, batch order, figures,
+checkpoint helpers, OOM search, sweep knee, cost, and verify's input checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from checks.config import make_config
+from checks.errors import PreflightError
+from checks.facts import MachineFacts, NvmlFacts, TorchFacts
+from checks.result import Status
+from checks.verify.cost import cost, describe
+from checks.verify.plan import Options, checkpoint_dir, cpu_machine, effective, gate, outputs, progress
+from checks.verify.smoke import ckpt
+from checks.verify.smoke.data import (
+    EpochBatches,
+    StagedDataError,
+    StagedImages,
+    SyntheticImages,
+    SyntheticTokens,
+    inspect_staged,
+    synthetic_spec,
+)
+from checks.verify.smoke.extras import kernel_summary, knee_batch, largest_fit
+from checks.verify.smoke.figures import breakdown, loss_trend, percentile, step_figures, union_length
+from tests.factories import machine
+
+CFG = make_config().verify
+
+
+def stage_images(root: Path, n: int = 10, side: int = 8, classes: list[str] | None = None) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    np.save(root / "images.npy", np.random.default_rng(0).integers(0, 255, (n, side, side, 3), dtype=np.uint8))
+    np.save(root / "labels.npy", np.arange(n, dtype=np.int64) % 3)
+    (root / "classes.json").write_text(json.dumps(classes or ["a", "b", "c"]))
+    (root / "manifest.json").write_text(json.dumps({"count": n}))
+    return root
+
+
+def stage_tokens(
+    root: Path, tokens: int = 1000, dtype: Any = np.uint16, manifest: dict[str, Any] | None = None
+) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    np.save(root / "tokens.npy", (np.arange(tokens) % 300).astype(dtype))
+    np.save(root / "doc_offsets.npy", np.array([0, tokens // 2, tokens], dtype=np.int64))
+    (root / "manifest.json").write_text(json.dumps(manifest or {}))
+    return root
+
+
+def test_staged_images_are_described(tmp_path: Path) -> None:
+    spec = inspect_staged(stage_images(tmp_path / "d"), 64)
+    assert (spec.kind, spec.samples, spec.image_size, spec.classes) == ("images", 10, 8, 3)
+    assert "staged at" in spec.describe()
+
+
+def test_staged_tokens_take_the_vocabulary_from_the_manifest_or_the_data(tmp_path: Path) -> None:
+    assert inspect_staged(stage_tokens(tmp_path / "a"), 64).vocab == 300
+    spec = inspect_staged(stage_tokens(tmp_path / "b", manifest={"vocab_size": 512}), 64)
+    assert (spec.kind, spec.vocab, spec.samples) == ("tokens", 512, 999 // 64)
+
+
+def break_manifest(d: Path) -> None:
+    (d / "manifest.json").unlink()
+
+
+def bad_json(d: Path) -> None:
+    (d / "manifest.json").write_text("{not json")
+
+
+def float_images(d: Path) -> None:
+    np.save(d / "images.npy", np.zeros((10, 8, 8, 3), dtype=np.float32))
+
+
+def short_labels(d: Path) -> None:
+    np.save(d / "labels.npy", np.zeros(9, dtype=np.int64))
+
+
+def wrong_classes(d: Path) -> None:
+    (d / "classes.json").write_text(json.dumps(["only-one"]))
+
+
+def truncated(d: Path) -> None:
+    (d / "images.npy").write_bytes((d / "images.npy").read_bytes()[:100])
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        (break_manifest, "manifest.json is missing"),
+        (bad_json, "not valid JSON"),
+        (float_images, "must be uint8 N x S x S x 3"),
+        (short_labels, "must be 10 integers"),
+        (wrong_classes, "outside 0..0"),
+        (truncated, "not a readable .npy"),
+        (lambda d: (d / "labels.npy").unlink(), "labels.npy is missing"),
+        (lambda d: [(d / n).unlink() for n in ("images.npy", "labels.npy")], "neither images.npy nor tokens.npy"),
+    ],
+)
+def test_a_broken_staged_directory_is_one_clear_error(tmp_path: Path, damage: Any, needle: str) -> None:
+    d = stage_images(tmp_path / "d")
+    damage(d)
+    with pytest.raises(StagedDataError, match=needle):
+        inspect_staged(d, 64)
+
+
+def test_broken_token_layouts(tmp_path: Path) -> None:
+    with pytest.raises(StagedDataError, match="1-D uint16 or uint32"):
+        inspect_staged(stage_tokens(tmp_path / "a", dtype=np.int64), 64)
+    with pytest.raises(StagedDataError, match="fewer than one window"):
+        inspect_staged(stage_tokens(tmp_path / "b", tokens=50), 64)
+    with pytest.raises(StagedDataError, match="not a directory"):
+        inspect_staged(tmp_path / "nothing", 64)
+
+
+def test_staged_dataset_pickles_as_a_path_and_reads_rows(tmp_path: Path) -> None:
+    spec = inspect_staged(stage_images(tmp_path / "d"), 64)
+    ds = StagedImages(spec)
+    image, label = ds[4]
+    assert image.shape == (8, 8, 3) and image.dtype == np.uint8 and label == 1
+    assert image.flags.writeable  # a copy, not a read-only view of the memory map
+    assert len(pickle.dumps(ds)) < 1000  # a spawn/forkserver worker gets the path, not the array
+    assert np.array_equal(pickle.loads(pickle.dumps(ds))[4][0], image)
+
+
+def test_synthetic_data_is_deterministic_and_learnable_shaped() -> None:
+    images = SyntheticImages(synthetic_spec("images", 16, 10, 0), seed=0)
+    a, b = images[123], images[123]
+    assert np.array_equal(a[0], b[0]) and a[1] == 3 and a[0].shape == (16, 16, 3)
+    tokens = SyntheticTokens(synthetic_spec("tokens", 0, 0, 32), seed=0)
+    x, y = tokens[5]
+    assert x.shape == y.shape == (32,) and np.array_equal(x[1:], y[:-1])
+    successors = tokens.successors
+    assert all(int(y[t]) in successors[int(x[t])] for t in range(32))
+
+
+def test_batch_order_resumes_exactly_from_a_saved_position() -> None:
+    whole = EpochBatches(100, 8, seed=3)
+    first = list(whole)  # epoch 0
+    whole.epoch = 1
+    second = list(whole)
+    resumed = EpochBatches(100, 8, seed=3, epoch=0, start=5)
+    assert list(resumed) == first[5:]
+    resumed.epoch = 1
+    assert list(resumed) == second  # the offset applies to the epoch it was saved in only
+    assert first != second and len(first) == 12
+
+
+def test_a_dataset_smaller_than_one_batch_is_refused() -> None:
+    with pytest.raises(StagedDataError, match="fewer than one batch"):
+        EpochBatches(5, 8, seed=0)
+
+
+def record(wait: float, fwd: float = 0.03, ckpt_loss: float = 1.0) -> dict[str, Any]:
+    return {"data_wait": wait, "h2d": 0.001, "forward": fwd, "backward": 0.05, "optimizer": 0.009, "loss": ckpt_loss}
+
+
+def test_breakdown_shares_add_up_to_one_with_the_checkpoint_amortised() -> None:
+    records = [record(0.01), record(0.03)]
+    shares = breakdown(records, checkpoint_s_per_step=0.01)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares["data_wait"] == pytest.approx(0.02 / 0.12) and shares["checkpoint"] == pytest.approx(0.01 / 0.12)
+
+
+def test_step_figures() -> None:
+    f = step_figures([record(0.0), record(0.01), record(0.1)], samples_per_step=32, tokens_per_sample=10)
+    assert f["median_s"] == pytest.approx(0.1) and f["p95_s"] == pytest.approx(0.19)
+    assert f["samples_per_s"] == pytest.approx(96 / sum(0.09 + w for w in (0, 0.01, 0.1)))
+    assert f["tokens_per_s"] == pytest.approx(10 * f["samples_per_s"])
+    assert percentile([1, 2, 3, 4], 0.5) == 2
+
+
+def test_union_of_overlapping_kernels() -> None:
+    assert union_length([(0, 10), (5, 15), (20, 30), (21, 22)]) == 25
+    assert union_length([]) == 0
+
+
+def test_loss_trend() -> None:
+    assert loss_trend([3.0, 2.5, 2.0, 1.0])["decreasing"] is True
+    assert loss_trend([1.0, 1.0, 1.0, 1.0])["decreasing"] is False
+    nan = loss_trend([1.0, float("nan")])
+    assert nan["finite"] is False and nan["decreasing"] is False
+
+
+def test_strip_prefixes_of_wrappers() -> None:
+    state = {"module.fc.weight": 1, "_orig_mod.module.fc.bias": 2, "head.w": 3}
+    assert ckpt.strip_prefixes(state) == {"fc.weight": 1, "fc.bias": 2, "head.w": 3}
+
+
+def test_checkpoint_holds_every_rng_and_loads_with_weights_only(tmp_path: Path) -> None:
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    np.random.standard_normal()  # leave a cached gaussian in numpy's state
+    saved = ckpt.save_atomic({"rng": ckpt.rng_state(), "w": torch.ones(3)}, tmp_path)
+    expected = (random.random(), np.random.random(), torch.rand(1).item())
+    restored, seconds = ckpt.load(saved.path, torch.device("cpu"))  # weights_only=True inside
+    ckpt.set_rng_state(restored["rng"])
+    assert (random.random(), np.random.random(), torch.rand(1).item()) == expected
+    assert saved.bytes == os.path.getsize(saved.path) and seconds >= 0
+    assert [p.name for p in tmp_path.iterdir()] == [ckpt.CHECKPOINT_NAME]  # no temporary file left behind
+
+
+def test_compare_is_bit_for_bit_unless_a_tolerance_is_set() -> None:
+    assert ckpt.compare([1.0, 2.0], [1.0, 2.0], 0.0)["reproduced"] is True
+    assert ckpt.compare([1.0, 2.0], [1.0, 2.0000001], 0.0)["reproduced"] is False
+    assert ckpt.compare([1.0, 2.0], [1.0, 2.0000001], 1e-6)["reproduced"] is True
+
+
+def test_largest_fit_halves_then_bisects() -> None:
+    tried: list[int] = []
+
+    def fits(b: int) -> bool:
+        tried.append(b)
+        return b <= 40
+
+    assert largest_fit(fits, 256) == 40
+    assert tried[:3] == [128, 64, 32]
+    assert largest_fit(lambda b: False, 8) == 0
+
+
+def test_knee_is_the_smallest_batch_near_the_best_throughput() -> None:
+    rows: list[dict[str, Any]] = [{"batch": 32, "samples_per_s": 100.0}, {"batch": 64, "samples_per_s": 190.0}, {"batch": 128, "samples_per_s": 199.0}, {"batch": 256, "oom": True}]  # fmt: skip
+    assert knee_batch(rows, 0.95) == 64
+    assert knee_batch([], 0.95) is None
+
+
+def test_kernel_summary() -> None:
+    kernels = [(0, 4_000), (5_000, 9_000), (10_000, 100_000)]  # ns
+    s = kernel_summary(kernels, compute_s=200e-6, steps=2)
+    assert s["kernels_per_step"] == 1.5 and s["median_kernel_us"] == 4.0
+    assert s["busy_fraction"] == pytest.approx(98e-6 / 200e-6)
+    assert s["short_kernel_time_share"] == pytest.approx(8_000 / 98_000)
+
+
+def test_cost_per_epoch_and_per_lost_share() -> None:
+    shares = {"data_wait": 0.4, "h2d": 0.0, "checkpoint": 0.1}
+    c = cost(2.0, step_s=0.5, samples_per_step=100, shares=shares, epoch_samples=720_000)
+    assert c["epoch_steps"] == 7200 and c["epoch_hours"] == 1.0 and c["per_epoch"] == 2.0
+    assert c["lost"] == {"data_wait": 0.8, "h2d": 0.0, "checkpoint": 0.2}
+    assert describe(c) == "$2.00 per epoch at $2/h (1.00 h); data wait costs $0.80 of it"
+    synthetic = cost(2.0, 0.5, 100, shares, None, tokens_per_sample=1000)
+    assert synthetic["lost_unit"] == "per_million_samples" and synthetic["per_million_tokens"] > 0
+
+
+def test_flags_are_validated_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(PreflightError, match="device must be one of auto, cuda, cpu"):
+        effective(CFG, Options(device="tpu"))
+    with pytest.raises(PreflightError, match="cannot be negative"):
+        effective(CFG, Options(price_per_hour=-1))
+    assert effective(CFG, Options(steps=7, ckpt_every=3)).steps == 7
+
+
+def test_an_unwritable_checkpoint_directory_is_refused(tmp_path: Path) -> None:
+    from contextlib import ExitStack
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with ExitStack() as stack, pytest.raises(PreflightError, match="is not writable"):
+        checkpoint_dir(Options(ckpt_dir=str(blocker / "sub")), CFG, stack)
+
+
+def test_outputs_go_beside_the_json_or_into_the_report_dir(tmp_path: Path) -> None:
+    json_path, csv, png = outputs(str(tmp_path / "a" / "r.json"), "", CFG)
+    assert (json_path, csv.name, png.name) == (str(tmp_path / "a" / "r.json"), "r.samples.csv", "r.png")
+    json_path, csv, png = outputs("-", str(tmp_path / "p.png"), CFG)
+    assert json_path == "-" and csv.parent.name == "reports" and png == tmp_path / "p.png"
+
+
+def test_a_cpu_machine_does_not_fail_the_gate_on_the_missing_driver() -> None:
+    cfg = make_config()
+    cpu = MachineFacts(
+        NvmlFacts(error="NVML could not load", error_kind="library-not-found"),
+        TorchFacts(version="2.13.0+cpu"),
+        machine().host,
+    )
+    assert cpu_machine(cpu)
+    results = {r.id: r for r in gate(cpu, cfg)}
+    assert results["driver"].status is Status.SKIP and results["alloc-conf"].status is Status.SKIP
+    broken = MachineFacts(cpu.nvml, TorchFacts(version="2.8.0+cu128", cuda="12.8"), cpu.host)
+    assert {r.id: r for r in gate(broken, cfg)}["driver"].status is Status.FAIL  # a CUDA torch wants a driver
+
+
+def test_progress_lines() -> None:
+    assert progress({"event": "phase", "phase": "measure"}) == "verify: measure"
+    assert progress({"event": "step", "phase": "measure", "i": 10, "of": 30}) == "verify: measure step 10/30"
+    assert progress({"event": "step", "phase": "measure", "i": 11, "of": 30}) is None
