@@ -21,15 +21,14 @@ from invoke.exceptions import Exit, ParseError
 
 from checks.config import PreflightConfig, load_defaults, make_config, validate_files
 from checks.env_config import check_env_overrides
-from checks.errors import ExitStatus, PreflightError
+from checks.errors import ExitStatus, PreflightError, terminate_as_interrupt
 from checks.facts import AllocFacts, MachineFacts
 from checks.fileio import write_atomic
 from checks.fleet.render import render_fleet
 from checks.fleet.report import FleetReport, build_fleet_report, host_measurements
-from checks.machine.runner import run_checks
+from checks.machine.runner import measure, run_checks
 from checks.parse_errors import usage_error
 from checks.probe import LocalProbe, Probe, SnapshotProbe
-from checks.probe.diskio import terminate_as_interrupt
 from checks.render import render_text, use_colour
 from checks.result import Report
 from checks.snapshot import dump_snapshot, to_jsonable, write_snapshot
@@ -252,7 +251,7 @@ def bootstrap(
         return _fleet(cfg, specs, source, json, strict, dry_run)
     with interruptible(), terminate_as_interrupt():
         probe = _probe(machine, cfg)
-        facts = probe.measure(probe.machine(), cfg)
+        facts = measure(probe, probe.machine(), cfg)
         alloc, notes = _alloc(probe, facts, cfg, dry_run, apply=cfg.alloc_conf.apply)
         facts = dataclasses.replace(facts, alloc=alloc)
         results = run_checks(facts, cfg)
@@ -278,7 +277,7 @@ def snapshot(c: Context, out: str = "", description: str = "", bench: bool = Fal
         probe = LocalProbe(cfg.probe.torch_timeout_s)
         facts = probe.machine()
         if bench:
-            facts = probe.measure(facts, cfg)
+            facts = measure(probe, facts, cfg)
     try:
         write_snapshot(Path(out), dump_snapshot(facts, recorded=True, description=description))
     except OSError as exc:

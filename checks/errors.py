@@ -1,8 +1,13 @@
-"""The project's one error type: an Invoke ``Exit`` that carries a hint and an exit code."""
+"""The project's one error type (an Invoke ``Exit`` that carries a hint and an exit code), and how signals stop work."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from enum import IntEnum
+from types import FrameType
 
 from invoke.exceptions import Exit
 
@@ -30,3 +35,27 @@ class PreflightError(Exit):
 
 class SnapshotError(PreflightError):
     """A machine snapshot that is missing, not JSON, or of an unknown schema."""
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """While measuring, SIGTERM and SIGHUP (a closed SSH session) raise KeyboardInterrupt, so cleanup runs.
+
+    Only in the main thread (signal handlers live there); a signal the process ignores stays ignored (nohup).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    for s, handler in old.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(s, interrupt)
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)

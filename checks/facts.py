@@ -7,6 +7,7 @@ convert for display. These records are also the machine snapshot format (see ``c
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -137,7 +138,22 @@ class HostFacts:
     cuda_compat_paths: tuple[str, ...] = ()  # directories with a forward-compat libcuda on the loader path
     nvswitch_count: int = 0  # NVSwitch PCI functions on this host
     fabric_manager_running: bool | None = None  # None: cannot tell (no process table access)
-    env: dict[str, str] = field(default_factory=dict)  # relevant variables only (see probe_host.ENV_KEYS)
+    env: dict[str, str] = field(default_factory=dict)  # relevant variables only (see checks/probe/host.py ENV_KEYS)
+
+    @property
+    def usable_cores(self) -> float:
+        """Cores this process may really use: the affinity mask and the cgroup quota, not os.cpu_count().
+
+        The one formula for bootstrap, stage-data, verify and watch. A fractional quota stays fractional (1.5 cores
+        is 1.5); callers that need a count of processes use ``process_slots``.
+        """
+        candidates = [c for c in (self.cpu_affinity, self.cgroup_cpu_quota, self.cpu_logical) if c]
+        return float(min(candidates)) if candidates else 1.0
+
+    @property
+    def process_slots(self) -> int:
+        """How many CPU-bound processes to run: the usable cores rounded up (a 1.5-core quota still runs 2)."""
+        return max(1, math.ceil(self.usable_cores))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ threads) and die with the parent (PR_SET_PDEATHSIG), so a killed run leaves nobo
 from __future__ import annotations
 
 import ctypes
-import math
 import multiprocessing
 import os
 import signal
@@ -47,12 +46,8 @@ class ChunkDone:
 
 
 def usable_cores() -> int:
-    """Count the cores this process may use: CPU affinity, capped by the cgroup CPU quota (ref §6.4)."""
-    host = read_host(processes=lambda: [])
-    cores = host.cpu_affinity or os.cpu_count() or 1
-    if host.cgroup_cpu_quota:
-        cores = min(cores, max(1, math.ceil(host.cgroup_cpu_quota)))
-    return cores
+    """Decode processes this machine runs at once: the usable cores (affinity, cgroup quota; ref §6.4) rounded up."""
+    return read_host(processes=lambda: []).process_slots
 
 
 def worker_count(requested: int, reserve: int) -> int:

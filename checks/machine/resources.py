@@ -20,13 +20,6 @@ def _gpu_count(m: MachineFacts) -> int:
     return sum(1 for g in m.nvml.gpus if g.error is None) if not m.nvml.error else 0
 
 
-def usable_cores(m: MachineFacts) -> float:
-    """Cores this process may really use: affinity mask and cgroup quota, not os.cpu_count()."""
-    h = m.host
-    candidates = [c for c in (h.cpu_affinity, h.cgroup_cpu_quota, h.cpu_logical) if c]
-    return float(min(candidates)) if candidates else 1.0
-
-
 def _limit_source(m: MachineFacts, cores: float) -> str:
     h = m.host
     if h.cgroup_cpu_quota and h.cgroup_cpu_quota <= cores:
@@ -41,7 +34,7 @@ def cpu_cores(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
 
     Command line equivalent: nproc; cat /sys/fs/cgroup/cpu.max
     """
-    cores, gpus = usable_cores(m), _gpu_count(m)
+    cores, gpus = m.host.usable_cores, _gpu_count(m)
     src = _limit_source(m, cores)
     if gpus == 0:
         return [ok("cpu-cores", f"{cores:g} usable cores ({src}); no GPU to feed", value=cores)]
@@ -104,7 +97,7 @@ class LoaderAdvice:
 
 def _cpu_workers(m: MachineFacts, cfg: PreflightConfig) -> tuple[float, int]:
     """Cores per GPU, and the workers per GPU they can run (before any shared-memory limit)."""
-    per = usable_cores(m) / max(1, _gpu_count(m))
+    per = m.host.usable_cores / max(1, _gpu_count(m))
     dl = cfg.dataloader
     return per, max(0, min(dl.max_workers, math.floor(per) - dl.reserve_cores))
 

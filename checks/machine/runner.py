@@ -9,6 +9,7 @@ from collections.abc import Callable
 from checks.config import PreflightConfig
 from checks.facts import MachineFacts
 from checks.machine import alloc, bench, compat, disk, gpu, network, resources
+from checks.probe import Probe, disk_cache
 from checks.result import Result, Status, timed
 
 Check = Callable[[MachineFacts, PreflightConfig], list[Result]]
@@ -74,3 +75,11 @@ def run_checks(
     for check_id, check in checks:
         results += run_check(check_id, check, facts, cfg)
     return results
+
+
+def measure(probe: Probe, facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
+    """Run the probe's measurements; a live run keeps its disk figures for stage-data's choice of disk."""
+    measured = probe.measure(facts, cfg)
+    if probe.live and measured.disks is not None:
+        disk_cache.save(measured.disks.locations)
+    return measured

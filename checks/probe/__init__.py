@@ -1,7 +1,10 @@
 """The hardware seam: the only way checks learn about a machine.
 
-``LocalProbe`` reads the live machine through the adapters (``probe_nvml``: NVML; ``probe_torch``: torch in a
-child process with a timeout; ``probe_host``: /proc, /sys, cgroups, psutil). ``SnapshotProbe`` replays a
+``LocalProbe`` reads the live machine through the adapters (``nvml``: NVML; ``torch``: torch in a child process
+with a timeout; ``host``: /proc, /sys, cgroups, psutil; ``mounts``, ``disk``, ``net``: filesystems, disks and
+downloads). ``sample`` is the cheap reader verify and watch poll ten times a second. The package is the only code
+that imports pynvml or psutil, or reads /proc, /sys and the mount table; measuring never writes anything the user
+keeps (the caller decides what to keep, e.g. ``disk_cache``). ``SnapshotProbe`` replays a
 recorded machine from a snapshot file, so every line above this seam runs in tests without a GPU.
 """
 
@@ -13,7 +16,6 @@ from typing import Protocol
 
 from checks.config import PreflightConfig
 from checks.facts import AllocFacts, BenchFacts, DiskFacts, MachineFacts, NetFacts
-from checks.probe import disk_cache
 from checks.probe.disk import measure_disks
 from checks.probe.host import read_host
 from checks.probe.net import measure_downloads
@@ -82,7 +84,6 @@ def _disks_and_net(facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
     net = cfg.network
     downloads = measure_downloads(net.download_urls, net.download_max_mib, net.download_timeout_s)
     disks = measure_disks(cfg.disk)
-    disk_cache.save(disks.locations)  # for stage-data's choice of disk (checks/disk_cache.py)
     return dataclasses.replace(facts, disks=disks, net=downloads)
 
 

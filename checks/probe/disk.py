@@ -17,6 +17,7 @@ import time
 from dataclasses import replace
 
 from checks.config import DiskConfig
+from checks.errors import terminate_as_interrupt
 from checks.facts import DiskFacts, LocationFacts, MountFacts
 from checks.probe.diskio import (
     CHUNK,
@@ -29,7 +30,6 @@ from checks.probe.diskio import (
     scratch_dir,
     seq_write,
     sweep_stale,
-    terminate_as_interrupt,
 )
 from checks.probe.fio import fio_available, fio_sequential
 from checks.probe.mounts import mount_of, read_mounts, with_timeout

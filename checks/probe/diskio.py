@@ -19,13 +19,10 @@ import mmap
 import os
 import re
 import shutil
-import signal
 import socket
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
-from types import FrameType
 from typing import NamedTuple
 
 from checks.probe.host import boot_id
@@ -150,30 +147,6 @@ def sweep_stale(parent: str) -> Swept:
                 paths.append(entry.path)
                 freed += size
     return Swept(tuple(paths), freed)
-
-
-@contextlib.contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """While measuring, SIGTERM and SIGHUP (a closed SSH session) raise KeyboardInterrupt, so cleanup runs.
-
-    Only in the main thread (signal handlers live there); a signal the process ignores stays ignored (nohup).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    for s, handler in old.items():
-        if handler is not signal.SIG_IGN:
-            signal.signal(s, interrupt)
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
 
 
 class Budget:

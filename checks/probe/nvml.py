@@ -1,6 +1,6 @@
 """NVML adapter: the only module that imports ``pynvml`` (package nvidia-ml-py); it turns NVML into facts.
 
-Every getter goes through ``_Query`` (in the spirit of nvitop's ``nvmlQuery``). "Not answered here"
+Every getter goes through ``Query`` (in the spirit of nvitop's ``nvmlQuery``). "Not answered here"
 (NotSupported, FunctionNotFound, NoPermission, ...; or an ``AttributeError`` from bindings too old to have the
 function) makes the field ``None``. GpuIsLost / ResetRequired mean the GPU stopped answering: it becomes
 ``GpuFacts(index, name, error=...)`` and the next GPU is read. Any other NVML error (Unknown, InsufficientPower,
@@ -48,7 +48,7 @@ _BRANDS = (
 _ENABLED = 1  # NVML_FEATURE_ENABLED, NVML_DEVICE_MIG_ENABLE, nvlinkState "active"
 
 
-class _Unanswered(Exception):
+class Unanswered(Exception):
     """An NVML call failed in a way that is not "unsupported": the GPU (or NVML) stopped answering."""
 
 
@@ -62,7 +62,7 @@ def _text(value: Any) -> Any:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
-class _Query:
+class Query:
     """The one wrapper around every NVML getter."""
 
     def __init__(self, nvml: Any) -> None:
@@ -74,26 +74,26 @@ class _Query:
 
     def __call__(self, function: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``nvml.<function>``: None when not answered (unexpected errors are also kept in ``errors``);
-        ``_Unanswered`` when the GPU is gone."""
+        ``Unanswered`` when the GPU is gone."""
         try:
             return _text(getattr(self.nvml, function)(*args, **kwargs))
         except self._absent:
             return None
         except self.nvml.NVMLError as exc:
             if isinstance(exc, self._gone):
-                raise _Unanswered(str(exc)) from exc
+                raise Unanswered(str(exc)) from exc
             self.errors.append(f"{function}: {exc}")
             return None
 
     def handle(self, index: int) -> Any:
-        """Return the device handle of GPU ``index``, raising ``_Unanswered`` when there is none."""
+        """Return the device handle of GPU ``index``, raising ``Unanswered`` when there is none."""
         handle = self("nvmlDeviceGetHandleByIndex", index)
         if handle is None:
-            raise _Unanswered("; ".join(self.errors) or f"NVML gave no handle for GPU {index}")
+            raise Unanswered("; ".join(self.errors) or f"NVML gave no handle for GPU {index}")
         return handle
 
 
-def _start(nvml: Any | None) -> tuple[Any, NvmlFacts | None]:
+def start_nvml(nvml: Any | None) -> tuple[Any, NvmlFacts | None]:
     """Import (when ``nvml`` is None) and initialise NVML; on failure return the facts that say why."""
     if nvml is None:
         try:
@@ -118,7 +118,7 @@ def _init_failure(nvml: Any, exc: BaseException) -> NvmlFacts:
     return NvmlFacts(error=f"NVML failed to initialise: {exc}", error_kind="other")
 
 
-def _stop(nvml: Any) -> None:
+def stop_nvml(nvml: Any) -> None:
     """Shut NVML down; a failing shutdown changes nothing about what was read."""
     with contextlib.suppress(nvml.NVMLError):
         nvml.nvmlShutdown()
@@ -129,29 +129,29 @@ def read_nvml(nvml: Any | None = None) -> NvmlFacts:
 
     Command line equivalent: nvidia-smi -q
     """
-    nvml, failure = _start(nvml)
+    nvml, failure = start_nvml(nvml)
     if failure is not None:
         return failure
     try:
-        return _read_system(_Query(nvml))
+        return _read_system(Query(nvml))
     finally:
-        _stop(nvml)
+        stop_nvml(nvml)
 
 
-def _read_system(q: _Query) -> NvmlFacts:
+def _read_system(q: Query) -> NvmlFacts:
     """Read driver version, CUDA driver version and each GPU (nvidia-smi's header line and its table)."""
     try:
         driver, cuda = q("nvmlSystemGetDriverVersion"), q("nvmlSystemGetCudaDriverVersion")
         count = q("nvmlDeviceGetCount")
         if count is None:
-            raise _Unanswered("; ".join(q.errors) or "nvmlDeviceGetCount: no answer")
-    except _Unanswered as exc:
+            raise Unanswered("; ".join(q.errors) or "nvmlDeviceGetCount: no answer")
+    except Unanswered as exc:
         return NvmlFacts(error=f"NVML started but could not list the GPUs: {exc}", error_kind="other")
     gpus = tuple(_read_gpu(q, index) for index in range(count))
     return NvmlFacts(driver_version=driver, cuda_driver_version=cuda, gpus=gpus)
 
 
-def _read_gpu(q: _Query, index: int) -> GpuFacts:
+def _read_gpu(q: Query, index: int) -> GpuFacts:
     """Read one GPU; if it stops answering, return only its index, name (when known) and the error."""
     name = "unknown"
     q.errors.clear()
@@ -162,7 +162,7 @@ def _read_gpu(q: _Query, index: int) -> GpuFacts:
         for section in _SECTIONS:
             fields.update(section(q, handle))
         return GpuFacts(index=index, name=name, query_errors=tuple(q.errors), **fields)
-    except _Unanswered as exc:
+    except Unanswered as exc:
         return GpuFacts(index=index, name=name, error=str(exc))
 
 
@@ -174,7 +174,7 @@ def _brand(nvml: Any, value: int) -> str:
     return f"brand-{value}"
 
 
-def _identity(q: _Query, handle: Any) -> dict[str, Any]:
+def _identity(q: Query, handle: Any) -> dict[str, Any]:
     """nvidia-smi --query-gpu=uuid,pci.bus_id,pci.device_id,compute_cap (brand: nvidia-smi -q "Product Brand")."""
     pci = q("nvmlDeviceGetPciInfo", handle)
     brand = q("nvmlDeviceGetBrand", handle)
@@ -188,7 +188,7 @@ def _identity(q: _Query, handle: Any) -> dict[str, Any]:
     }
 
 
-def _memory(q: _Query, handle: Any) -> dict[str, Any]:
+def _memory(q: Query, handle: Any) -> dict[str, Any]:
     """nvidia-smi --query-gpu=memory.total,memory.used,memory.reserved (v2 struct; v1 lacks ``reserved``)."""
     version = getattr(q.nvml, "nvmlMemory_v2", None)
     info = None if version is None else q("nvmlDeviceGetMemoryInfo", handle, version=version)
@@ -198,7 +198,7 @@ def _memory(q: _Query, handle: Any) -> dict[str, Any]:
     return {} if info is None else {"memory_total": info.total, "memory_used": info.used}
 
 
-def _power(q: _Query, handle: Any) -> dict[str, Any]:
+def _power(q: Query, handle: Any) -> dict[str, Any]:
     """nvidia-smi --query-gpu=power.limit,power.default_limit,enforced.power.limit,power.max_limit,power.draw"""
     constraints = q("nvmlDeviceGetPowerManagementLimitConstraints", handle)  # [min, max]
     return {
@@ -210,7 +210,7 @@ def _power(q: _Query, handle: Any) -> dict[str, Any]:
     }
 
 
-def _pcie(q: _Query, handle: Any) -> dict[str, Any]:
+def _pcie(q: Query, handle: Any) -> dict[str, Any]:
     """nvidia-smi --query-gpu=pcie.link.gen.current,pcie.link.gen.max,pcie.link.gen.gpumax,
     pcie.link.width.current,pcie.link.width.max (at idle the current link is down-trained)."""
     return {
@@ -222,7 +222,7 @@ def _pcie(q: _Query, handle: Any) -> dict[str, Any]:
     }
 
 
-def _nvlink(q: _Query, handle: Any) -> dict[str, Any]:
+def _nvlink(q: Query, handle: Any) -> dict[str, Any]:
     """nvidia-smi nvlink --status: links that answer a state exist; state 1 is active."""
     links = range(q.nvml.NVML_NVLINK_MAX_LINKS)
     states = [state for link in links if (state := q("nvmlDeviceGetNvLinkState", handle, link)) is not None]
@@ -231,7 +231,7 @@ def _nvlink(q: _Query, handle: Any) -> dict[str, Any]:
     return {"nvlink_total": len(states), "nvlink_active": sum(state == _ENABLED for state in states)}
 
 
-def _clocks(q: _Query, handle: Any) -> dict[str, Any]:
+def _clocks(q: Query, handle: Any) -> dict[str, Any]:
     """nvidia-smi --query-gpu=clocks_event_reasons.active,clocks.sm,clocks.max.sm,temperature.gpu
     (slowdown threshold: nvidia-smi -q -d TEMPERATURE "GPU Slowdown Temp")."""
     nvml, slowdown = q.nvml, q.nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
@@ -248,7 +248,7 @@ def _clocks(q: _Query, handle: Any) -> dict[str, Any]:
     }
 
 
-def _ecc(q: _Query, handle: Any) -> dict[str, Any]:
+def _ecc(q: Query, handle: Any) -> dict[str, Any]:
     """nvidia-smi --query-gpu=ecc.mode.current,ecc.errors.uncorrected.volatile.total,
     ecc.errors.uncorrected.aggregate.total,ecc.errors.corrected.volatile.total"""
     nvml = q.nvml
@@ -265,7 +265,7 @@ def _ecc(q: _Query, handle: Any) -> dict[str, Any]:
     }
 
 
-def _memory_health(q: _Query, handle: Any) -> dict[str, Any]:
+def _memory_health(q: Query, handle: Any) -> dict[str, Any]:
     """nvidia-smi --query-gpu=retired_pages.pending and nvidia-smi -q -d ROW_REMAPPER."""
     pending = q("nvmlDeviceGetRetiredPagesPendingStatus", handle)
     rows = q("nvmlDeviceGetRemappedRows", handle)  # (correctable, uncorrectable, pending, failure)
@@ -273,7 +273,7 @@ def _memory_health(q: _Query, handle: Any) -> dict[str, Any]:
     return {"retired_pages_pending": None if pending is None else bool(pending), "remapped_rows": remapped}
 
 
-def _mig(q: _Query, handle: Any) -> dict[str, Any]:
+def _mig(q: Query, handle: Any) -> dict[str, Any]:
     """nvidia-smi --query-gpu=mig.mode.current,mig.mode.pending; nvidia-smi -L lists the MIG devices."""
     mode = q("nvmlDeviceGetMigMode", handle)  # [current, pending]
     if mode is None:
@@ -286,7 +286,7 @@ def _mig(q: _Query, handle: Any) -> dict[str, Any]:
     return facts
 
 
-def _modes(q: _Query, handle: Any) -> dict[str, Any]:
+def _modes(q: Query, handle: Any) -> dict[str, Any]:
     """nvidia-smi --query-gpu=persistence_mode,compute_mode"""
     persistence = q("nvmlDeviceGetPersistenceMode", handle)
     return {
@@ -295,7 +295,7 @@ def _modes(q: _Query, handle: Any) -> dict[str, Any]:
     }
 
 
-def _processes(q: _Query, handle: Any) -> dict[str, Any]:
+def _processes(q: Query, handle: Any) -> dict[str, Any]:
     """nvidia-smi --query-compute-apps=pid,process_name,used_memory (host PIDs; names may not resolve)."""
     found = q("nvmlDeviceGetComputeRunningProcesses", handle)
     if found is None:
@@ -304,7 +304,7 @@ def _processes(q: _Query, handle: Any) -> dict[str, Any]:
     return {"processes": tuple(GpuProcess(p.pid, p.usedGpuMemory, q(name, p.pid)) for p in found)}
 
 
-_SECTIONS: tuple[Callable[[_Query, Any], dict[str, Any]], ...] = (
+_SECTIONS: tuple[Callable[[Query, Any], dict[str, Any]], ...] = (
     _identity, _memory, _power, _pcie, _nvlink, _clocks, _ecc, _memory_health, _mig, _modes, _processes,
 )  # fmt: skip
 
@@ -324,30 +324,30 @@ class PcieLinkSampler:
 
     def __init__(self, nvml: Any | None = None) -> None:
         self._nvml = nvml
-        self._query: _Query | None = None
+        self._query: Query | None = None
         self._handles: dict[int, Any] = {}
         self._peak: dict[int, tuple[int | None, int | None]] = {}
 
     def __enter__(self) -> PcieLinkSampler:
-        nvml, failure = _start(self._nvml)
+        nvml, failure = start_nvml(self._nvml)
         if failure is None:
-            self._query = _Query(nvml)
+            self._query = Query(nvml)
             self._handles = self._open_handles(self._query)
             self._peak = {index: (None, None) for index in self._handles}
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._query is not None:
-            _stop(self._query.nvml)
+            stop_nvml(self._query.nvml)
             self._query = None
 
     @staticmethod
-    def _open_handles(q: _Query) -> dict[int, Any]:
+    def _open_handles(q: Query) -> dict[int, Any]:
         """Return a handle per GPU that has one; GPUs already lost are left out."""
         handles: dict[int, Any] = {}
-        with contextlib.suppress(_Unanswered):
+        with contextlib.suppress(Unanswered):
             for index in range(q("nvmlDeviceGetCount") or 0):
-                with contextlib.suppress(_Unanswered):
+                with contextlib.suppress(Unanswered):
                     handles[index] = q.handle(index)
         return handles
 
@@ -361,7 +361,7 @@ class PcieLinkSampler:
             try:
                 gen = q("nvmlDeviceGetCurrPcieLinkGeneration", handle)
                 width = q("nvmlDeviceGetCurrPcieLinkWidth", handle)
-            except _Unanswered:
+            except Unanswered:
                 continue  # a GPU lost mid-run keeps what it showed before
             best_gen, best_width = self._peak[index]
             self._peak[index] = (_higher(best_gen, gen), _higher(best_width, width))

@@ -1,7 +1,7 @@
 """The sampling part of the seam: cheap NVML and psutil readings taken ~10 times a second.
 
 ``GpuReader`` reads utilisation, memory, power, SM clock, PCIe throughput and clock-event reasons through the
-NVML adapter's single query helper (``probe_nvml._Query``), so "not supported" is ``None`` here too and a lost GPU
+NVML adapter's single query helper (``probe_nvml.Query``), so "not supported" is ``None`` here too and a lost GPU
 stops being read instead of raising. ``HostReader`` reads per-core CPU, iowait and the CPU time of one process
 tree (a training process and its DataLoader workers). Neither ever raises once constructed; units are plain
 (%, MiB, W, MHz, MB/s, CPU cores).
@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from checks.probe.nvml import _Query, _start, _stop, _Unanswered
+from checks.probe.nvml import Query, Unanswered, start_nvml, stop_nvml
 
 MIB = 1024**2
 # nvmlDeviceGetPcieThroughput counts bytes over a 20 ms window per call (NVML API reference): two calls per
@@ -39,7 +39,7 @@ class GpuReader:
 
     def __init__(self, nvml: Any | None = None) -> None:
         self._nvml = nvml
-        self._query: _Query | None = None
+        self._query: Query | None = None
         self._handles: dict[int, Any] = {}
         self._max_clock: dict[int, int | None] = {}
         self.uuids: dict[int, str | None] = {}
@@ -47,14 +47,14 @@ class GpuReader:
         self.error: str | None = None
 
     def __enter__(self) -> GpuReader:
-        nvml, failure = _start(self._nvml)
+        nvml, failure = start_nvml(self._nvml)
         if failure is not None:
             self.error = failure.error
             return self
-        self._query = q = _Query(nvml)
-        with contextlib.suppress(_Unanswered):
+        self._query = q = Query(nvml)
+        with contextlib.suppress(Unanswered):
             for index in range(q("nvmlDeviceGetCount") or 0):
-                with contextlib.suppress(_Unanswered):
+                with contextlib.suppress(Unanswered):
                     self._handles[index] = handle = q.handle(index)
                     self.uuids[index] = q("nvmlDeviceGetUUID", handle)
                     self._max_clock[index] = q("nvmlDeviceGetMaxClockInfo", handle, nvml.NVML_CLOCK_SM)
@@ -62,7 +62,7 @@ class GpuReader:
 
     def __exit__(self, *exc: object) -> None:
         if self._query is not None:
-            _stop(self._query.nvml)
+            stop_nvml(self._query.nvml)
             self._query = None
 
     @property
@@ -83,7 +83,7 @@ class GpuReader:
         if q is None:
             return {}
         for index, handle in self._handles.items():
-            with contextlib.suppress(_Unanswered):
+            with contextlib.suppress(Unanswered):
                 found = q("nvmlDeviceGetComputeRunningProcesses", handle) or []
                 out[index] = {int(p.pid) for p in found}
         return out
@@ -98,11 +98,11 @@ class GpuReader:
         for index in list(self._handles):
             try:
                 row.update(self._read_one(q, index))
-            except _Unanswered:
+            except Unanswered:
                 del self._handles[index]
         return row
 
-    def _read_one(self, q: _Query, index: int) -> dict[str, float | None]:
+    def _read_one(self, q: Query, index: int) -> dict[str, float | None]:
         h, nvml, p = self._handles[index], q.nvml, f"gpu{index}_"
         util, mem = q("nvmlDeviceGetUtilizationRates", h), q("nvmlDeviceGetMemoryInfo", h)
         power = q("nvmlDeviceGetPowerUsage", h)
@@ -212,3 +212,22 @@ def _affinity() -> list[int]:
         return sorted(psutil.Process().cpu_affinity() or [])
     except (AttributeError, psutil.Error):
         return list(range(psutil.cpu_count() or 1))
+
+
+def process_exists(pid: int) -> bool:
+    """Whether process ``pid`` exists (and is not a zombie). Command line equivalent: kill -0 PID"""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def process_tree(pid: int) -> set[int]:
+    """``pid`` and all its descendants (DataLoader workers); just ``pid`` when it cannot be read.
+
+    Command line equivalent: pstree -p PID
+    """
+    try:
+        return {pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))}
+    except psutil.Error:
+        return {pid}

@@ -20,7 +20,7 @@ from typing import Any
 from checks.config import PreflightConfig, VerifyConfig
 from checks.errors import PreflightError
 from checks.facts import AllocFacts, BenchFacts, MachineFacts
-from checks.machine.resources import loader_advice, usable_cores
+from checks.machine.resources import loader_advice
 from checks.machine.runner import run_checks
 from checks.probe.sample import GpuReader, HostReader
 from checks.result import Result, skip
@@ -187,7 +187,7 @@ def plan(
     if opts.sweep:
         sweep = {"limit": cfg.sweep_max_batch, "warmup": cfg.sweep_warmup, "steps": cfg.sweep_steps}
         spec["sweep"] = sweep | {"knee": cfg.knee_fraction}
-    cores = usable_cores(facts)
+    cores = facts.host.usable_cores
     every, price = cfg.checkpoint_every_steps, cfg.price_per_hour
     return Plan(spec, data, loader, cores, json_path, csv_path, png_path, every, temporary, price), facts
 

@@ -14,14 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
-
 from checks.config import VerifyConfig
 from checks.errors import PreflightError
-from checks.facts import MachineFacts, NvmlFacts, TorchFacts
-from checks.machine.resources import usable_cores
 from checks.probe.host import read_host
-from checks.probe.sample import GpuReader, HostReader
+from checks.probe.sample import GpuReader, HostReader, process_exists, process_tree
 from checks.result import Result, ok, skip, warn
 from checks.verify.diagnosis import Verdict, throttle_verdict
 from checks.verify.sampler import Row, Sampler, Trace, busiest_gpu, gpu_summary, summarise
@@ -41,12 +37,12 @@ class Watched:
 def usable_here() -> tuple[float, str]:
     """Usable cores of this machine (affinity and cgroup quota) and its hostname, without the torch probe."""
     host = read_host()
-    return usable_cores(MachineFacts(NvmlFacts(), TorchFacts(), host)), host.hostname
+    return host.usable_cores, host.hostname
 
 
 def check_pid(pid: int) -> None:
     """Refuse a PID that does not exist (exit 2) before sampling for a minute."""
-    if pid and not psutil.pid_exists(pid):
+    if pid and not process_exists(pid):
         raise PreflightError(f"no process {pid}", hint="give the PID of your training process (ps, nvidia-smi)")
 
 
@@ -56,7 +52,7 @@ def sample(seconds: float, pid: int | None, usable_cores: float, cfg: VerifyConf
     interrupted = False
     with Sampler(cfg.sample_interval_s, gpu, HostReader(pid=pid, usable=usable_cores)) as sampler:
         owners = gpu.processes() if pid else {}
-        tree = _tree(pid) if pid else set()
+        tree = process_tree(pid) if pid else set()
         mine = sorted(i for i, pids in owners.items() if pids & tree)
         if mine:
             gpu.focus = set(mine)
@@ -66,14 +62,6 @@ def sample(seconds: float, pid: int | None, usable_cores: float, cfg: VerifyConf
             interrupted = True
     index = mine[0] if mine else busiest_gpu(sampler.trace)
     return Watched(sampler.trace, index, gpu.error, interrupted, pid)
-
-
-def _tree(pid: int) -> set[int]:
-    try:
-        root = psutil.Process(pid)
-        return {pid, *(p.pid for p in root.children(recursive=True))}
-    except psutil.Error:
-        return {pid}
 
 
 def _cpu_saturated(row: Row, usable_cores: float, by_tree: bool, fraction: float) -> bool:

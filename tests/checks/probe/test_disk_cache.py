@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from checks.facts import LocationFacts
+from checks.machine.runner import measure
 from checks.probe import LocalProbe, disk_cache
 from tests.factories import config, machine
 
@@ -51,7 +52,7 @@ def test_an_unwritable_cache_is_skipped_silently(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_live_measurement_keeps_its_disk_figures(tmp_path: Path) -> None:
     cfg = config(bench={"enabled": False}, disk={"locations": [str(tmp_path)], "budget_s": 0.5, "max_file_mib": 8})
-    facts = LocalProbe().measure(machine(), cfg)
+    facts = measure(LocalProbe(), machine(), cfg)
     assert facts.disks is not None and facts.disks.locations[0].cold_read_mb_s is not None
     kept = disk_cache.load(60)  # from $XDG_CACHE_HOME, private to this test (tests/conftest.py)
     assert kept is not None and [x.path for x in kept.locations] == [str(tmp_path)]
