@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -312,3 +313,28 @@ class AllreduceFacts:
     busbw_gb_s: float  # algbw x 2(n-1)/n
     seconds: float | None = None  # median time of one all-reduce
     iterations: int = 0
+
+
+@dataclass(frozen=True)
+class HostOutcome:
+    """One host of a fleet run: its report, or the reason it has none."""
+
+    name: str
+    status: str  # ok | fail
+    reason: str | None
+    report: dict[str, Any] | None
+    seconds: float
+    exit_code: int | None = None
+    shipped: str | None = None  # rsync | tar
+
+
+@dataclass(frozen=True)
+class FleetFacts:
+    """Everything a fleet run gathered."""
+
+    hosts: tuple[HostOutcome, ...]
+    links: tuple[LinkFacts, ...] = ()
+    links_skipped: str | None = None
+    allreduce: tuple[AllreduceFacts, ...] = ()
+    allreduce_reason: str | None = None  # "skipped: ..." or "failed ..."
+    source: str = "--hosts"

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from checks.config import PreflightConfig
-from checks.fleet.report import FleetFacts, HostOutcome
+from checks.facts import FleetFacts, HostOutcome
 from provision.hosts import HostSpec
 from provision.remote import Prepared, RemoteError, Session, Stopped, connect, remote_path
 from provision.remote_net import measure_allreduce, measure_links

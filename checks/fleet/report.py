@@ -24,7 +24,7 @@ from typing import Any
 
 from checks import TOOL_NAME, TOOL_VERSION
 from checks.config import PreflightConfig
-from checks.facts import AllreduceFacts, LinkFacts, MachineFacts
+from checks.facts import FleetFacts, HostOutcome, LinkFacts, MachineFacts
 from checks.machine.disk import disk_measurements
 from checks.machine.network import allreduce_results, link_results, net_measurements
 from checks.result import REPORT_SCHEMA, Result, Status, fail, ok, warn
@@ -36,31 +36,6 @@ GPU_METRICS = (
     ("d2d_gb_s", "device copy GB/s"),
     ("matmul_tflops", "matmul TFLOPS"),
 )
-
-
-@dataclass(frozen=True)
-class HostOutcome:
-    """One host of a fleet run: its report, or the reason it has none."""
-
-    name: str
-    status: str  # ok | fail
-    reason: str | None
-    report: dict[str, Any] | None
-    seconds: float
-    exit_code: int | None = None
-    shipped: str | None = None  # rsync | tar
-
-
-@dataclass(frozen=True)
-class FleetFacts:
-    """Everything a fleet run gathered."""
-
-    hosts: tuple[HostOutcome, ...]
-    links: tuple[LinkFacts, ...] = ()
-    links_skipped: str | None = None
-    allreduce: tuple[AllreduceFacts, ...] = ()
-    allreduce_reason: str | None = None  # "skipped: ..." or "failed ..."
-    source: str = "--hosts"
 
 
 def inventory(m: MachineFacts) -> dict[str, Any]:

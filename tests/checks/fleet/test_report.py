@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from checks.facts import AllreduceFacts, LinkFacts
+from checks.facts import AllreduceFacts, FleetFacts, HostOutcome, LinkFacts
 from checks.fleet.render import render_fleet
-from checks.fleet.report import FleetFacts, HostOutcome, build_fleet_report, link_scores
+from checks.fleet.report import build_fleet_report, link_scores
 from checks.result import Status
 from tests.factories import config
 
