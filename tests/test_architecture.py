@@ -1,0 +1,183 @@
+"""The layering of docs/architecture.md, held over the real import graph of the checkout.
+
+The table "What may import what" in docs/architecture.md is the rule; this test parses it, so the document and
+the code cannot drift apart. It walks every module of tasks.py, checks/, datasets/ and provision/ with ``ast``
+(imports inside functions count too) and fails on: an import the table does not allow (an upward import), a
+circle between modules, a third-party hardware library (pynvml, psutil) outside the probe package, a path under
+/proc or /sys or the mount table read outside it, and ``sh`` or ``fabric`` outside the one place each belongs.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "architecture.md"
+ROOTS = ("checks", "datasets", "provision")
+PROBE = "checks.probe"
+# Third-party modules with one home each: the hardware libraries live behind the seam, the shell-command library
+# in stage-data's transfer module, SSH in provision/.
+OWNERS = {
+    "pynvml": (PROBE,),
+    "psutil": (PROBE,),
+    "sh": ("datasets.transfer",),
+    "fabric": ("provision",),
+    "paramiko": ("provision",),
+}
+PSEUDO_PATH = re.compile(r"^/(proc|sys)(/|$)|mountinfo")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, Path]:
+    files = [REPO / "tasks.py"] + [p for root in ROOTS for p in sorted((REPO / root).rglob("*.py"))]
+    return {module_name(p): p for p in files}
+
+
+MODULES = project_modules()
+
+
+def imports_of(path: Path) -> Iterator[tuple[str, int]]:
+    """Every absolute module an import statement in ``path`` names, resolved to a project module where it is one."""
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:  # `from checks.machine import gpu` imports the module checks.machine.gpu
+                full = f"{node.module}.{alias.name}"
+                yield (full if full in MODULES else node.module), node.lineno
+
+
+def layer_of(module: str, layers: list[str]) -> str | None:
+    """The most specific layer (a package prefix or a module) that ``module`` belongs to."""
+    found = [name for name in layers if module == name or module.startswith(name + ".")]
+    return max(found, key=len) if found else None
+
+
+def allowed_table() -> dict[str, set[str]]:
+    """Rows of the table under "What may import what": ``| `layer` | `a`, `b` |``."""
+    text = DOC.read_text()
+    section = text.split("## What may import what", 1)[1].split("\n## ", 1)[0]
+    table: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`"):
+            table[cells[0].strip("`")] = {c.strip().strip("`") for c in cells[1].split(",") if c.strip()}
+    return table
+
+
+def project_edges() -> Iterator[tuple[str, str, int]]:
+    for module, path in MODULES.items():
+        for target, line in imports_of(path):
+            if target.split(".")[0] in (*ROOTS, "tasks"):
+                yield module, target, line
+
+
+def test_the_table_covers_every_module_and_names_only_real_layers() -> None:
+    table = allowed_table()
+    layers = list(table)
+    assert {"checks", PROBE, "checks.machine", "checks.verify", "datasets", "tasks"} <= set(layers)
+    assert [m for m in MODULES if layer_of(m, layers) is None] == []
+    assert [name for allowed in table.values() for name in allowed if name not in table] == []
+
+
+def test_no_module_imports_a_layer_its_row_does_not_allow() -> None:
+    table = allowed_table()
+    layers = list(table)
+    upward = []
+    for module, target, line in project_edges():
+        mine, theirs = layer_of(module, layers), layer_of(target, layers)
+        assert mine is not None and theirs is not None
+        if theirs != mine and theirs not in table[mine]:
+            upward.append(f"{MODULES[module].relative_to(REPO)}:{line} {module} -> {target}")
+    assert upward == []
+
+
+def find_circle(edges: dict[str, set[str]]) -> list[str]:
+    """One circle of the graph as a list of modules (first == last), or [] when there is none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return []
+
+    for start in sorted(edges):
+        if start not in state and (found := visit(start)):
+            return found
+    return []
+
+
+def test_find_circle_finds_one_and_only_one() -> None:
+    assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_circle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_circle_between_modules() -> None:
+    edges: dict[str, set[str]] = {}
+    for module, target, _ in project_edges():
+        if target != module:
+            edges.setdefault(module, set()).add(target)
+    assert find_circle(edges) == []
+
+
+@pytest.mark.parametrize("library", sorted(OWNERS))
+def test_a_third_party_library_is_imported_only_where_it_belongs(library: str) -> None:
+    strays = [
+        f"{MODULES[m].relative_to(REPO)}:{line}"
+        for m, path in MODULES.items()
+        for target, line in imports_of(path)
+        if target.split(".")[0] == library and not any(m == o or m.startswith(o + ".") for o in OWNERS[library])
+    ]
+    assert strays == []
+
+
+def pseudo_paths(path: Path) -> Iterator[tuple[str, int]]:
+    """String constants naming /proc, /sys or the mount table (docstrings and comments do not count)."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            if PSEUDO_PATH.search(node.value) or node.value in ("proc", "sys"):
+                yield node.value, node.lineno
+
+
+def test_only_the_probe_package_reads_proc_sys_and_the_mount_table() -> None:
+    readers = [
+        f"{path.relative_to(REPO)}:{line} {value!r}"
+        for m, path in MODULES.items()
+        if not (m == PROBE or m.startswith(PROBE + "."))
+        for value, line in pseudo_paths(path)
+    ]
+    assert readers == []
+
+
+def test_the_path_scan_sees_a_planted_reader(tmp_path: Path) -> None:
+    planted = tmp_path / "leak.py"
+    planted.write_text('"""Reads /proc/meminfo (a docstring: not a read)."""\nopen("/proc/self/mountinfo")\nroot / "sys"\n')
+    assert [line for _, line in pseudo_paths(planted)] == [2, 3]
