@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import time
+
 from checks.config import PreflightConfig
 from checks.facts import MachineFacts
 from checks.machine.runner import CHECKS, run_checks
@@ -22,8 +24,18 @@ def test_a_crashing_check_becomes_one_error_and_the_others_still_run() -> None:
     assert results[0].hint
 
 
-def test_every_result_is_timed() -> None:
-    assert all(r.duration_s >= 0 for r in run_checks(machine(), config()))
+def _slow(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
+    time.sleep(0.05)
+    return [ok("slow", "took a while"), ok("slow-too", "a second result of the same check")]
+
+
+def test_every_result_is_timed_with_its_checks_duration() -> None:
+    results = run_checks(machine(), config(), checks=(("slow", _slow), ("fine", _fine)))
+    assert [r.id for r in results] == ["slow", "slow-too", "fine"]
+    # a check's time is shared by the results it returned
+    assert results[0].duration_s == results[1].duration_s
+    assert results[0].duration_s + results[1].duration_s >= 0.05
+    assert results[2].duration_s < 0.05
 
 
 def test_check_ids_are_unique_kebab_case() -> None:
