@@ -9,79 +9,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
-import pynvml
-import pytest
-
-from checks.probe.sample import GpuReader, HostReader
+from checks.probe.sample import HostReader
 from checks.verify.sampler import Sampler, Trace, busiest_gpu, overlap_mean, quantiles, read_csv, summarise
-from tests.checks.probe.test_nvml import FakeNvml, h100
-
-TX, RX = 0, 1
-
-
-def sampled_h100(index: int = 0, util: int = 87) -> dict[str, Any]:
-    return h100(index) | {
-        "GetUtilizationRates": SimpleNamespace(gpu=util, memory=31),
-        "GetPcieThroughput": lambda counter: {TX: 1000, RX: 24_000_000}[counter],  # KiB/s
-    }
-
-
-def test_gpu_reader_reads_every_column_in_plain_units() -> None:
-    with GpuReader(FakeNvml([sampled_h100()])) as reader:
-        row = reader.read()
-    assert row["gpu0_util_pct"] == 87.0 and row["gpu0_mem_util_pct"] == 31.0
-    assert row["gpu0_power_w"] == pytest.approx(71.234)
-    assert (row["gpu0_sm_mhz"], row["gpu0_sm_max_mhz"], row["gpu0_clock_reasons"]) == (346, 1981, 0x1)
-    assert row["gpu0_pcie_rx_mb_s"] == pytest.approx(24_000_000 * 1024 / 1e6, rel=1e-3)
-    assert row["gpu0_mem_used_mib"] == pytest.approx(1024.0) and row["gpu0_mem_total_mib"] == 80 * 1024
-
-
-def test_focus_limits_the_20ms_pcie_reads_to_one_gpu() -> None:
-    fake = FakeNvml([sampled_h100(0), sampled_h100(1)])
-    with GpuReader(fake) as reader:
-        reader.focus = {reader.index_of("GPU-5d0a8c1e-0000-0000-0000-000000000001")}  # type: ignore[arg-type]
-        fake.calls.clear()
-        row = reader.read()
-    assert fake.calls.count("nvmlDeviceGetPcieThroughput") == 2
-    assert "gpu1_pcie_tx_mb_s" in row and "gpu0_pcie_tx_mb_s" not in row
-    assert "gpu0_util_pct" in row  # the cheap columns are still read for every GPU
-
-
-def test_unsupported_fields_are_none_and_a_lost_gpu_is_dropped() -> None:
-    lost = sampled_h100(1) | {"GetUtilizationRates": pynvml.NVMLError_GpuIsLost}
-    bare = sampled_h100(0) | {"GetPcieThroughput": pynvml.NVMLError_NotSupported}
-    with GpuReader(FakeNvml([bare, lost])) as reader:
-        first, second = reader.read(), reader.read()
-    assert first["gpu0_pcie_tx_mb_s"] is None
-    assert reader.indices == [0] and not any(k.startswith("gpu1_") for k in second)
-
-
-def test_without_nvml_the_reader_is_inert_and_says_why() -> None:
-    with GpuReader(FakeNvml([], init_error=pynvml.NVMLError_LibraryNotFound())) as reader:
-        assert reader.read() == {}
-    assert reader.error and "could not load" in reader.error
-
-
-def test_host_reader_measures_a_process_tree_and_its_descendants() -> None:
-    burn = "import time\nt = time.time()\nwhile time.time() - t < 2.5: pass"
-    parent = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {burn!r}])"
-    proc = subprocess.Popen([sys.executable, "-c", parent])
-    try:
-        reader = HostReader(pid=proc.pid, usable=2.0)
-        rows = []
-        for _ in range(12):
-            time.sleep(0.15)
-            rows.append(reader.read())
-    finally:
-        proc.kill()
-        proc.wait()
-    busy = [v for r in rows[-6:] if (v := r.get("worker_cpu_cores")) is not None]
-    assert rows[-1]["workers"] == 1.0  # the burning grandchild is counted as a worker
-    assert busy and max(busy) > 0.5  # it keeps a core busy
-    assert {"cpu_pct", "cpu_max_core_pct", "iowait_pct", "core0_pct"} <= set(rows[-1])
 
 
 class Counting:
