@@ -1,8 +1,8 @@
 """Judge a verify run: the child's measurements and the sampler's trace become results, verdicts and figures.
 
 Result ids (after bootstrap's own): ``verify-data``, ``verify-loop``, ``verify-throughput``, ``verify-loss``,
-``verify-checkpoint``, ``verify-mfu``, ``verify-sampler``, ``diagnosis`` (value: the verdict id, see
-``checks/diagnosis.py``), ``upgrade-estimate``, ``verify-cost``, ``verify-compile-ab``, ``verify-sweep``.
+``verify-checkpoint``, ``verify-data-resume``, ``verify-mfu``, ``verify-sampler``, ``diagnosis`` (value: the verdict
+id, see ``checks/diagnosis.py``), ``upgrade-estimate``, ``verify-cost``, ``verify-compile-ab``, ``verify-sweep``.
 The gate fails (exit 1) on a failed check, a run that did not complete, NaN/inf or a loss that does not go down,
 a checkpoint that does not reproduce, or throughput under the floor.
 """
@@ -18,7 +18,7 @@ from checks.result import Result, fail, ok, skip, warn
 from checks.verify.cost import cost, describe
 from checks.verify.diagnosis import Signals, Verdict, diagnose, upgrade_bound
 from checks.verify.plan import Outcome, Plan
-from checks.verify.results import checkpoint_result, compile_result, loop_results, sweep_result
+from checks.verify.results import checkpoint_result, compile_result, data_resume_result, loop_results, sweep_result
 from checks.verify.sampler import Trace, gpu_summary, overlap_mean, summarise
 from checks.verify.smoke.figures import breakdown, enqueue_ratio, fetch_windows, loss_trend, step_figures
 
@@ -139,7 +139,7 @@ def judge(p: Plan, o: Outcome, cfg: VerifyConfig) -> tuple[list[Result], dict[st
         }
         m |= {"samples_per_s": figs["samples_per_s"], "tokens_per_s": figs.get("tokens_per_s")}
         m["enqueue_ratio"] = enqueue_ratio(r["steps"])
-    results = [*loop_results(p, o, cfg, figs), _loss(r, cfg), checkpoint_result(p, r)]
+    results = [*loop_results(p, o, cfg, figs), _loss(r, cfg), checkpoint_result(p, r), data_resume_result(r)]
     s: Signals | None = None
     if figs is not None:
         s = signals(p, o, cfg, figs)

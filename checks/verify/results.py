@@ -97,13 +97,64 @@ def checkpoint_result(p: Plan, r: dict[str, Any]) -> Result:
     n = len(c["uninterrupted"])
     if c["reproduced"]:
         exact = "exactly" if c["max_rel_diff"] == 0 else f"within {c['max_rel_diff']:.1e}"
-        return ok("verify-checkpoint", f"resume reproduces the next {n} steps' loss {exact}; {cost}", value=c["save_s"])
+        summary = f"resume reproduces the next {n} steps' loss {exact} (same batches replayed); {cost}"
+        return ok("verify-checkpoint", summary, value=c["save_s"])
     hint = (
-        "something the checkpoint does not hold drives the loss: randomness in the dataset or model outside the saved "
-        "RNG states, a buffer missing from state_dict, or nondeterministic kernels"
+        "the same batches were fed after the reload, so the state the checkpoint holds differs from the running "
+        "one: randomness in the model outside the saved RNG states, a buffer missing from state_dict "
+        "(persistent=False), optimizer or scheduler state not saved, or nondeterministic kernels"
     )
     losses = f"uninterrupted {c['uninterrupted']} vs resumed {c['resumed']}"
-    return fail("verify-checkpoint", f"resume does not reproduce the loss: {losses}; {cost}", hint, value=c["save_s"])
+    summary = f"resume on the same {n} batches does not reproduce the loss: {losses}; {cost}"
+    return fail("verify-checkpoint", summary, hint, value=c["save_s"])
+
+
+DATA_RESUME_FIX = (
+    "seed each sample's random transforms from (epoch, index) (e.g. torch.Generator().manual_seed(seed * 1_000_003 "
+    "+ epoch * len(dataset) + index) inside __getitem__), or store the loader's generator and sampler state in the "
+    "checkpoint and re-create the iterator from it (torchdata's StatefulDataLoader)"
+)
+
+
+def data_resume_result(r: dict[str, Any]) -> Result:
+    """``verify-data-resume``: a loader rebuilt from the saved position yields the same batches (order and content).
+
+    Judged apart from ``verify-checkpoint``: a pipeline whose augmentation cannot resume exactly still has a
+    correct checkpoint; it warns, with the reason and the fix.
+    """
+    c = r.get("checkpoint") or {}
+    d = c.get("data")
+    if not d:
+        why = "the checkpoint round trip failed" if "error" in c else "the run ended before the checkpoint round trip"
+        return skip("verify-data-resume", why)
+    n = d["batches"]
+    if d["exact"]:
+        summary = f"the loader rebuilt from the saved sampler position yields the next {n} batches bit for bit"
+        return ok("verify-data-resume", summary, value=True)
+    if not d["order_same"]:
+        summary = (
+            f"after a resume the next {n} batches hold other targets: the sample order does not resume "
+            "(a sampler without a saved position or epoch, or targets drawn at random)"
+        )
+        fix = "save the sampler's position and epoch (and call set_epoch) and rebuild the sampler from them"
+        return warn("verify-data-resume", summary, fix, value=False)
+    if d.get("workers"):
+        why = (
+            f"the same samples, other inputs: the random transforms run in {d['workers']} DataLoader worker(s), "
+            "which reseed from the loader's base seed + worker id when the iterator is re-created, so no "
+            "checkpoint restores where their RNGs were"
+        )
+    else:
+        why = (
+            "the same samples, other inputs: the dataset draws randomness the checkpoint does not hold "
+            "(its own generator or OS entropy)"
+        )
+    return warn(
+        "verify-data-resume",
+        f"{why} (the checkpoint itself is judged by verify-checkpoint)",
+        DATA_RESUME_FIX,
+        value=False,
+    )
 
 
 def compile_result(r: dict[str, Any], figs: dict[str, Any] | None) -> Result:

@@ -19,10 +19,20 @@ from typing import Any
 import torch
 
 from checks.verify.smoke import extras
-from checks.verify.smoke.ckpt import compare, deterministic, load, rng_state, save_atomic, set_rng_state
+from checks.verify.smoke.ckpt import (
+    Recording,
+    Replay,
+    compare,
+    deterministic,
+    load,
+    rng_state,
+    same_batches,
+    save_atomic,
+    set_rng_state,
+)
 from checks.verify.smoke.data import StagedDataError
 from checks.verify.smoke.figures import breakdown
-from checks.verify.smoke.loop import Feed, Interrupted, Trainer, resolve, run_steps
+from checks.verify.smoke.loop import Batches, Feed, Interrupted, Trainer, resolve, run_steps
 from checks.verify.smoke.setup import Build, UsageError, build
 
 
@@ -166,7 +176,8 @@ class Smoke:
         }
 
     def round_trip(self) -> dict[str, Any]:
-        """Save, run on, reload into a fresh model, run the same steps again, compare the losses."""
+        """Save, run on, reload into a fresh model, replay the same batches, compare the losses; then compare the
+        batches the reloaded loader yields with the kept ones (the data resume, judged on its own)."""
         b, spec = self.b, self.spec["checkpoint"]
         assert b is not None
         last = self.result["steps"][-1]["loss"] if self.result["steps"] else None
@@ -186,20 +197,24 @@ class Smoke:
         saved = save_atomic(payload, Path(spec["dir"]))
         del payload
         with deterministic():
-            on = [r.loss for r in self.leg(b.trainer, b.feed, spec["resume_steps"])]
+            recording = Recording(b.feed)
+            on = [r.loss for r in self.leg(b.trainer, recording, spec["resume_steps"])]
             b.feed.close()
             restored, load_s = load(saved.path, b.device)
             fresh = b.fresh_trainer(restored)
             set_rng_state(restored["rng"])
             pos = restored["sampler"]
             feed = b.feed_factory(b.batch_size, epoch=pos["epoch"], start=pos["batch"])
-            again = [r.loss for r in self.leg(fresh, feed, spec["resume_steps"])]
+            replay = Replay(feed, recording.kept)
+            again = [r.loss for r in self.leg(fresh, replay, spec["resume_steps"])]
         b.trainer, b.feed = fresh, feed  # later phases go on from the resumed state (one model in memory)
         os.unlink(saved.path)
         verdict = compare(on, again, spec["rtol"])
-        return {"save_s": saved.seconds, "bytes": saved.bytes, "dir": spec["dir"], "load_s": load_s, **verdict}
+        data = same_batches(recording.kept, replay.drawn) | {"workers": int(b.loader.get("num_workers") or 0)}
+        cost = {"save_s": saved.seconds, "bytes": saved.bytes, "dir": spec["dir"], "load_s": load_s}
+        return cost | verdict | {"data": data}
 
-    def leg(self, trainer: Trainer, feed: Feed, count: int) -> list[Any]:
+    def leg(self, trainer: Trainer, feed: Batches, count: int) -> list[Any]:
         return resolve(trainer.clock, run_steps(trainer, feed, count, trainer.clock.mark(), lambda i: None))
 
     def sweep(self) -> dict[str, Any]:

@@ -1,5 +1,12 @@
 """Checkpoint round trip (child process, torch): save everything a resume needs, time it, reload, compare.
 
+The two legs after the save point train on the *same* batches: the first leg's are kept (``Recording``) and fed
+again after the reload (``Replay``), so the loss comparison proves the model, optimizer, scaler, RNG and step state
+whatever the data pipeline draws. The loader rebuilt from the saved position still runs beside the replay, as it
+would on a real resume, and what it yields is compared with the kept batches on its own (``same_batches``): the
+data order and augmentation resume exactly, or not (random transforms in DataLoader workers never do: the
+workers reseed from the loader's base seed when the iterator is re-created; communication-and-planning.md §5).
+
 What is saved is what the seed article §4.4 says a resume needs, plus what it warns is forgotten: model,
 optimizer, scaler, epoch/step, loss, the RNG states of python/numpy/torch/CUDA, and the sampler position. The file
 is written to a temporary name, fsynced, renamed over the final name and the directory fsynced, so a crash never
@@ -127,3 +134,83 @@ def compare(uninterrupted: list[float], resumed: list[float], rtol: float) -> di
         "resumed": resumed,
         "max_rel_diff": worst,
     }
+
+
+def _clone(batch: Any) -> Any:
+    """A deep copy of the tensors of a batch (the model may change its input in place)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.clone()
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*map(_clone, batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_clone(b) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _clone(v) for k, v in batch.items()}
+    return batch
+
+
+class Recording:
+    """A feed that passes ``feed``'s batches on and keeps a copy of each."""
+
+    def __init__(self, feed: Any) -> None:
+        self.feed = feed
+        self.kept: list[Any] = []
+
+    def next(self) -> Any:
+        batch = self.feed.next()
+        self.kept.append(_clone(batch))
+        return batch
+
+
+class Replay:
+    """A feed that draws from the resumed ``feed`` (as a real resume would) but hands out the ``kept`` batches."""
+
+    def __init__(self, feed: Any, kept: list[Any]) -> None:
+        self.feed, self.kept = feed, list(kept)
+        self.drawn: list[Any] = []
+
+    def next(self) -> Any:
+        self.drawn.append(_clone(self.feed.next()))
+        return self.kept[len(self.drawn) - 1]
+
+
+def _leaves(batch: Any) -> list[Any]:
+    if isinstance(batch, (list, tuple)):
+        return [leaf for b in batch for leaf in _leaves(b)]
+    if isinstance(batch, dict):
+        return [leaf for k in sorted(batch) for leaf in _leaves(batch[k])]
+    return [batch]
+
+
+def _equal(a: Any, b: Any) -> bool:
+    la, lb = _leaves(a), _leaves(b)
+    if len(la) != len(lb):
+        return False
+    for x, y in zip(la, lb, strict=True):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
+                return False
+        elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor) or x != y:
+            return False
+    return True
+
+
+def same_batches(uninterrupted: list[Any], resumed: list[Any]) -> dict[str, Any]:
+    """Whether the resumed loader yields the batches the uninterrupted run had, bit for bit.
+
+    ``order_same``: the targets (second item) agree, so the sampler position resumed and only the inputs differ
+    (augmentation); False means the order itself changed, or the targets are drawn too.
+    """
+    pairs = list(zip(uninterrupted, resumed, strict=True))
+    differ = [i for i, (a, b) in enumerate(pairs) if not _equal(a, b)]
+    targets = [i for i, (a, b) in enumerate(pairs) if not _equal(_target(a), _target(b))]
+    return {
+        "batches": len(pairs),
+        "exact": bool(pairs) and not differ,
+        "order_same": not targets,
+        "first_difference": differ[0] if differ else None,
+    }
+
+
+def _target(batch: Any) -> Any:
+    return batch[1] if isinstance(batch, (list, tuple)) and len(batch) > 1 else None

@@ -13,7 +13,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader
@@ -50,6 +50,12 @@ class CudaClock:
 
 
 Clock = HostClock | CudaClock
+
+
+class Batches(Protocol):
+    """Where a step takes its batches: a ``Feed``, or the checkpoint check's recording and replay of one."""
+
+    def next(self) -> Any: ...
 
 
 class Feed:
@@ -156,7 +162,7 @@ class Trainer:
         move = (lambda t: t.to(self.device, non_blocking=True)) if self.device.type == "cuda" else (lambda t: t)
         return move(inputs), move(target)
 
-    def step(self, feed: Feed, prev: Any) -> Pending:
+    def step(self, feed: Batches, prev: Any) -> Pending:
         """Run one optimizer step; ``prev`` is the mark that ended the previous one."""
         host_start, fetch, micro = time.monotonic(), [], []
         total: torch.Tensor | None = None
@@ -188,7 +194,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def run_steps(trainer: Trainer, feed: Feed, count: int, prev: Any, on_step: Callable[[int], None]) -> list[Pending]:
+def run_steps(trainer: Trainer, feed: Batches, count: int, prev: Any, on_step: Callable[[int], None]) -> list[Pending]:
     """Run ``count`` steps; Ctrl-C raises ``Interrupted`` carrying the steps already issued."""
     pending: list[Pending] = []
     try:

@@ -179,3 +179,83 @@ def nan_model() -> Any:
     forward = model.forward
     model.forward = lambda x: forward(x) * torch.tensor(float("nan"))
     return model
+
+
+PHOTO_ROOT_ENV = "SMOKE_PHOTO_ROOT"  # the test writes an ImageFolder tree of real photos and names it here
+
+
+class PhotoFolder:
+    """An ImageFolder of real JPEG photos (``root/<class>/<file>.jpg``), decoded with PIL on every read.
+
+    ``augment``: torchvision-style random augmentation written with PIL and torch's global RNG (as torchvision's
+    transforms draw it): RandomResizedCrop, RandomHorizontalFlip, ColorJitter's brightness. In DataLoader workers
+    that RNG is the worker's, seeded from the loader's base seed when the iterator starts. Without ``augment``:
+    a fixed centre crop, the same bytes on every read.
+    """
+
+    def __init__(self, root: str, augment: bool, side: int = SIDE) -> None:
+        from pathlib import Path
+
+        folders = sorted(p for p in Path(root).iterdir() if p.is_dir())
+        self.classes = [p.name for p in folders]
+        self.files = [(str(f), k) for k, p in enumerate(folders) for f in sorted(p.glob("*.jpg"))]
+        self.augment, self.side = augment, side
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        from PIL import Image
+
+        path, label = self.files[int(i)]
+        with Image.open(path) as im:
+            rgb = im.convert("RGB")
+        out = self.random(rgb) if self.augment else self.fixed(rgb)
+        return np.asarray(out, dtype=np.uint8), label
+
+    def fixed(self, im: Any) -> Any:
+        s = min(im.size)
+        left, top = (im.width - s) // 2, (im.height - s) // 2
+        return im.resize((self.side, self.side), box=(left, top, left + s, top + s))
+
+    def random(self, im: Any) -> Any:
+        import math
+
+        import torch
+        from PIL import Image, ImageEnhance
+
+        area = im.width * im.height * float(torch.empty(1).uniform_(0.3, 1.0))
+        ratio = math.exp(float(torch.empty(1).uniform_(math.log(3 / 4), math.log(4 / 3))))
+        w = max(1, min(im.width, round(math.sqrt(area * ratio))))
+        h = max(1, min(im.height, round(math.sqrt(area / ratio))))
+        left = int(torch.randint(0, im.width - w + 1, (1,)))
+        top = int(torch.randint(0, im.height - h + 1, (1,)))
+        out = im.resize((self.side, self.side), box=(left, top, left + w, top + h))
+        if float(torch.rand(1)) < 0.5:
+            out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return ImageEnhance.Brightness(out).enhance(float(torch.empty(1).uniform_(0.6, 1.4)))
+
+
+def photos_augmented() -> PhotoFolder:
+    return PhotoFolder(os.environ[PHOTO_ROOT_ENV], augment=True)
+
+
+def photos_fixed() -> PhotoFolder:
+    return PhotoFolder(os.environ[PHOTO_ROOT_ENV], augment=False)
+
+
+def forgetful_model() -> Any:
+    """The tiny model with state outside ``state_dict``: a step counter kept as a non-persistent buffer that
+    scales the logits (as a warm-up schedule kept in such a buffer would). A checkpoint cannot restore it."""
+    import torch
+
+    model = tiny_model()
+    model.register_buffer("calls", torch.zeros(()), persistent=False)
+    forward = model.forward
+
+    def counted(x: torch.Tensor) -> torch.Tensor:
+        model.calls += 1
+        return forward(x) * (1 + 0.05 * model.calls)
+
+    model.forward = counted
+    return model
