@@ -59,7 +59,7 @@ class GpuFacts:
     pcie_width_loaded: int | None = None
     nvlink_total: int | None = None  # links that exist; None: no NVLink / not supported
     nvlink_active: int | None = None
-    clock_event_reasons: int | None = None  # bit mask, see checks/gpu.py
+    clock_event_reasons: int | None = None  # bit mask, see checks/machine/gpu.py
     sm_clock_mhz: int | None = None
     sm_clock_max_mhz: int | None = None
     temperature_c: int | None = None
@@ -207,7 +207,7 @@ class MachineFacts:
     net: NetFacts | None = None  # downloads from configured URLs
 
 
-# --- disks and network (records of checks/probe_disk.py, checks/probe_net.py and the fleet) --------------------
+# --- disks and network (records of checks/probe/disk.py, checks/probe/net.py and the fleet) --------------------
 
 
 @dataclass(frozen=True)

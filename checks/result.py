@@ -9,7 +9,7 @@ JSON report, schema 1 (add fields freely; bump ``schema`` only for breaking chan
       "machine": "live" | "<snapshot file name>",
       "counts": {"ok": 20, "warn": 1, "fail": 0, "skip": 6, "error": 0},
       "results": [
-        {"id": "gpu-power",                 # stable kebab-case check id (README lists them all)
+        {"id": "gpu-power",                 # stable kebab-case check id (docs/checks.md lists them all)
          "status": "warn",                  # ok | warn | fail | skip | error
          "summary": "power limit 250 W is 56% of the default 450 W",
          "value": 250.0,                    # the measured / observed value (number, string, object or null)

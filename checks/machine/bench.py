@@ -1,6 +1,6 @@
 """Judge the GPU micro-benchmarks against the datasheet, and flag a GPU far below its siblings.
 
-The figures come from the probe (``checks/probe_torch.py`` runs them on the live GPUs); here they are only
+The figures come from the probe (``checks/probe/torch.py`` runs them on the live GPUs); here they are only
 compared: host link vs the PCIe spec, device copy vs memory bandwidth, dense matmul vs the tensor peak.
 """
 

@@ -80,7 +80,7 @@ class LocalProbe:
 
 
 def _disks_and_net(facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
-    """Disks (checks/probe_disk.py) and downloads (checks/probe_net.py); each bounded by its config budget."""
+    """Disks (checks/probe/disk.py) and downloads (checks/probe/net.py); each bounded by its config budget."""
     net = cfg.network
     downloads = measure_downloads(net.download_urls, net.download_max_mib, net.download_timeout_s)
     disks = measure_disks(cfg.disk)

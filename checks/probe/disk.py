@@ -3,8 +3,8 @@
 Measuring a location writes test files into a hidden scratch directory there, removed on every path out
 (Ctrl-C, SIGTERM and SIGHUP included), within a time budget; one that a ``kill -9`` left is swept by the next
 measurement of the location; the I/O primitives are in
-``checks/probe_diskio.py`` (sequential) and ``checks/probe_smallfiles.py``, fio in ``checks/probe_fio.py``, the
-mount table in ``checks/probe_mounts.py``.
+``checks/probe/diskio.py`` (sequential) and ``checks/probe/smallfiles.py``, fio in ``checks/probe/fio.py``, the
+mount table in ``checks/probe/mounts.py``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """iperf3 for inter-host TCP throughput, where it is installed on both ends (standard library only).
 
-The server is a child of the agent (``checks/probe_tcp.py serve``) and dies with it (PR_SET_PDEATHSIG): a
+The server is a child of the agent (``checks/probe/tcp.py serve``) and dies with it (PR_SET_PDEATHSIG): a
 killed agent leaves no iperf3 behind. A port that is already bound (another iperf3, a daemon) is skipped: the
 next of 20 ports is tried. iperf3 3.x takes whole seconds for ``-t`` and ``-O``; the figure is the receiver's
 (``end.sum_received``), as with the built-in test.

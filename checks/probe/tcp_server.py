@@ -1,6 +1,6 @@
 """The receiving side of the built-in TCP test: the agent's server, a multi-stream receiver, a timed sender.
 
-Standard library only (see ``checks/probe_tcp.py``, which runs it). Each connection starts with one JSON line:
+Standard library only (see ``checks/probe/tcp.py``, which runs it). Each connection starts with one JSON line:
 ``{"op": "ping"}`` echoes bytes (round-trip time); ``{"op": "test", "id", "streams", "seconds", "omit"}`` opens a
 test whose ``{"op": "sink", "id"}`` connections the server receives and measures, answering with the result on
 the test's connection; ``{"op": "source", "seconds"}`` makes the server send (the reverse direction).

@@ -1,4 +1,4 @@
-"""Child process: GPU micro-benchmarks, one JSON line out. Run by checks/probe_torch.py; imports no project code.
+"""Child process: GPU micro-benchmarks, one JSON line out. Run by checks/probe/torch.py; imports no project code.
 
 argv[1] is a JSON object: copy_mib, d2d_mib, matmul_n, warmup, repeats, and "device" ("cuda", or "cpu" so the
 timing code itself can be exercised without a GPU). Each figure is the median of ``repeats`` timings taken

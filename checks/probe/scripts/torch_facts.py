@@ -1,4 +1,4 @@
-"""Child process: report the torch build as one JSON line. Run by checks/probe_torch.py; imports no project code."""
+"""Child process: report the torch build as one JSON line. Run by checks/probe/torch.py; imports no project code."""
 
 from __future__ import annotations
 

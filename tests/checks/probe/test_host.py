@@ -1,4 +1,4 @@
-"""Tests for checks/probe_host.py: fake /proc, /sys and /etc trees under tmp_path, plus one look at this box."""
+"""Tests for checks/probe/host.py: fake /proc, /sys and /etc trees under tmp_path, plus one look at this box."""
 
 from __future__ import annotations
 
