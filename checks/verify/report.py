@@ -31,7 +31,7 @@ def samples_per_step(r: dict[str, Any]) -> int:
 
 def tokens_per_sample(r: dict[str, Any]) -> int:
     data = r.get("data") or {}
-    return int(data.get("seq_len") or 0) if data.get("kind") == "tokens" else 0
+    return int(data.get("seq_len") or 0) if data.get("kind") in ("tokens", "user") else 0  # user: --model
 
 
 def mfu(r: dict[str, Any], median_s: float) -> tuple[float | None, str, float | None]:
@@ -124,6 +124,11 @@ def step_block(p: Plan, r: dict[str, Any]) -> dict[str, Any] | None:
     figs["shares"] = breakdown(records, per_step)
     figs["step_s"] = figs["mean_s"] + per_step
     figs["checkpoint_s_per_step"] = per_step
+    figs["checkpoint_every_steps"] = p.ckpt_every if save_s else None
+    if figs["samples_per_s"]:  # the headline: what training with a save every ckpt_every steps sustains
+        figs["samples_per_s_with_checkpoints"] = samples_per_step(r) / figs["step_s"]
+        if figs.get("tokens_per_s"):
+            figs["tokens_per_s_with_checkpoints"] = figs["samples_per_s_with_checkpoints"] * tokens_per_sample(r)
     return figs
 
 
@@ -138,6 +143,7 @@ def judge(p: Plan, o: Outcome, cfg: VerifyConfig) -> tuple[list[Result], dict[st
             "step_time": {k: figs[k] for k in ("steps", "median_s", "p95_s", "mean_s")},
         }
         m |= {"samples_per_s": figs["samples_per_s"], "tokens_per_s": figs.get("tokens_per_s")}
+        m |= {k: figs.get(k) for k in ("samples_per_s_with_checkpoints", "tokens_per_s_with_checkpoints")}
         m["enqueue_ratio"] = enqueue_ratio(r["steps"])
     results = [*loop_results(p, o, cfg, figs), _loss(r, cfg), checkpoint_result(p, r), data_resume_result(r)]
     s: Signals | None = None

@@ -72,15 +72,23 @@ class _Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    """Token and position embeddings, pre-norm causal blocks, a tied output projection."""
+    """Token and position embeddings, pre-norm causal blocks, a tied output projection.
+
+    Embeddings start at std 0.02 (GPT-2's init): the tied projection then gives logits of std ~0.02·sqrt(d_model),
+    so the first loss is near ln(vocab), as a fresh language model's should be. nn.Embedding's default N(0, 1)
+    gives logits of std ~sqrt(d_model) and a first loss of ~54 for 256 tokens.
+    """
 
     def __init__(self, vocab: int, seq_len: int, d_model: int, layers: int, heads: int) -> None:
         super().__init__()
         self.tokens, self.positions = nn.Embedding(vocab, d_model), nn.Embedding(seq_len, d_model)
+        nn.init.normal_(self.tokens.weight, std=0.02)
+        nn.init.normal_(self.positions.weight, std=0.02)
         self.blocks = nn.ModuleList(_Block(d_model, heads) for _ in range(layers))
         self.norm = nn.LayerNorm(d_model)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.long()  # int32/int16/uint16 windows index the embedding as int64
         pos = torch.arange(ids.shape[1], device=ids.device)
         x = self.tokens(ids) + self.positions(pos)
         for block in self.blocks:
@@ -97,7 +105,13 @@ def build_model(data: dict[str, Any], size: str) -> nn.Module:
 
 
 def default_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Cross entropy over the last dimension: logits [B, C] with labels [B], or [B, T, V] with [B, T]."""
+    """Cross entropy over the last dimension: logits [B, C] with labels [B], or [B, T, V] with [B, T].
+
+    Integer targets of any width (int32 token windows, uint16 from a staged file) become int64, which
+    cross_entropy requires for class indices.
+    """
+    if not target.is_floating_point():
+        target = target.long()
     return F.cross_entropy(output.flatten(0, -2).float(), target.flatten())
 
 

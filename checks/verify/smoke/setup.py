@@ -1,7 +1,7 @@
 """Build a smoke run from its spec (child process, torch): device, precision, data, model, optimizer, loader.
 
 ``--dataset MODULE:CALLABLE`` / ``--model MODULE:CALLABLE`` convention (imports resolved from the directory
-verify was started in): each callable takes no arguments. The dataset callable returns a map-style dataset
+verify was started in): each callable takes no arguments (one that needs some is a usage error, exit 2). The dataset callable returns a map-style dataset
 (``__len__``, ``__getitem__``) whose items are ``(input, target)``; the model callable returns an ``nn.Module``
 with ``model(input) -> output``. The loss is ``model.loss(output, target)`` when the module has a callable
 ``loss`` attribute, else cross entropy over the last dimension (logits [B, C] with class indices [B], or
@@ -13,6 +13,7 @@ windows (1-D integers) get the built-in model, sized from the dataset's ``num_cl
 from __future__ import annotations
 
 import importlib
+import inspect
 import random
 import sys
 import typing
@@ -116,6 +117,27 @@ def load_callable(ref: str, user_path: str) -> Callable[[], Any]:
     return typing.cast(Callable[[], Any], obj)
 
 
+def required_arguments(factory: Callable[..., Any]) -> list[str]:
+    """The parameters a call without arguments would leave unfilled (none when the signature cannot be read)."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # some builtins and C extensions have no readable signature
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
+
+
+def call_factory(flag: str, ref: str, factory: Callable[..., Any]) -> Any:
+    """Call a --dataset/--model callable with no arguments; one that needs some is a usage error (exit 2)."""
+    missing = required_arguments(factory)
+    if missing:
+        raise UsageError(
+            f"{flag} {ref} needs arguments ({', '.join(missing)}); verify calls it with none: "
+            f"give a function that takes no arguments and builds it, e.g. def make(): return {ref.partition(':')[2]}(...)"
+        )
+    return factory()
+
+
 def pick_device(wanted: str) -> torch.device:
     if wanted == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda, but torch cannot use CUDA here (see bootstrap's torch-build and cuda-compat)")
@@ -148,7 +170,7 @@ def make_scaler() -> Any:
 
 
 def _user_data(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    dataset = load_callable(spec["dataset"], spec["user_path"])()
+    dataset = call_factory("--dataset", spec["dataset"], load_callable(spec["dataset"], spec["user_path"]))
     try:
         samples = len(dataset)
         first = dataset[0]
@@ -157,7 +179,18 @@ def _user_data(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     info: dict[str, Any] = {"kind": "user", "source": spec["dataset"], "samples": samples}
     if not spec["model"]:
         info.update(_infer_kind(spec["dataset"], dataset, first))
+    elif _is_window(first):  # the user's model: still count tokens per sample for tokens/s
+        info["seq_len"] = len(np.asarray(first[0]))
     return dataset, info
+
+
+def _is_window(first: Any) -> bool:
+    """Whether an item's input is a 1-D integer token window."""
+    try:
+        x = np.asarray(first[0])
+    except Exception:  # noqa: BLE001 - an input numpy cannot read (a dict, a custom object) is no window
+        return False
+    return x.ndim == 1 and x.dtype.kind in "iu"
 
 
 def _infer_kind(ref: str, dataset: Any, first: Any) -> dict[str, Any]:
@@ -185,7 +218,7 @@ def build(spec: dict[str, Any]) -> Build:
     user_model = load_callable(spec["model"], spec["user_path"]) if spec["model"] else None
 
     def make_model() -> torch.nn.Module:
-        return user_model() if user_model is not None else build_model(data, size)
+        return call_factory("--model", spec["model"], user_model) if user_model is not None else build_model(data, size)
 
     model = make_model().to(device)
     model.train()

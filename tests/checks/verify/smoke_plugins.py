@@ -259,3 +259,149 @@ def forgetful_model() -> Any:
 
     model.forward = counted
     return model
+
+
+# --- measured advice (issue 9 part B): pipelines whose best loader setting is known from their cost ----------
+
+
+class Compose:
+    """torchvision.transforms.Compose's shape (a ``.transforms`` list applied in order), which verify times step
+    by step; written here because torchvision is not installed for the CPU torch."""
+
+    def __init__(self, transforms: list[Any]) -> None:
+        self.transforms = transforms
+
+    def __call__(self, im: Any) -> Any:
+        for t in self.transforms:
+            im = t(im)
+        return im
+
+
+class ColorJitter:
+    """Brightness and contrast by random factors from torch's global RNG (as torchvision draws them)."""
+
+    def __call__(self, im: Any) -> Any:
+        import torch
+        from PIL import ImageEnhance
+
+        b, c = (float(v) for v in torch.empty(2).uniform_(0.7, 1.3))
+        return ImageEnhance.Contrast(ImageEnhance.Brightness(im).enhance(b)).enhance(c)
+
+
+class GaussianBlur:
+    """A Gaussian blur of the whole photo with a random radius of 2-4 px: the expensive step."""
+
+    def __call__(self, im: Any) -> Any:
+        import torch
+        from PIL import ImageFilter
+
+        return im.filter(ImageFilter.GaussianBlur(2 + 2 * float(torch.rand(1))))
+
+
+class RandomResizedCrop:
+    """A random crop of 50-100% of the shorter side, resized to SIDE x SIDE."""
+
+    def __call__(self, im: Any) -> Any:
+        import torch
+
+        s = int(min(im.size) * (0.5 + 0.5 * float(torch.rand(1))))
+        left = int(torch.randint(0, im.width - s + 1, (1,)))
+        top = int(torch.randint(0, im.height - s + 1, (1,)))
+        return im.resize((SIDE, SIDE), box=(left, top, left + s, top + s))
+
+
+class ToArray:
+    def __call__(self, im: Any) -> np.ndarray:
+        return np.asarray(im, dtype=np.uint8)
+
+
+ADVICE_PHOTOS = ("rocket.jpg", "astronaut.png", "coffee.png", "chelsea.png", "motorcycle_left.png")
+
+
+class BlurredPhotos:
+    """An ImageFolder-like set of real JPEG photos (scikit-image's, 300-740 px), decoded with PIL on every read
+    and augmented by ``transform`` (ColorJitter, GaussianBlur, RandomResizedCrop): ~20 ms of CPU per sample, so
+    more worker processes are faster, up to the cores."""
+
+    num_classes = 4
+
+    def __init__(self, copies: int = 12) -> None:
+        import shutil
+
+        from tests.datasets.photos import encode, photo
+
+        self.root = tempfile.mkdtemp(prefix="smoke-photos-")
+        atexit.register(shutil.rmtree, self.root, True)
+        self.files = []
+        for k in range(copies * len(ADVICE_PHOTOS)):
+            im = photo(ADVICE_PHOTOS[k % len(ADVICE_PHOTOS)])
+            path = os.path.join(self.root, f"{k:04d}.jpg")
+            with open(path, "wb") as fh:
+                fh.write(encode(im.rotate(180) if k % 2 else im, quality=90))
+            self.files.append(path)
+        self.transform = Compose([ColorJitter(), GaussianBlur(), RandomResizedCrop(), ToArray()])
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        from PIL import Image
+
+        with Image.open(self.files[int(i)]) as im:
+            rgb = im.convert("RGB")
+        return self.transform(rgb), int(i) % 4
+
+
+def blurred_photos() -> BlurredPhotos:
+    return BlurredPhotos()
+
+
+class Windows:
+    """Token windows of 32 from a repeating sequence of 256 tokens, as a tokenised corpus stored narrow would give
+    (``dtype``: int32, int16, uint16): the next token is predictable, so the loss falls."""
+
+    vocab_size = 256
+    seq_len = 32
+
+    def __init__(self, dtype: str, length: int = 10_000) -> None:
+        self.dtype, self.length = np.dtype(dtype), length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        seq = ((int(i) * 7 + np.arange(self.seq_len + 1) * 3) % self.vocab_size).astype(self.dtype)
+        return seq[:-1], seq[1:]
+
+
+def tokens_int32() -> Windows:
+    return Windows("int32")
+
+
+def tokens_int16() -> Windows:
+    return Windows("int16")
+
+
+def tokens_uint16() -> Windows:
+    return Windows("uint16")
+
+
+def token_model() -> Any:
+    """A user's language model over ``Windows``: embedding, one linear layer, logits [B, T, V]."""
+    import torch
+    from torch import nn
+
+    class Bigram(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.out = nn.Embedding(Windows.vocab_size, 32), nn.Linear(32, Windows.vocab_size)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.out(self.embed(ids.long()))
+
+    return Bigram()
+
+
+def photos_from(root: str, augment: bool = True) -> PhotoFolder:
+    """A dataset factory that needs arguments: verify calls --dataset with none, so this is a usage error."""
+    return PhotoFolder(root, augment)

@@ -4,6 +4,7 @@ checkpoint helpers, OOM search, sweep knee, cost, and verify's input checks."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import random
@@ -32,6 +33,8 @@ from checks.verify.smoke.data import (
 )
 from checks.verify.smoke.extras import kernel_summary, knee_batch, largest_fit
 from checks.verify.smoke.figures import breakdown, loss_trend, percentile, step_figures, union_length
+from checks.verify.smoke.models import build_model, default_loss
+from checks.verify.smoke.setup import UsageError, call_factory, required_arguments
 from tests.factories import machine
 
 CFG = make_config().verify
@@ -213,6 +216,54 @@ def test_compare_is_bit_for_bit_unless_a_tolerance_is_set() -> None:
     assert ckpt.compare([1.0, 2.0], [1.0, 2.0], 0.0)["reproduced"] is True
     assert ckpt.compare([1.0, 2.0], [1.0, 2.0000001], 0.0)["reproduced"] is False
     assert ckpt.compare([1.0, 2.0], [1.0, 2.0000001], 1e-6)["reproduced"] is True
+
+
+def test_same_batches_tells_order_from_augmentation() -> None:
+    batch = [torch.arange(6).view(2, 3), torch.tensor([0, 1])]
+    augmented = [batch[0] + 1, batch[1].clone()]
+    reordered = [batch[0].flip(0), batch[1].flip(0)]
+    assert ckpt.same_batches([batch], [[t.clone() for t in batch]])["exact"] is True
+    found = ckpt.same_batches([batch, batch], [batch, augmented])
+    assert found["exact"] is False and found["order_same"] is True and found["first_difference"] == 1
+    assert ckpt.same_batches([batch], [reordered])["order_same"] is False
+    assert ckpt.same_batches([batch], [[batch[0].int(), batch[1]]])["exact"] is False  # a dtype is a difference
+
+
+def test_replay_draws_from_the_resumed_feed_and_hands_out_the_kept_batches() -> None:
+    class Counter:
+        n = 0
+
+        def next(self) -> Any:
+            self.n += 1
+            return [torch.tensor([self.n])]
+
+    recording = ckpt.Recording(Counter())
+    first = [recording.next(), recording.next()]
+    first[0][0] += 100  # a model that changes its input in place does not change what was kept
+    replay = ckpt.Replay(Counter(), recording.kept)
+    assert [replay.next()[0].item(), replay.next()[0].item()] == [1, 2]
+    assert [b[0].item() for b in replay.drawn] == [1, 2] and replay.feed.n == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint16])
+def test_the_text_model_takes_any_integer_width_and_starts_near_uniform(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    model = build_model({"kind": "tokens", "vocab": 256, "seq_len": 32}, "small")
+    ids = torch.randint(0, 256, (4, 33)).to(dtype)
+    loss = default_loss(model(ids[:, :-1]), ids[:, 1:]).item()
+    assert abs(loss - math.log(256)) < 1.5, loss
+
+
+def test_a_factory_that_needs_arguments_is_a_usage_error() -> None:
+    def needs(root: str, augment: bool = True) -> None: ...
+
+    def free(size: int = 3, *rest: Any, **more: Any) -> int:
+        return size
+
+    assert required_arguments(needs) == ["root"] and required_arguments(free) == []
+    assert call_factory("--model", "m:free", free) == 3
+    with pytest.raises(UsageError, match=r"--dataset m:needs needs arguments \(root\).*def make\(\): return needs"):
+        call_factory("--dataset", "m:needs", needs)
 
 
 def test_largest_fit_halves_then_bisects() -> None:
