@@ -1,99 +1,43 @@
-"""gpu-preflight tasks: ``invoke bootstrap``, ``invoke snapshot``, ``invoke alloc-conf``.
+"""gpu-preflight tasks: ``invoke bootstrap``, ``snapshot``, ``alloc-conf``, ``stage-data``, ``verify``, ``watch``.
 
-Thin on purpose: parse flags, build the typed config, call the packages, print, pick the exit code.
+The CLI only: each task turns its flags into a request built with keywords, calls one function of a package,
+prints what comes back and picks the exit code. The checks of flags and configuration run inside Invoke's
+program when it reaches them (``checks/cli.py``); importing this file only defines the tasks.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import json
+import json as jsonlib
 import os
-import platform
 import sys
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from invoke import Collection, Context, Program, task
-from invoke.exceptions import Exit, ParseError
+from invoke import Collection, Context, task
+from invoke.exceptions import Exit
+from invoke.main import program
 
-from checks.config import PreflightConfig, load_defaults, make_config, validate_files
-from checks.env_config import check_env_overrides
+from checks import cli
+from checks.config import PreflightConfig, load_defaults, make_config
 from checks.errors import ExitStatus, PreflightError, terminate_as_interrupt
-from checks.facts import AllocFacts, MachineFacts
 from checks.fileio import write_atomic
+from checks.fleet import run as bootstrap_run
 from checks.fleet.render import render_fleet
-from checks.fleet.report import FleetReport, build_fleet_report, host_measurements
-from checks.machine.runner import measure, run_checks
-from checks.parse_errors import usage_error
-from checks.probe import LocalProbe, Probe, SnapshotProbe
+from checks.fleet.report import FleetReport
+from checks.machine.runner import SnapshotRequest, record_snapshot
 from checks.render import render_text, use_colour
 from checks.result import Report
-from checks.snapshot import dump_snapshot, to_jsonable, write_snapshot
-from provision.alloc_env import Change, choose_value, ensure_alloc_conf, ensure_alloc_conf_removed, variables_for
-from provision.hosts import HostSpec, select_hosts
+from provision.alloc_env import diff
+from provision.hosts import select_hosts
 
+if TYPE_CHECKING:
+    from checks.verify.run import Judged
 
-def _config_files(argv: list[str], environ: Mapping[str, str]) -> list[Path]:
-    """The files Invoke will merge (system, user, project, runtime ``-f``), in its order; .py files are skipped."""
-    stems = [Path("/etc/invoke"), Path(os.path.expanduser("~/.invoke")), Path(__file__).resolve().parent / "invoke"]
-    files = [stem.with_name(stem.name + ext) for stem in stems for ext in (".yaml", ".yml", ".json")]
-    runtime = _runtime_config(argv, environ)
-    if runtime is not None and not runtime.exists():  # Invoke would go on without it, and without saying so
-        raise PreflightError(
-            f"configuration file {runtime} does not exist",
-            hint="fix the path given with -f / --config / INVOKE_RUNTIME_CONFIG",
-        )
-    return files + ([runtime] if runtime else [])
-
-
-def _runtime_config(argv: list[str], environ: Mapping[str, str]) -> Path | None:
-    """The runtime configuration file: the last ``-f``/``--config`` on the command line, else the variable."""
-    runtime = environ.get("INVOKE_RUNTIME_CONFIG")
-    for i, arg in enumerate(argv):
-        if arg in ("-f", "--config") and i + 1 < len(argv):
-            runtime = argv[i + 1]
-        elif arg.startswith("--config="):
-            runtime = arg.split("=", 1)[1]
-        elif arg.startswith("-f") and len(arg) > 2:
-            runtime = arg[2:]
-    return Path(os.path.expanduser(runtime)) if runtime else None
-
-
-# Before Invoke merges files and casts variables: a bad value is one line and exit 2, not a traceback.
-check_env_overrides(os.environ, load_defaults())
-validate_files(_config_files(sys.argv, os.environ))
-
-
-def _flag_errors_exit_2() -> None:
-    """Make a bad task flag or flag value one line and exit 2, like every other usage error.
-
-    Invoke 2.2.1's Program.run prints a ParseError and exits 1, and a value its flag cannot cast (--steps abc)
-    ends in a ValueError traceback. Invoke imports this file in Program.parse_collection(), before
-    Program.parse_tasks() parses the task flags, so wrapping that one method here covers every task. Done once:
-    this file can be imported again (tests, a second collection load).
-    """
-    original = Program.parse_tasks
-    if getattr(original, "gpu_preflight", False):
-        return
-
-    def parse_tasks(self: Program) -> None:
-        try:
-            original(self)
-        except (ParseError, ValueError) as exc:
-            parser = getattr(self, "parser", None)
-            error = usage_error(exc, parser.contexts if parser is not None else ())
-            if error is None:
-                raise
-            raise error from None
-
-    setattr(parse_tasks, "gpu_preflight", True)  # noqa: B010 (a marker attribute on a function)
-    Program.parse_tasks = parse_tasks  # type: ignore[method-assign]
-
-
-_flag_errors_exit_2()
+CHECKOUT = Path(__file__).resolve().parent
 
 
 def settings(c: Context) -> PreflightConfig:
@@ -110,36 +54,8 @@ def interruptible() -> Iterator[None]:
         raise Exit("gpu-preflight: interrupted", code=ExitStatus.INTERRUPTED) from None
 
 
-def _probe(machine: str, cfg: PreflightConfig) -> Probe:
-    return SnapshotProbe(Path(machine)) if machine else LocalProbe(cfg.probe.torch_timeout_s)
-
-
-def _rc_paths(cfg: PreflightConfig) -> list[Path]:
-    return [Path(os.path.expanduser(p)) for p in cfg.alloc_conf.rc_files]
-
-
-def _diff(change: Change) -> str:
-    before = (change.before or "").splitlines(keepends=True)
-    after = change.after.splitlines(keepends=True)
-    return "".join(difflib.unified_diff(before, after, f"{change.path} (now)", f"{change.path} (after)"))
-
-
-def _alloc(
-    probe: Probe, facts: MachineFacts, cfg: PreflightConfig, dry_run: bool, apply: bool
-) -> tuple[AllocFacts, list[str]]:
-    """Apply the allocator setting (unless dry run / disabled / replay) and read it back."""
-    value, variables = choose_value(cfg.alloc_conf.value, facts.torch.version), variables_for(facts.torch.version)
-    if not probe.live:
-        return probe.alloc(value, variables, cfg), []
-    if facts.torch.error:
-        return AllocFacts(value, variables[0], skipped="torch is not importable (see torch-build)"), []
-    if not apply:
-        return dataclasses.replace(probe.alloc(value, variables, cfg), applied=False), []
-    changes = ensure_alloc_conf(_rc_paths(cfg), value, variables, dry_run=dry_run)
-    notes = [_diff(ch) for ch in changes] if dry_run else [f"wrote allocator settings to {ch.path}" for ch in changes]
-    if dry_run:
-        return AllocFacts(value, variables[0], skipped="dry run: nothing written, nothing to read back"), notes
-    return probe.alloc(value, variables, cfg), notes
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
 
 
 def _emit(report: Report | FleetReport, json_path: str) -> None:
@@ -149,7 +65,7 @@ def _emit(report: Report | FleetReport, json_path: str) -> None:
     text_stream.write(render_fleet(report, colour) if isinstance(report, FleetReport) else render_text(report, colour))
     if not json_path:
         return
-    payload = json.dumps(report.to_json(), indent=2) + "\n"
+    payload = jsonlib.dumps(report.to_json(), indent=2) + "\n"
     if json_path == "-":
         sys.stdout.write(payload)
         return
@@ -177,45 +93,12 @@ def _check_output_path(json_path: str) -> None:
         raise PreflightError(f"cannot write the JSON report to {path}", hint="pick a writable --json path")
 
 
-def _measurements(facts: MachineFacts, cfg: PreflightConfig, notes: list[str]) -> dict[str, Any]:
-    from checks.machine.resources import loader_advice
-
-    out: dict[str, Any] = {"dataloader": loader_advice(facts, cfg).as_dict()}
-    if facts.bench is not None and facts.bench.gpus:
-        out["gpu_bench"] = to_jsonable(facts.bench.gpus)
-    links = {
-        f"gpu{g.index}": {"gen": g.pcie_gen_loaded, "width": g.pcie_width_loaded}
-        for g in facts.nvml.gpus
-        if g.pcie_gen_loaded
-    }
-    if links:
-        out["pcie_under_load"] = links
-    if notes:
-        out["alloc_conf_changes"] = notes
-    out.update(host_measurements(facts))  # disks, mounts, downloads, inventory
-    return out
-
-
 def _finish(report: Report | FleetReport, json_path: str, strict: bool) -> None:
     """Print the report (and its JSON), then exit with the report's code."""
     _emit(report, json_path)
     code = report.exit_code(strict=strict)
     if code:
         raise Exit(code=code)
-
-
-def _fleet(
-    cfg: PreflightConfig, specs: list[HostSpec], source: str, json_path: str, strict: bool, dry_run: bool
-) -> None:
-    """Bootstrap every host over SSH, measure the links between them, report them together."""
-    from provision.fanout import run_fleet  # fabric and paramiko load only for fleet runs
-
-    def notify(line: str) -> None:
-        sys.stderr.write(f"gpu-preflight: {line}\n")
-
-    with interruptible(), terminate_as_interrupt():  # SIGTERM/SIGHUP also stop the remote processes
-        facts = run_fleet(specs, cfg, Path(__file__).resolve().parent, dry_run, notify, source)
-    _finish(build_fleet_report(facts, cfg, platform.node()), json_path, strict or cfg.report.strict)
 
 
 @task(
@@ -247,18 +130,20 @@ def bootstrap(
     specs, source = select_hosts(hosts, hosts_file, os.environ, cfg.hosts.slurm and not machine)
     if specs and machine:
         raise PreflightError("--machine judges a snapshot; it cannot be combined with --hosts or --hosts-file")
+    strict = strict or cfg.report.strict
     if specs:
-        return _fleet(cfg, specs, source, json, strict, dry_run)
+        fleet = bootstrap_run.FleetRequest(
+            config=cfg, hosts=tuple(specs), source=source, checkout=CHECKOUT, dry_run=dry_run
+        )
+        with interruptible(), terminate_as_interrupt():  # SIGTERM/SIGHUP also stop the remote processes
+            report = bootstrap_run.fleet(fleet, notify=lambda line: _say(f"gpu-preflight: {line}"))
+        return _finish(report, json, strict)
+    request = bootstrap_run.BootstrapRequest(config=cfg, machine=Path(machine) if machine else None, dry_run=dry_run)
     with interruptible(), terminate_as_interrupt():
-        probe = _probe(machine, cfg)
-        facts = measure(probe, probe.machine(), cfg)
-        alloc, notes = _alloc(probe, facts, cfg, dry_run, apply=cfg.alloc_conf.apply)
-        facts = dataclasses.replace(facts, alloc=alloc)
-        results = run_checks(facts, cfg)
-    report = Report(facts.host.hostname, probe.label, tuple(results), _measurements(facts, cfg, notes))
-    for note in notes:
+        done = bootstrap_run.bootstrap(request)
+    for note in done.notes:  # the diffs end in a newline already
         sys.stderr.write(note if note.endswith("\n") else note + "\n")
-    _finish(report, json, strict or cfg.report.strict)
+    _finish(done.report, json, strict)
 
 
 @task(
@@ -272,16 +157,9 @@ def snapshot(c: Context, out: str = "", description: str = "", bench: bool = Fal
     """Record this machine's facts to a snapshot file that `invoke bootstrap --machine FILE` replays."""
     if not out:
         raise PreflightError("snapshot needs --out FILE", hint="e.g. invoke snapshot --out box.json")
-    cfg = settings(c)
+    request = SnapshotRequest(config=settings(c), out=Path(out), description=description, bench=bench)
     with interruptible():
-        probe = LocalProbe(cfg.probe.torch_timeout_s)
-        facts = probe.machine()
-        if bench:
-            facts = measure(probe, facts, cfg)
-    try:
-        write_snapshot(Path(out), dump_snapshot(facts, recorded=True, description=description))
-    except OSError as exc:
-        raise PreflightError(f"cannot write snapshot {out}: {exc.strerror}") from None
+        facts = record_snapshot(request)
     gpus = len(facts.nvml.gpus)
     print(f"wrote {out}: {gpus} GPU(s), torch {facts.torch.version or 'missing'}, host {facts.host.hostname}")
 
@@ -292,38 +170,23 @@ def snapshot(c: Context, out: str = "", description: str = "", bench: bool = Fal
 )
 def alloc_conf(c: Context, dry_run: bool = False, undo: bool = False) -> None:
     """Write PYTORCH_CUDA_ALLOC_CONF into the shell start-up files and prove a fresh shell's torch reads it."""
-    cfg = settings(c)
-    paths = _rc_paths(cfg)
-    if undo:
-        with interruptible():
-            changes = ensure_alloc_conf_removed(paths, dry_run=dry_run)
-        for ch in changes:
-            print(_diff(ch) if dry_run else f"removed the allocator block from {ch.path}")
-        if not changes:
-            print("nothing to remove: no gpu-preflight block in " + ", ".join(map(str, paths)))
-        return
+    request = bootstrap_run.AllocConfRequest(config=settings(c), dry_run=dry_run, undo=undo)
     with interruptible():
-        probe = LocalProbe(cfg.probe.torch_timeout_s)
-        facts = probe.machine()
-        alloc, notes = _alloc(probe, facts, cfg, dry_run, apply=True)
-        results = run_checks(dataclasses.replace(facts, alloc=alloc), cfg, checks=_ALLOC_ONLY)
-    for note in notes:
+        done = bootstrap_run.alloc_conf(request)
+    paths = ", ".join(map(str, done.paths))
+    for change in done.changes:
+        print(diff(change) if dry_run else f"removed the allocator block from {change.path}")
+    for note in done.notes:
         print(note, end="" if note.endswith("\n") else "\n")
-    if not notes:
-        print("already in place: " + ", ".join(map(str, paths)))
-    report = Report(facts.host.hostname, probe.label, tuple(results))
-    _emit(report, "")
-    if report.exit_code():
+    if done.report is None:
+        if not done.changes:
+            print("nothing to remove: no gpu-preflight block in " + paths)
+        return
+    if not done.notes:
+        print("already in place: " + paths)
+    _emit(done.report, "")
+    if done.report.exit_code():
         raise Exit(code=1)
-
-
-def _alloc_only() -> Any:
-    from checks.machine.runner import CHECKS
-
-    return tuple(item for item in CHECKS if item[0] == "alloc-conf")
-
-
-_ALLOC_ONLY = _alloc_only()
 
 
 @task(
@@ -367,8 +230,6 @@ def stage_data(
     progress: bool = False,
 ) -> None:
     """Copy a dataset to local disk and pre-decode it once into memory-mapped arrays (or .pt shards)."""
-    import time
-
     from datasets import options, stage
     from datasets import progress as bars
 
@@ -392,28 +253,40 @@ def stage_data(
             "stage-data needs --source (or --verify DIR)", hint="e.g. invoke stage-data --source ~/imagenet/train"
         )
     flags = options.Flags(
-        source,
-        dest,
-        kind,
-        format,
-        size,
-        resize,
-        sha256,
-        max_rejects,
-        workers,
-        reserve_cores,
-        copy,
-        field,
-        tokenizer,
-        token_dtype,
+        source=source,
+        dest=dest,
+        kind=kind,
+        format=format,
+        size=size,
+        resize=resize,
+        sha256=sha256,
+        max_rejects=max_rejects,
+        workers=workers,
+        reserve_cores=reserve_cores,
+        copy=copy,
+        field=field,
+        tokenizer=tokenizer,
+        token_dtype=token_dtype,
     )
     with interruptible():
         outcome = stage.stage(
             options.build_request(cfg.stage, flags, cfg.disk), progress=shown, say=lambda s: print(s, file=sys.stderr)
         )
     for note in outcome.notes:
-        sys.stderr.write(note + "\n")
+        _say(note)
     print(options.summary(outcome, time.monotonic() - start))
+
+
+def _show_judged(judged: Judged) -> None:
+    """Print verify's or watch's report and verdicts and the files written; exit 130 when Ctrl-C cut it short."""
+    from checks.verify.results import render_verdicts
+
+    _emit(judged.report, judged.json_path)
+    (sys.stderr if judged.json_path == "-" else sys.stdout).write(render_verdicts(list(judged.verdicts)))
+    for note in judged.notes:
+        _say(note)
+    if judged.interrupted:
+        raise Exit("gpu-preflight: interrupted (the partial report is written)", code=ExitStatus.INTERRUPTED)
 
 
 @task(
@@ -454,42 +327,33 @@ def verify(
     device: str = "",
 ) -> None:
     """Train a few dozen steps as the real run will and say where step time goes: verdict, fix, cost."""
-    from contextlib import ExitStack
-
-    from checks.verify import plan as v
-    from checks.verify.report import judge
-    from checks.verify.results import render_verdicts
+    from checks.verify import run as run_verify
+    from checks.verify.plan import Options
 
     cfg = settings(c)
-    opts = v.Options(data, steps, batch_size, accum, workers, ckpt_dir, ckpt_every, price_per_hour, json, plot, sweep, ab, dataset, model, device)  # fmt: skip
-    with ExitStack() as stack, interruptible():
-        p, facts = v.plan(opts, cfg, LocalProbe(cfg.probe.torch_timeout_s).machine, stack)
-        gate = v.gate(facts, cfg)
-        outcome = v.run(p, cfg, lambda e: _progress(v.progress(e)))
-        v.raise_usage(outcome)
-        results, measurements, verdicts = judge(p, outcome, cfg.verify)
-        child = outcome.child.result or {}
-        title = f"invoke verify: {verdicts[0].id if verdicts else 'cant-tell'}"
-        notes = v.write_outputs(
-            p.csv_path, p.png_path, outcome.trace, title, outcome.gpu_index, p.usable_cores,
-            steps=child.get("steps", []), warmup=child.get("warmup", []),
-            shares=measurements.get("step_breakdown"), phases=child.get("timeline"),
-        )  # fmt: skip
-    report = Report(facts.host.hostname, "live", tuple(gate + results), measurements)
-    _emit(report, p.json_path)
-    (sys.stderr if p.json_path == "-" else sys.stdout).write(render_verdicts(verdicts))
-    for note in [*notes, f"wrote {p.json_path}, {p.csv_path}, {p.png_path}"]:
-        sys.stderr.write(note + "\n")
-    if outcome.child.interrupted:
-        raise Exit("gpu-preflight: interrupted (the partial report is written)", code=ExitStatus.INTERRUPTED)
-    code = report.exit_code(strict=cfg.report.strict)
+    options = Options(
+        data=data,
+        steps=steps,
+        batch_size=batch_size,
+        accum=accum,
+        workers=workers,
+        ckpt_dir=ckpt_dir,
+        ckpt_every=ckpt_every,
+        price_per_hour=price_per_hour,
+        json=json,
+        plot=plot,
+        sweep=sweep,
+        ab=ab,
+        dataset=dataset,
+        model=model,
+        device=device,
+    )
+    with interruptible():
+        judged = run_verify.verify(run_verify.VerifyRequest(config=cfg, options=options), say=_say)
+    _show_judged(judged)
+    code = judged.report.exit_code(strict=cfg.report.strict)
     if code:
         raise Exit(code=code)
-
-
-def _progress(line: str | None) -> None:
-    if line:
-        sys.stderr.write(line + "\n")
 
 
 @task(
@@ -502,30 +366,12 @@ def _progress(line: str | None) -> None:
 )
 def watch(c: Context, seconds: int = 0, pid: int = 0, json: str = "", plot: str = "") -> None:
     """Sample GPU and CPU use while your own training runs and say which one holds it back."""
-    from checks.verify import plan as v
-    from checks.verify import watch as w
-    from checks.verify.results import render_verdicts
+    from checks.verify import run as run_verify
 
-    cfg = settings(c)
-    w.check_pid(pid)
-    if seconds < 0:
-        raise PreflightError(f"--seconds must be positive, got {seconds}")
-    json_path, csv, png = v.outputs(json, plot, cfg.verify, "watch")
-    usable, host = w.usable_here()
-    seconds = seconds or cfg.verify.watch_seconds
-    sys.stderr.write(f"watch: sampling for {seconds} s (Ctrl-C stops early)\n")
-    watched = w.sample(seconds, pid or None, usable, cfg.verify)
-    found = w.verdicts(watched, cfg.verify, usable)
-    results, measurements = w.results(watched, found, usable, str(csv))
-    measurements["files"] = {"json": json_path, "csv": str(csv), "png": str(png)}
-    notes = v.write_outputs(csv, png, watched.trace, f"invoke watch: {found[0].id}", watched.gpu, usable)
-    _emit(Report(host, "live", tuple(results), measurements), json_path)
-    (sys.stderr if json_path == "-" else sys.stdout).write(render_verdicts(found))
-    for note in [*notes, f"wrote {json_path}, {csv}, {png}"]:
-        sys.stderr.write(note + "\n")
-    if watched.interrupted:
-        raise Exit("gpu-preflight: interrupted (the partial report is written)", code=ExitStatus.INTERRUPTED)
+    request = run_verify.WatchRequest(config=settings(c), seconds=seconds, pid=pid, json=json, plot=plot)
+    _show_judged(run_verify.watch(request, say=_say))  # no exit code of its own: watch advises
 
 
 ns = Collection(bootstrap, snapshot, alloc_conf, stage_data, verify, watch)
 ns.configure({"preflight": load_defaults()})
+cli.adopt(program)  # the program running this file checks flags and configuration as it reaches them

@@ -8,12 +8,18 @@ then rename) and keep their permissions.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import os
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from checks.config import AllocConfig, PreflightConfig
+from checks.facts import AllocFacts, MachineFacts
 from checks.fileio import write_atomic
+from checks.probe import Probe
 
 BEGIN = "# >>> gpu-preflight: allocator settings >>>"
 END = "# <<< gpu-preflight: allocator settings <<<"
@@ -147,3 +153,40 @@ def ensure_alloc_conf_removed(paths: list[Path], dry_run: bool = False) -> list[
         for change in changes:
             write(change)
     return changes
+
+
+def rc_paths(cfg: AllocConfig) -> list[Path]:
+    """The configured shell start-up files, ``~`` expanded."""
+    return [Path(os.path.expanduser(p)) for p in cfg.rc_files]
+
+
+def diff(change: Change) -> str:
+    """The change as a unified diff of the file now and after."""
+    before = (change.before or "").splitlines(keepends=True)
+    after = change.after.splitlines(keepends=True)
+    return "".join(difflib.unified_diff(before, after, f"{change.path} (now)", f"{change.path} (after)"))
+
+
+def alloc_step(
+    probe: Probe, facts: MachineFacts, cfg: PreflightConfig, *, dry_run: bool, apply: bool
+) -> tuple[AllocFacts, list[str]]:
+    """Write the allocator setting and read it back; what it does depends on the run.
+
+    A replayed snapshot writes nothing (the probe says why it cannot read back); a live run without an importable
+    torch skips; ``apply`` false only reads back; a dry run writes nothing and returns the diffs as its notes.
+    Returns the read-back facts and the notes the report keeps (the diffs, or the files written).
+    """
+    value, variables = choose_value(cfg.alloc_conf.value, facts.torch.version), variables_for(facts.torch.version)
+    if not probe.live:
+        return probe.alloc(value, variables, cfg), []
+    if facts.torch.error:
+        return AllocFacts(wanted=value, variable=variables[0], skipped="torch is not importable (see torch-build)"), []
+    if not apply:
+        return dataclasses.replace(probe.alloc(value, variables, cfg), applied=False), []
+    changes = ensure_alloc_conf(rc_paths(cfg.alloc_conf), value, variables, dry_run=dry_run)
+    if dry_run:
+        skipped = AllocFacts(
+            wanted=value, variable=variables[0], skipped="dry run: nothing written, nothing to read back"
+        )
+        return skipped, [diff(ch) for ch in changes]
+    return probe.alloc(value, variables, cfg), [f"wrote allocator settings to {ch.path}" for ch in changes]

@@ -5,16 +5,20 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 from checks.config import PreflightConfig
+from checks.errors import PreflightError
 from checks.facts import MachineFacts
 from checks.machine import alloc, bench, compat, disk, gpu, network, resources
-from checks.probe import Probe, disk_cache
+from checks.probe import LocalProbe, Probe, disk_cache
 from checks.result import Result, Status, timed
+from checks.snapshot import dump_snapshot, write_snapshot
 
 Check = Callable[[MachineFacts, PreflightConfig], list[Result]]
 
-# (id, check) in report order. Ids are stable: scripts and the README depend on them. A check function may
+# (id, check) in report order. Ids are stable: scripts and docs/checks.md depend on them. A check function may
 # return results under more than one id (gpu_bench returns gpu-h2d, gpu-d2h, gpu-d2d, gpu-matmul).
 CHECKS: tuple[tuple[str, Check], ...] = (
     ("driver", compat.driver),
@@ -83,3 +87,28 @@ def measure(probe: Probe, facts: MachineFacts, cfg: PreflightConfig) -> MachineF
     if probe.live and measured.disks is not None:
         disk_cache.save(measured.disks.locations)
     return measured
+
+
+@dataclass(frozen=True)
+class SnapshotRequest:
+    """``invoke snapshot``: record this machine to ``out``; ``bench`` also measures it."""
+
+    config: PreflightConfig
+    out: Path
+    description: str = ""
+    bench: bool = False
+
+
+def record_snapshot(request: SnapshotRequest) -> MachineFacts:
+    """Read this machine's facts (measured too with ``bench``) and write them to the snapshot file."""
+    cfg = request.config
+    probe = LocalProbe(cfg.probe.torch_timeout_s)
+    facts = probe.machine()
+    if request.bench:
+        facts = measure(probe, facts, cfg)
+    document = dump_snapshot(facts, recorded=True, description=request.description)
+    try:
+        write_snapshot(request.out, document)
+    except OSError as exc:
+        raise PreflightError(f"cannot write snapshot {request.out}: {exc.strerror}") from None
+    return facts
