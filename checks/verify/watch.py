@@ -5,6 +5,10 @@ low while CPU cores are saturated: the data pipeline (cpu-starved). Low with hig
 (data-bound). High: the GPU is busy, but NVML's utilisation is time-based and a tiny kernel fills it too
 (ref/diagnosis.md §3 item 2), so this is compute-bound with low confidence; ``invoke verify --model`` tells it
 apart from launch-bound. Rules on coinciding samples follow SageMaker's CPUBottleneck (ref/diagnosis.md §1.12).
+
+With ``--pid`` the watch ends when the process exits, and only the samples taken while it was alive are judged
+(idle samples after it would dilute the medians). Every verdict's evidence carries what was sampled, the process
+tree's CPU included, with or without NVML; a ``cant-tell`` is a warn, never a "ready to train".
 """
 
 from __future__ import annotations
@@ -22,16 +26,20 @@ from checks.result import Result, ok, skip, warn
 from checks.verify.diagnosis import Verdict, throttle_verdict
 from checks.verify.sampler import Row, Sampler, Trace, busiest_gpu, gpu_summary, summarise
 
+_POLL_S = 0.1  # how often --pid's process is checked for having exited
+
 
 @dataclass
 class Watched:
-    """The trace of one watch, the GPU judged, and whether Ctrl-C ended it early."""
+    """The trace of one watch, the GPU judged, whether Ctrl-C ended it early, and when the watched process exited
+    (seconds after the watch started; None while it lived through the watch)."""
 
     trace: Trace
     gpu: int | None
     gpu_error: str | None
     interrupted: bool
     pid: int | None
+    exited_after_s: float | None = None
 
 
 def usable_here() -> tuple[float, str]:
@@ -47,9 +55,10 @@ def check_pid(pid: int) -> None:
 
 
 def sample(seconds: float, pid: int | None, usable_cores: float, cfg: VerifyConfig) -> Watched:
-    """Sample for ``seconds`` (Ctrl-C stops early and keeps what was sampled)."""
+    """Sample for ``seconds``, or until process ``pid`` exits (Ctrl-C stops early and keeps what was sampled)."""
     gpu = GpuReader()
-    interrupted = False
+    interrupted, exited = False, None
+    start = time.monotonic()
     with Sampler(cfg.sample_interval_s, gpu, HostReader(pid=pid, usable=usable_cores)) as sampler:
         owners = gpu.processes() if pid else {}
         tree = process_tree(pid) if pid else set()
@@ -57,11 +66,43 @@ def sample(seconds: float, pid: int | None, usable_cores: float, cfg: VerifyConf
         if mine:
             gpu.focus = set(mine)
         try:
-            time.sleep(seconds)
+            exited = _wait(start + seconds, pid)
         except KeyboardInterrupt:
             interrupted = True
-    index = mine[0] if mine else busiest_gpu(sampler.trace)
-    return Watched(sampler.trace, index, gpu.error, interrupted, pid)
+    trace = sampler.trace if exited is None else sampler.trace.within(start, exited)
+    index = mine[0] if mine else busiest_gpu(trace)
+    return Watched(trace, index, gpu.error, interrupted, pid, None if exited is None else exited - start)
+
+
+def _wait(deadline: float, pid: int | None) -> float | None:
+    """Sleep until ``deadline``; return the monotonic time ``pid`` was seen gone, if it exits first."""
+    while (left := deadline - time.monotonic()) > 0:
+        if pid and not process_exists(pid):
+            return time.monotonic()
+        time.sleep(min(_POLL_S, left))
+    return None
+
+
+def sampled(w: Watched, usable_cores: float) -> dict[str, Any]:
+    """What the watch sampled, whatever the verdict: span, machine CPU, iowait, the process tree's CPU."""
+    t = w.trace
+    times = t.values("t_mono")
+    tree = t.values("tree_cpu_cores")
+    ev: dict[str, Any] = {
+        "samples": len(t.rows),
+        "seconds": round(times[-1] - times[0], 2) if len(times) > 1 else 0.0,
+        "cpu_pct_p50": _p50(t.values("cpu_pct")),
+        "iowait_p50": _p50(t.values("iowait_pct")),
+    }
+    if w.pid:
+        ev |= {"pid": w.pid, "tree_cpu_cores_p50": _p50(tree), "tree_cpu_cores_max": max(tree, default=None)}
+        ev |= {"tree_cpu_fraction_p50": None if not tree else round(statistics.median(tree) / usable_cores, 3)}
+        ev |= {"workers_max": max(t.values("workers"), default=None), "exited_after_s": w.exited_after_s}
+    return ev
+
+
+def _p50(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
 
 
 def _cpu_saturated(row: Row, usable_cores: float, by_tree: bool, fraction: float) -> bool:
@@ -73,21 +114,23 @@ def _cpu_saturated(row: Row, usable_cores: float, by_tree: bool, fraction: float
 
 
 def verdicts(w: Watched, cfg: VerifyConfig, usable_cores: float) -> list[Verdict]:
-    """The GPU-utilisation-vs-CPU verdict, then near-oom and throttled when they apply."""
+    """The GPU-utilisation-vs-CPU verdict, then near-oom and throttled when they apply; each with what was sampled."""
+    host = sampled(w, usable_cores)
     if w.gpu is None:
-        return [
-            Verdict(
-                "cant-tell",
-                "info",
-                "low",
-                "no GPU sampled: nothing to weigh the CPU against",
-                "run watch on the GPU machine",
-            )
-        ]
+        tree = host.get("tree_cpu_cores_p50")
+        cpu = (
+            f"; process {w.pid}'s tree used a median {tree:.2f} of {usable_cores:g} usable cores"
+            if tree is not None
+            else f"; the machine's CPU median {host['cpu_pct_p50'] or 0:.0f}%"
+        )
+        summary = f"no GPU sampled ({w.gpu_error or 'none visible'}): nothing to weigh the CPU against{cpu}"
+        return [Verdict("cant-tell", "info", "low", summary, "run watch on the GPU machine", 0.0, host)]
     col = f"gpu{w.gpu}_util_pct"
     rows = [r for r in w.trace.rows if r.get(col) is not None]
     if len(rows) < 2:
-        return [Verdict("cant-tell", "info", "low", "fewer than 2 GPU samples", "watch for longer (--seconds)")]
+        return [
+            Verdict("cant-tell", "info", "low", "fewer than 2 GPU samples", "watch for longer (--seconds)", 0.0, host)
+        ]
     g = gpu_summary(w.trace, w.gpu)
     util = statistics.median(float(r[col] or 0.0) for r in rows)
     low = [r for r in rows if (r[col] or 0.0) < cfg.gpu_util_low_pct]
@@ -95,12 +138,12 @@ def verdicts(w: Watched, cfg: VerifyConfig, usable_cores: float) -> list[Verdict
         rows
     )
     iowait = statistics.median(w.trace.values("iowait_pct") or [0.0])
-    ev = {"gpu": w.gpu, "util_p50": util, "starved_sample_fraction": round(starved, 3), "iowait_p50": iowait}
+    ev = host | {"gpu": w.gpu, "util_p50": util, "starved_sample_fraction": round(starved, 3), "iowait_p50": iowait}
     found = [_main(util, starved, iowait, cfg, ev)]
     total, used = g.get("mem_total_mib"), g.get("mem_used_mib_max")
     if total and used and used >= cfg.near_oom_fraction * total:
         found.append(Verdict("near-oom", "warn", "medium", f"GPU memory peaked at {used / total:.0%} of {total / 1024:.0f} GiB",
-                             "bf16, activation checkpointing, or a smaller micro-batch with gradient accumulation", 0.0, {"mem_used_mib_max": used}))  # fmt: skip
+                             "bf16, activation checkpointing, or a smaller micro-batch with gradient accumulation", 0.0, host | {"mem_used_mib_max": used}))  # fmt: skip
     throttled = throttle_verdict(g, cfg)
     return found + ([throttled] if throttled else [])
 
@@ -132,16 +175,18 @@ def results(w: Watched, found: list[Verdict], usable_cores: float, csv: str) -> 
     where = f"GPU {w.gpu}" if w.gpu is not None else f"no GPU ({w.gpu_error or 'none visible'})"
     who = f"process {w.pid} and its children" if w.pid else "the whole machine"
     line = f"{summary['samples']} samples over {summary['seconds']:.0f} s of {where} and {who}"
-    sampled = ok(
-        "watch-sampler", line + (" (stopped early by Ctrl-C)" if w.interrupted else ""), value=summary["samples"]
-    )
+    if w.exited_after_s is not None:
+        line += f" (it exited after {w.exited_after_s:.1f} s: judged over its life)"
+    line += " (stopped early by Ctrl-C)" if w.interrupted else ""
+    sampled_result = ok("watch-sampler", line, value=summary["samples"])
     if not w.trace.rows:
-        return [sampled, skip("diagnosis", "nothing sampled")], m
+        return [sampled_result, skip("diagnosis", "nothing sampled")], m
     top = found[0]
     text = f"{top.id} ({top.confidence} confidence): {top.summary}"
+    # cant-tell is a warn: the watch did not clear the run, so the call to action must not say it is ready.
     judged = (
         ok("diagnosis", text, value=top.id, hint=top.fix)
-        if top.id in ("compute-bound", "cant-tell")
+        if top.id == "compute-bound"
         else warn("diagnosis", text, top.fix, value=top.id)
     )
-    return [sampled, judged], m
+    return [sampled_result, judged], m

@@ -1,0 +1,61 @@
+"""``invoke watch --pid`` on a real short-lived process: it stops when the process exits, judges only its life,
+and its evidence carries what was sampled even without NVML; a cant-tell never ends in "ready to train"."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from checks.config import make_config
+from checks.render import call_to_action
+from checks.result import Report
+from checks.verify import watch
+from checks.verify.sampler import Trace
+from checks.verify.watch import Watched
+
+CFG = make_config().verify
+LIFE_S = 1.5  # the child burns one core this long, then exits
+
+
+@pytest.fixture
+def short_lived() -> Iterator[subprocess.Popen[bytes]]:
+    code = f"import time\nt = time.monotonic()\nwhile time.monotonic() - t < {LIFE_S}: pass"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_watch_stops_when_the_watched_process_exits(short_lived: subprocess.Popen[bytes]) -> None:
+    cores, _ = watch.usable_here()
+    start = time.monotonic()
+    w = watch.sample(20, short_lived.pid, cores, CFG)
+    took = time.monotonic() - start
+    assert w.exited_after_s is not None and LIFE_S - 0.3 <= w.exited_after_s <= LIFE_S + 2.5, w.exited_after_s
+    assert took < LIFE_S + 4, took  # not the 20 s asked
+    found = watch.verdicts(w, CFG, cores)
+    results, m = watch.results(w, found, cores, "w.csv")
+    assert m["sampler"]["seconds"] <= w.exited_after_s + 0.2  # judged over its life, no idle samples after it
+    assert "exited after" in results[0].summary
+    ev = found[0].evidence
+    assert ev["pid"] == short_lived.pid and ev["samples"] >= 5 and ev["exited_after_s"] == w.exited_after_s
+    assert ev["tree_cpu_cores_max"] is not None and ev["tree_cpu_cores_max"] >= 0.2  # it burnt a core (shared)
+
+
+def test_cant_tell_is_a_warn_with_the_sampled_cpu_and_never_ready_to_train() -> None:
+    rows: list[dict[str, float | None]] = [
+        {"t_mono": 100.0 + 0.1 * i, "cpu_pct": 60.0, "iowait_pct": 0.0, "tree_cpu_cores": 1.2, "workers": 2.0}
+        for i in range(10)
+    ]
+    w = Watched(Trace(rows, 0.1), None, "NVML library not found", False, 4242, 0.9)
+    found = watch.verdicts(w, CFG, 2.0)
+    assert found[0].id == "cant-tell" and "used a median 1.20 of 2 usable cores" in found[0].summary
+    assert found[0].evidence["tree_cpu_cores_p50"] == 1.2 and found[0].evidence["workers_max"] == 2.0
+    results, _ = watch.results(w, found, 2.0, "w.csv")
+    assert results[1].status.value == "warn"
+    action = call_to_action(Report("host", "live", tuple(results), {}))
+    assert "ready to train" not in action and "run watch on the GPU machine" in action
