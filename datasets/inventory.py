@@ -40,8 +40,10 @@ class Inventory:
 
 @dataclass(frozen=True)
 class Columns:
-    path: str = "path"
-    label: str = "label"
+    """Header names of a CSV/TSV list's path and label columns (preflight.stage.path_column, label_column)."""
+
+    path: str
+    label: str
 
 
 def scan(root: Path, kind: str, columns: Columns) -> Inventory:

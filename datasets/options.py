@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from checks.config import DiskConfig, StageConfig
 from datasets.inventory import Columns
 from datasets.places import gib
-from datasets.run_images import ImageJob
-from datasets.run_text import TextJob
+from datasets.request import ImageJob, Outcome, Request, TextJob
 from datasets.sources import Fetch
-from datasets.stage import Outcome, Request
 
 
 @dataclass(frozen=True)
@@ -36,9 +33,24 @@ class Flags:
 
 def build_request(cfg: StageConfig, flags: Flags, disk: DiskConfig | None = None) -> Request:
     """Merge ``flags`` over ``cfg``; ``disk`` measures candidate roots when no --dest is given."""
-    images = ImageJob(flags.size or cfg.size, flags.resize or cfg.resize, cfg.resample, cfg.shard_size)
-    text = TextJob(flags.field or cfg.text_field, flags.tokenizer, flags.token_dtype or cfg.token_dtype)
-    fetch = Fetch(cfg.ssh_command, cfg.retries, cfg.http_timeout_s, flags.sha256, flags.copy)
+    images = ImageJob(
+        size=flags.size or cfg.size,
+        policy=flags.resize or cfg.resize,
+        resample=cfg.resample,
+        shard_size=cfg.shard_size,
+    )
+    text = TextJob(
+        field=flags.field or cfg.text_field,
+        token_dtype=flags.token_dtype or cfg.token_dtype,
+        tokenizer=flags.tokenizer,
+    )
+    fetch = Fetch(
+        ssh_command=cfg.ssh_command,
+        retries=cfg.retries,
+        http_timeout_s=cfg.http_timeout_s,
+        sha256=flags.sha256,
+        copy=flags.copy,
+    )
     return Request(
         source=flags.source,
         dest=flags.dest,
@@ -46,7 +58,7 @@ def build_request(cfg: StageConfig, flags: Flags, disk: DiskConfig | None = None
         format=flags.format or cfg.format,
         images=images,
         text=text,
-        columns=Columns(cfg.path_column, cfg.label_column),
+        columns=Columns(path=cfg.path_column, label=cfg.label_column),
         fetch=fetch,
         dest_roots=cfg.dest_roots,
         disk=disk,
@@ -60,19 +72,19 @@ def build_request(cfg: StageConfig, flags: Flags, disk: DiskConfig | None = None
 
 def summary(outcome: Outcome, seconds: float) -> str:
     """Return the one line that ends a run: what, where, how fast."""
-    doc: dict[str, Any] = outcome.manifest
-    counts = doc.get("counts", {})
-    size = gib(sum(e.get("bytes", 0) for e in doc.get("outputs", {}).values()))
+    contents = outcome.manifest.contents
+    counts = contents.counts
+    size = gib(sum(o.bytes for o in contents.outputs.values()))
     if outcome.noop:
-        what = f"{counts.get('staged', 0):,} {'documents' if doc.get('kind') == 'text' else 'images'}"
+        what = f"{counts.staged:,} {'documents' if contents.kind == 'text' else 'images'}"
         return f"already staged: {outcome.dest} ({what}, {size}) matches the source and parameters; nothing to do ({seconds:.1f} s)"
-    decode_s = max(doc.get("timings", {}).get("decode_s", 0.0), 1e-9)
-    rejected = f", {counts.get('rejected', 0)} rejected" if counts.get("rejected") else ""
-    if doc.get("kind") == "text":
-        rate = f"{counts.get('tokens', 0) / decode_s:,.0f} tokens/s"
-        what = f"{counts.get('tokens', 0):,} tokens from {counts.get('staged', 0):,} documents{rejected}"
+    decode_s = max(contents.timings.decode_s, 1e-9)
+    rejected = f", {counts.rejected} rejected" if counts.rejected else ""
+    if contents.kind == "text":
+        rate = f"{counts.tokens / decode_s:,.0f} tokens/s"
+        what = f"{counts.tokens:,} tokens from {counts.staged:,} documents{rejected}"
     else:
-        done = counts.get("inputs", 0) - doc.get("resumed", {}).get("items_done_before", 0)
+        done = counts.inputs - (contents.items_done_before or 0)
         rate = f"{done / decode_s:,.0f} images/s"
-        what = f"{counts.get('staged', 0):,} images{rejected}"
+        what = f"{counts.staged:,} images{rejected}"
     return f"staged {what} into {outcome.dest} ({size}) in {seconds:.1f} s: {rate}"

@@ -1,11 +1,12 @@
 """Where a staged dataset goes, and whether it fits there.
 
 Without ``--dest``, the dataset goes under one of the configured roots (``preflight.stage.dest_roots``), one per
-filesystem. Only local disks count: network filesystems (NFS, SMB, Lustre, ...), FUSE mounts (s3fs, gcsfuse,
-rclone, sshfs) and RAM (tmpfs) are left out, and an overlay (a container's own root) only counts when nothing
-better is there (ref/data-staging.md §6.3). Among those with room, the one that reads fastest for a data loader
-wins, measured by bootstrap's disk checks (checks/disk_cache.py) or, when bootstrap has not measured it since
-this boot, measured now (checks/probe_disk.py, a few seconds per disk). A root that already holds this dataset
+filesystem. Only local disks count: network filesystems (NFS, SMB, Lustre, virtiofs, ...), FUSE mounts (s3fs,
+gcsfuse, rclone, sshfs) and RAM (tmpfs) are left out, and an overlay (a container's own root) only counts when
+nothing better is there (ref/data-staging.md §6.3); the mount table and the kinds are bootstrap's
+(checks/probe/mounts.py). Among those with room, the one that reads fastest for a data loader wins, measured by
+bootstrap's disk checks (checks/probe/disk_cache.py) or, when bootstrap has not measured it since this boot,
+measured now (checks/probe/disk.py, a few seconds per disk). A root that already holds this dataset
 (staged, or an unfinished run) is kept, so a re-run is a no-op or a resume wherever the disk speeds now rank.
 """
 
@@ -18,12 +19,9 @@ from pathlib import Path
 
 from checks.facts import LocationFacts
 from checks.machine.disk import data_score, rate
+from checks.probe.mounts import fs_kind, mount_table
 from datasets.errors import StageFailure
 
-NETWORK_FS = frozenset(
-    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "9p", "beegfs", "gpfs", "afs", "davfs"}
-)
-RAM_FS = frozenset({"tmpfs", "ramfs"})
 GIB = 1024**3
 
 
@@ -37,8 +35,14 @@ class Place:
     device: int
 
     @property
+    def kind(self) -> str:
+        """local, network, fuse, overlay or memory (bootstrap's classification)."""
+        return fs_kind(self.fstype)
+
+    @property
     def local(self) -> bool:
-        return not (self.fstype in NETWORK_FS or self.fstype in RAM_FS or self.fstype.startswith("fuse"))
+        """On a disk of this machine: a local filesystem or a container's overlay."""
+        return self.kind in ("local", "overlay")
 
     def describe(self) -> str:
         """Name the place for messages: path, filesystem type, free space."""
@@ -48,21 +52,6 @@ class Place:
 def gib(n: float) -> str:
     """Format a byte count for people: MiB below a GiB, GiB above."""
     return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
-
-
-def mounts(root: Path = Path("/")) -> list[tuple[str, str]]:
-    """Return (mount point, filesystem type) pairs. Command line equivalent: findmnt -o TARGET,FSTYPE"""
-    try:
-        text = (root / "proc" / "self" / "mountinfo").read_text()
-    except OSError:
-        return []
-    found = []
-    for line in text.splitlines():
-        left, _, right = line.partition(" - ")
-        fields = left.split()
-        if len(fields) >= 5 and right:
-            found.append((fields[4].replace("\\040", " "), right.split()[0]))
-    return found
 
 
 def _holder(path: Path, table: list[tuple[str, str]]) -> tuple[str, str]:
@@ -99,13 +88,16 @@ def place_of(path: Path, table: list[tuple[str, str]] | None = None) -> Place:
     anchor = existing_ancestor(path)
     st = os.statvfs(anchor)
     return Place(
-        path, fstype_of(anchor, mounts() if table is None else table), st.f_frsize * st.f_bavail, os.stat(anchor).st_dev
+        path=path,
+        fstype=fstype_of(anchor, mount_table() if table is None else table),
+        free=st.f_frsize * st.f_bavail,
+        device=os.stat(anchor).st_dev,
     )
 
 
 def candidates(roots: list[str], table: list[tuple[str, str]] | None = None) -> list[Place]:
     """Return the configured roots that exist and are writable, one per filesystem (the first listed)."""
-    table = mounts() if table is None else table
+    table = mount_table() if table is None else table
     found: dict[int, Place] = {}
     for raw in roots:
         path = Path(os.path.expanduser(raw))
@@ -141,7 +133,7 @@ def choose_root(
     place now (None: rank by free space only, as without any measurement).
     """
     local = [p for p in places if p.local]
-    pool = [p for p in local if p.fstype != "overlay"] or local
+    pool = [p for p in local if p.kind != "overlay"] or local
     if not pool:
         return None
     for place in pool:
@@ -155,7 +147,7 @@ def choose_root(
     if measure is None and not measured:
         best = max(roomy, key=lambda p: p.free)
         return Choice(best, f"staging to {best.describe()}: the most free space (disk speeds not measured)")
-    table = mounts() if table is None else table
+    table = mount_table() if table is None else table
     ranked = [(p, _speed_of(p, measured or [], measure, measured_when, table)) for p in roomy]
     best_place, (best_loc, how) = max(ranked, key=lambda pr: (data_score(pr[1][0]), pr[0].free))
     others = "; ".join(f"{p.path} {_speed(loc)} ({h})" for p, (loc, h) in ranked if p is not best_place)

@@ -3,67 +3,23 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from datasets import decode, finalize, manifest, npyfile
-from datasets.errors import StageFailure, UsageError
-from datasets.images import RESAMPLE, RESIZE_POLICIES, Resize
+from datasets.errors import StageFailure
+from datasets.images import Resize
 from datasets.inventory import Inventory
 from datasets.journal import Journal
+from datasets.manifest import Classes, Contents, Counts, Output, Reject, Timings
 from datasets.places import gib
 from datasets.progress import Progress
-
-if TYPE_CHECKING:
-    from datasets.stage import Request
+from datasets.request import Request, allowed_rejects
 
 SLOTS = "slots.npy"  # one row per input, rejects as zero rows, until finalize
-
-
-@dataclass(frozen=True)
-class ImageJob:
-    """The parameters that decide the bytes of a staged image dataset."""
-
-    size: int = 256
-    policy: str = "crop"
-    resample: str = "bicubic"
-    shard_size: int = 1024
-
-    def validate(self) -> None:
-        """Raise UsageError (exit 2) for a value that cannot work."""
-        if not 8 <= self.size <= 4096:
-            raise UsageError(f"--size {self.size} is out of range", hint="8 to 4096 pixels")
-        if self.policy not in RESIZE_POLICIES:
-            raise UsageError(f"unknown --resize {self.policy!r}", hint=" or ".join(RESIZE_POLICIES))
-        if self.resample not in RESAMPLE:
-            raise UsageError(f"unknown resample filter {self.resample!r}", hint=", ".join(RESAMPLE))
-        if self.shard_size < 1:
-            raise UsageError("preflight.stage.shard_size must be at least 1")
-
-    @property
-    def row_shape(self) -> tuple[int, int, int]:
-        return (self.size, self.size, 3)
-
-
-def allowed_rejects(spec: str, inputs: int) -> int:
-    """Turn ``--max-rejects`` ("25", "0.1%", "0.001") into a count for ``inputs`` items."""
-    text = spec.strip()
-    try:
-        if text.endswith("%"):
-            return math.floor(float(text[:-1]) / 100 * inputs)
-        if "." in text or "e" in text.lower():
-            return math.floor(float(text) * inputs)
-        return int(text)
-    except ValueError:
-        raise UsageError(
-            f"--max-rejects {spec!r} is neither a count nor a fraction", hint='e.g. 25, "0.1%" or 0.001'
-        ) from None
 
 
 def estimate(req: Request, inv: Inventory, work: Path | None) -> tuple[int, str, str]:
@@ -79,8 +35,8 @@ def estimate(req: Request, inv: Inventory, work: Path | None) -> tuple[int, str,
     return max(0, total - held), f"{n:,} images x {s}x{s}x3 bytes", smaller
 
 
-def run(req: Request, inv: Inventory, work: Path, journal: Journal, progress: Progress) -> dict[str, Any]:
-    """Decode every image of ``inv`` into ``work/out`` and lay it out; return the manifest's body."""
+def run(req: Request, inv: Inventory, work: Path, journal: Journal, progress: Progress) -> Contents:
+    """Decode every image of ``inv`` into ``work/out`` and lay it out; return what was staged (no fetch time yet)."""
     out, n, job = work / "out", len(inv.paths), req.images
     if not journal.has("slots"):
         npyfile.create(out / SLOTS, np.dtype(np.uint8), (n, *job.row_shape))
@@ -96,16 +52,19 @@ def run(req: Request, inv: Inventory, work: Path, journal: Journal, progress: Pr
             f"every one of the {n} images was rejected", hint=f"first reason: {next(iter(rejects.values()))}"
         )
     outputs = _layout(req, inv, out, good, journal, progress)
-    return {
-        "kind": "images",
-        "format": req.format,
-        "counts": {"inputs": n, "staged": len(good), "rejected": len(rejects), "tokens": 0},
-        "classes": {"count": len(inv.classes), "per_class": _per_class(inv.classes, np.asarray(inv.labels)[good])},
-        "outputs": outputs,
-        "rejects": [{"path": inv.paths[i], "reason": r} for i, r in sorted(rejects.items())],
-        "timings": {"decode_s": round(decode_s, 3), "finalize_s": round(time.monotonic() - t, 3)},
-        "resumed": {"items_done_before": done_before},
-    }
+    return Contents(
+        kind="images",
+        format=req.format,
+        counts=Counts(inputs=n, staged=len(good), rejected=len(rejects), tokens=0),
+        outputs=outputs,
+        rejects=tuple(Reject(path=inv.paths[i], reason=r) for i, r in sorted(rejects.items())),
+        timings=Timings(
+            fetch_s=0.0, decode_s=round(decode_s, 3), finalize_s=round(time.monotonic() - t, 3), total_s=0.0
+        ),
+        classes=Classes(count=len(inv.classes), per_class=_per_class(inv.classes, np.asarray(inv.labels)[good])),
+        tokenizer=None,
+        items_done_before=done_before,
+    )
 
 
 def _decode(
@@ -155,7 +114,7 @@ def _missing(n: int, done: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def _layout(
     req: Request, inv: Inventory, out: Path, good: np.ndarray, journal: Journal, progress: Progress
-) -> dict[str, Any]:
+) -> dict[str, Output]:
     """Write the published files into ``out`` and describe them (sizes, hashes, shapes)."""
     slots, labels = out / SLOTS, np.asarray(inv.labels, dtype=np.int64)[good]
     bar = progress.bar("finish", len(good), "img")
@@ -180,7 +139,7 @@ def _per_class(classes: tuple[str, ...], labels: np.ndarray) -> dict[str, int]:
     return {name: counts.get(i, 0) for i, name in enumerate(names)}
 
 
-def describe(out: Path, progress: Progress) -> dict[str, Any]:
+def describe(out: Path, progress: Progress) -> dict[str, Output]:
     """Hash the outputs with a progress bar (large datasets take a while)."""
     total = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
     bar = progress.bar("hash", total, "B")

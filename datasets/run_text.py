@@ -2,47 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from datasets import text_stage
-from datasets.errors import StageFailure, UsageError
+from datasets.errors import StageFailure
 from datasets.inventory import Inventory
 from datasets.journal import Journal
+from datasets.manifest import Contents, Counts, Reject, Timings, TokenizerInfo
 from datasets.progress import Progress
-from datasets.run_images import allowed_rejects, describe
+from datasets.request import Request, allowed_rejects
+from datasets.run_images import describe
 from datasets.text import load_tokenizer, token_dtype
-
-if TYPE_CHECKING:
-    from datasets.stage import Request
-
-TOKEN_DTYPES = ("auto", "uint16", "uint32")
-
-
-@dataclass(frozen=True)
-class TextJob:
-    """The parameters that decide the bytes of a staged token stream."""
-
-    field: str = "text"
-    tokenizer: str = ""  # a tokenizer.json path; empty: byte-level
-    token_dtype: str = "auto"
-
-    def validate(self) -> None:
-        """Raise UsageError (exit 2) for a value that cannot work."""
-        if self.token_dtype not in TOKEN_DTYPES:
-            raise UsageError(f"unknown --token-dtype {self.token_dtype!r}", hint=", ".join(TOKEN_DTYPES))
-
-    def tokenizer_id(self) -> str:
-        """Name the tokenizer by content, so an edited tokenizer.json restages."""
-        if not self.tokenizer:
-            return "byte-level"
-        try:
-            return "sha256:" + hashlib.sha256(Path(self.tokenizer).read_bytes()).hexdigest()
-        except OSError:
-            return self.tokenizer  # load_tokenizer reports the missing file
 
 
 def estimate(req: Request, inv: Inventory, work: Path | None) -> tuple[int, str, str]:
@@ -51,8 +22,8 @@ def estimate(req: Request, inv: Inventory, work: Path | None) -> tuple[int, str,
     return inv.total_bytes * itemsize + (1 << 20), f"{inv.total_bytes:,} bytes of text as tokens", ""
 
 
-def run(req: Request, inv: Inventory, work: Path, journal: Journal, progress: Progress) -> dict[str, Any]:
-    """Tokenize ``inv`` into ``work/out``; return the manifest's body."""
+def run(req: Request, inv: Inventory, work: Path, journal: Journal, progress: Progress) -> Contents:
+    """Tokenize ``inv`` into ``work/out``; return what was staged (no fetch time yet)."""
     tok = load_tokenizer(req.text.tokenizer)
     dtype = token_dtype(tok.vocab_size, req.text.token_dtype)
     out = work / "out"
@@ -76,12 +47,16 @@ def run(req: Request, inv: Inventory, work: Path, journal: Journal, progress: Pr
     t = time.monotonic()
     text_stage.finish(out, dtype, cur)
     outputs = describe(out, progress)
-    return {
-        "kind": "text",
-        "format": "npy",
-        "tokenizer": {"name": tok.name, "vocab_size": tok.vocab_size, "dtype": dtype.name},
-        "counts": {"inputs": len(inv.paths), "staged": cur.docs, "rejected": len(rejects), "tokens": cur.tokens},
-        "outputs": outputs,
-        "rejects": [{"path": w, "reason": r} for w, r in rejects],
-        "timings": {"decode_s": round(tokenize_s, 3), "finalize_s": round(time.monotonic() - t, 3)},
-    }
+    return Contents(
+        kind="text",
+        format="npy",
+        counts=Counts(inputs=len(inv.paths), staged=cur.docs, rejected=len(rejects), tokens=cur.tokens),
+        outputs=outputs,
+        rejects=tuple(Reject(path=w, reason=r) for w, r in rejects),
+        timings=Timings(
+            fetch_s=0.0, decode_s=round(tokenize_s, 3), finalize_s=round(time.monotonic() - t, 3), total_s=0.0
+        ),
+        classes=None,
+        tokenizer=TokenizerInfo(name=tok.name, vocab_size=tok.vocab_size, dtype=dtype.name),
+        items_done_before=None,
+    )

@@ -51,17 +51,21 @@ def parse(spec: str) -> Source:
     """Classify ``spec``; a local path that does not exist is a usage error."""
     if spec.startswith(("http://", "https://")):
         name = unquote(Path(urlparse(spec).path).name) or "download"
-        return Source(spec, "http", spec, archives.stem(name), archives.is_archive(name))
+        return Source(
+            spec=spec, scheme="http", location=spec, name=archives.stem(name), archive=archives.is_archive(name)
+        )
     if _REMOTE.match(spec) and not Path(spec).exists():
         remote_path = spec.split(":", 1)[1]
-        return Source(spec, "ssh", spec, Path(remote_path.rstrip("/")).name or "remote", False)
+        name = Path(remote_path.rstrip("/")).name or "remote"
+        return Source(spec=spec, scheme="ssh", location=spec, name=name, archive=False)
     path = Path(spec).expanduser()
     if not path.exists():
         raise UsageError(
             f"source {spec} not found", hint="give a folder, a list or text file, an archive, host:/path or a URL"
         )
     path = path.resolve()
-    return Source(spec, "local", str(path), archives.stem(path.name), path.is_file() and archives.is_archive(path.name))
+    archive = path.is_file() and archives.is_archive(path.name)
+    return Source(spec=spec, scheme="local", location=str(path), name=archives.stem(path.name), archive=archive)
 
 
 def identity(src: Source, how: Fetch, session: requests.Session) -> str:

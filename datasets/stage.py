@@ -12,7 +12,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,46 +21,16 @@ import requests
 from checks.config import DiskConfig
 from checks.facts import LocationFacts, MountFacts
 from checks.probe import disk_cache
+from checks.probe.mounts import mount_table
 from datasets import manifest, places, run_images, run_text, sources
 from datasets.errors import StageFailure, UsageError
 from datasets.finalize import fsync_dir
-from datasets.inventory import Columns, Inventory, scan
+from datasets.inventory import Inventory, scan
 from datasets.journal import Journal, locked
+from datasets.manifest import Contents, Manifest, SourceInfo
 from datasets.progress import Progress, Silent
-
-KINDS = ("auto", "images", "text")
-FORMATS = ("npy", "pt")
-
-
-@dataclass(frozen=True)
-class Request:
-    """One stage-data run, fully resolved from flags and configuration."""
-
-    source: str
-    dest: str = ""
-    kind: str = "auto"
-    format: str = "npy"
-    images: run_images.ImageJob = field(default_factory=run_images.ImageJob)
-    text: run_text.TextJob = field(default_factory=run_text.TextJob)
-    max_rejects: str = "0.1%"
-    workers: int = 0  # 0: the usable cores less reserve_cores
-    reserve_cores: int = 1
-    columns: Columns = field(default_factory=Columns)
-    fetch: sources.Fetch = field(default_factory=lambda: sources.Fetch("ssh", 3, 30.0))
-    dest_roots: tuple[str, ...] = ("~",)
-    headroom_fraction: float = 0.05
-    disk: DiskConfig | None = None  # how to measure a candidate root now; None: rank by free space only
-    measured_max_age_h: float = 24.0  # bootstrap's disk measurements older than this are measured again
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a run did, for the summary line."""
-
-    dest: Path
-    noop: bool
-    manifest: dict[str, Any]
-    notes: tuple[str, ...] = ()
+from datasets.request import FORMATS, KINDS, Outcome, Request, allowed_rejects
+from datasets.text import tokenizer_id
 
 
 def stage(
@@ -94,10 +64,10 @@ def stage(
 
 def verify(folder: Path, progress: Progress | None = None) -> list[str]:
     """Re-hash a staged dataset and check its shapes; a folder without a manifest is a usage error."""
-    if manifest.read(folder) is None:
+    doc = manifest.read(folder)
+    if doc is None:
         raise UsageError(f"{folder} is not a staged dataset (no readable manifest.json)")
-    doc = manifest.read(folder) or {}
-    bar = (progress or Silent()).bar("verify", sum(e.get("bytes", 0) for e in doc.get("outputs", {}).values()), "B")
+    bar = (progress or Silent()).bar("verify", sum(o.bytes for o in doc.contents.outputs.values()), "B")
     try:
         return manifest.verify(folder, bar.update)
     finally:
@@ -130,7 +100,7 @@ def _locked_stage(
     params = _params(req, inv)
     fp = sources.fingerprint(ident, params)
     existing = manifest.read(dest)
-    if existing and existing.get("fingerprint") == fp and manifest.looks_complete(dest, existing):
+    if existing is not None and existing.fingerprint == fp and manifest.looks_complete(dest, existing):
         _clean_leftovers(dest, work)
         return Outcome(dest, True, existing)
     _refuse_foreign(dest, existing)
@@ -138,13 +108,21 @@ def _locked_stage(
     if not (Journal(work / "journal.jsonl").fingerprint == fp and (work / "out").is_dir()):
         _check_space(req, inv, work, _fetch_bytes(req, src, inv, ident))  # before anything is written
     journal = _journal(work, fp, notes)
-    if journal.has("ready") and (work / "out" / manifest.NAME).is_file():  # killed while publishing
+    ready = manifest.read(work / "out") if journal.has("ready") else None
+    if ready is not None:  # killed while publishing
         _publish(work / "out", dest, work)
-        return Outcome(dest, False, manifest.read(dest) or {}, tuple(notes))
-    doc = _produce(req, src, inv, work, journal, session, progress)
-    doc.update(fingerprint=fp, source={"spec": src.spec, "scheme": src.scheme, "identity": ident}, parameters=params)
-    doc["timings"] = {**doc["timings"], "total_s": round(time.monotonic() - started, 3)}
-    manifest.write(work / "out", _ordered(doc))
+        return Outcome(dest, False, ready, tuple(notes))
+    contents, scanned = _produce(req, src, inv, work, journal, session, progress)
+    contents = replace(contents, timings=replace(contents.timings, total_s=round(time.monotonic() - started, 3)))
+    doc = Manifest(
+        tool=manifest.TOOL,
+        created=manifest.now(),
+        fingerprint=fp,
+        source=_source_info(src, ident, scanned),
+        parameters=params,
+        contents=contents,
+    )
+    manifest.write(work / "out", doc)
     journal.append({"event": "ready"})
     _publish(work / "out", dest, work)
     return Outcome(dest, False, manifest.read(dest) or doc, tuple(notes))
@@ -158,8 +136,8 @@ def _produce(
     journal: Journal,
     session: requests.Session,
     progress: Progress,
-) -> dict[str, Any]:
-    """Fetch, scan, check the space, decode or tokenize: return the manifest's body."""
+) -> tuple[Contents, Inventory]:
+    """Fetch, scan, check the space, decode or tokenize: return what was staged and the inputs it came from."""
     t = time.monotonic()
     root = sources.fetch(src, work, journal, req.fetch, session, progress)
     fetch_s = time.monotonic() - t
@@ -168,18 +146,20 @@ def _produce(
     if not journal.has("planned"):
         _check_space(req, inv, work, 0)
         journal.append({"event": "planned", "inputs": len(inv.paths)})
-    body = (run_text if inv.kind == "text" else run_images).run(req, inv, work, journal, progress)
-    body["timings"] = {"fetch_s": round(fetch_s, 3), **body["timings"]}
-    body["_inventory"] = inv
-    return body
+    contents = (run_text if inv.kind == "text" else run_images).run(req, inv, work, journal, progress)
+    return replace(contents, timings=replace(contents.timings, fetch_s=round(fetch_s, 3))), inv
 
 
-def _ordered(doc: dict[str, Any]) -> dict[str, Any]:
-    """Put what a reader looks for first at the top of the manifest."""
-    inv = doc.pop("_inventory")
-    doc["source"].update(layout=inv.layout, files=len(inv.paths), bytes=inv.total_bytes, ignored=inv.ignored)
-    first = ("kind", "format", "fingerprint", "source", "parameters", "counts")
-    return {**{k: doc[k] for k in first if k in doc}, **{k: v for k, v in doc.items() if k not in first}}
+def _source_info(src: sources.Source, ident: str, inv: Inventory) -> SourceInfo:
+    return SourceInfo(
+        spec=src.spec,
+        scheme=src.scheme,
+        identity=ident,
+        layout=inv.layout,
+        files=len(inv.paths),
+        bytes=inv.total_bytes,
+        ignored=inv.ignored,
+    )
 
 
 def _fetch_bytes(req: Request, src: sources.Source, inv: Inventory | None, ident: str) -> int:
@@ -203,7 +183,7 @@ def _validate(req: Request) -> None:
         raise UsageError(f"unknown --format {req.format!r}", hint="npy or pt")
     req.images.validate()
     req.text.validate()
-    run_images.allowed_rejects(req.max_rejects, 1)  # a malformed value fails before any work
+    allowed_rejects(req.max_rejects, 1)  # a malformed value fails before any work
     if req.format == "pt":
         try:
             import torch  # noqa: F401
@@ -225,7 +205,7 @@ def _destination(req: Request, src: sources.Source, inv: Inventory | None, say: 
     cached = disk_cache.load(req.measured_max_age_h * 3600)
     measured = list(cached.locations) if cached else []
     when = f"measured by bootstrap {_ago(cached.age_s)} ago" if cached else ""
-    table = places.mounts()
+    table = mount_table()
     roots = places.candidates(list(req.dest_roots), table)
     choice = places.choose_root(roots, name, need, measured, _measurer(req.disk), when, table)
     if choice is None:
@@ -235,7 +215,7 @@ def _destination(req: Request, src: sources.Source, inv: Inventory | None, say: 
 
 
 def _measurer(cfg: DiskConfig | None) -> places.Measure | None:
-    """Measure a candidate root now, within bootstrap's per-location budget (checks/probe_disk.py)."""
+    """Measure a candidate root now, within bootstrap's per-location budget (checks/probe/disk.py)."""
     if cfg is None:
         return None
     from checks.probe.disk import measure_location
@@ -279,11 +259,13 @@ def _params(req: Request, inv: Inventory | None) -> dict[str, Any]:
         if req.format == "pt":
             out["shard_size"] = job.shard_size
     if kind != "images":
-        out.update(text_field=req.text.field, tokenizer=req.text.tokenizer_id(), token_dtype=req.text.token_dtype)
+        out.update(
+            text_field=req.text.field, tokenizer=tokenizer_id(req.text.tokenizer), token_dtype=req.text.token_dtype
+        )
     return out
 
 
-def _refuse_foreign(dest: Path, existing: dict[str, Any] | None) -> None:
+def _refuse_foreign(dest: Path, existing: Manifest | None) -> None:
     if existing is None and dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise UsageError(
             f"--dest {dest} exists and is not a staged dataset (no manifest.json); refusing to replace it",
@@ -291,14 +273,14 @@ def _refuse_foreign(dest: Path, existing: dict[str, Any] | None) -> None:
         )
 
 
-def _why_restage(existing: dict[str, Any] | None, ident: str, params: dict[str, Any]) -> list[str]:
+def _why_restage(existing: Manifest | None, ident: str, params: dict[str, Any]) -> list[str]:
     if existing is None:
         return []
-    old = existing.get("parameters", {})
+    old = existing.parameters
     changed = sorted(k for k in set(old) | set(params) if old.get(k) != params.get(k))
     if changed:
         return [f"restaging: parameters changed ({', '.join(changed)})"]
-    if existing.get("source", {}).get("identity") != ident:
+    if existing.source.identity != ident:
         return ["restaging: the source changed since it was staged"]
     return ["restaging: the staged files are incomplete"]
 

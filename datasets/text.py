@@ -71,6 +71,16 @@ def load_tokenizer(path: str) -> Tokenizer:
     return HfTokenizer(Path(path))
 
 
+def tokenizer_id(path: str) -> str:
+    """Name the tokenizer in ``path`` by content, so an edited tokenizer.json restages ("byte-level" for none)."""
+    if not path:
+        return ByteLevel.name
+    try:
+        return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return path  # load_tokenizer reports the missing file
+
+
 def token_dtype(vocab_size: int, requested: str) -> np.dtype:
     """Return uint16 or uint32 for ``vocab_size``; a requested type too small for it is an error."""
     fits16 = vocab_size <= UINT16_VOCAB

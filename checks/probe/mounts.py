@@ -127,14 +127,27 @@ def mount_facts(entry: tuple[str, str, str, bool], stat_timeout_s: float) -> Mou
     )
 
 
-def read_mounts(stat_timeout_s: float = 2.0, root: Path = Path("/"), home: str | None = None) -> list[MountFacts]:
-    """List the relevant mounts this process sees, in mount order."""
+def _mountinfo(root: Path) -> list[tuple[str, str, str, bool]]:
+    """Parse ``/proc/self/mountinfo`` under ``root``; no mounts when it cannot be read."""
     try:
         text = (root / "proc/self/mountinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return []
+    return parse_mountinfo(text)
+
+
+def mount_table(root: Path = Path("/")) -> list[tuple[str, str]]:
+    """Return (mountpoint, fs_type) of every mount this process sees, without touching the filesystems.
+
+    Command line equivalent: findmnt --list --output TARGET,FSTYPE
+    """
+    return [(mountpoint, fs_type) for mountpoint, fs_type, _, _ in _mountinfo(root)]
+
+
+def read_mounts(stat_timeout_s: float = 2.0, root: Path = Path("/"), home: str | None = None) -> list[MountFacts]:
+    """List the relevant mounts this process sees, in mount order."""
     home = home or os.path.expanduser("~")
-    entries = [e for e in parse_mountinfo(text) if relevant(e[0], e[1], home) and _is_dir(root, e[0])]
+    entries = [e for e in _mountinfo(root) if relevant(e[0], e[1], home) and _is_dir(root, e[0])]
     return [mount_facts(e, stat_timeout_s) for e in entries]
 
 

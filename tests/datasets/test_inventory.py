@@ -9,6 +9,9 @@ import pytest
 from checks.errors import ExitStatus
 from datasets.errors import UsageError
 from datasets.inventory import Columns, scan
+from tests.datasets.jobs import STAGE
+
+CONFIGURED = Columns(path=STAGE.path_column, label=STAGE.label_column)  # path, label
 
 
 def touch(path: Path, data: bytes = b"x") -> Path:
@@ -20,7 +23,7 @@ def touch(path: Path, data: bytes = b"x") -> Path:
 def test_imagefolder_is_sorted_and_labelled_by_folder(tmp_path: Path) -> None:
     for rel in ("dog/b.jpg", "dog/a.JPG", "cat/z/deep.png", "cat/y.jpeg", "cat/notes.txt", "cat/.DS_Store"):
         touch(tmp_path / rel)
-    inv = scan(tmp_path, "auto", Columns())
+    inv = scan(tmp_path, "auto", CONFIGURED)
     assert inv.layout == "imagefolder" and inv.classes == ("cat", "dog")
     assert inv.paths == ("cat/y.jpeg", "cat/z/deep.png", "dog/a.JPG", "dog/b.jpg")
     assert inv.labels == (0, 0, 1, 1)
@@ -29,17 +32,17 @@ def test_imagefolder_is_sorted_and_labelled_by_folder(tmp_path: Path) -> None:
 
 def test_digest_changes_with_content_and_not_without(tmp_path: Path) -> None:
     touch(tmp_path / "a" / "1.jpg")
-    first = scan(tmp_path, "images", Columns()).digest
-    assert scan(tmp_path, "images", Columns()).digest == first
+    first = scan(tmp_path, "images", CONFIGURED).digest
+    assert scan(tmp_path, "images", CONFIGURED).digest == first
     touch(tmp_path / "a" / "1.jpg", b"longer")
-    assert scan(tmp_path, "images", Columns()).digest != first
+    assert scan(tmp_path, "images", CONFIGURED).digest != first
 
 
 def test_csv_with_header_and_class_names(tmp_path: Path) -> None:
     touch(tmp_path / "img" / "a.jpg")
     touch(tmp_path / "img" / "b.jpg")
     (tmp_path / "list.csv").write_text("file,species\nimg/b.jpg,owl\nimg/a.jpg,cat\n")
-    inv = scan(tmp_path / "list.csv", "auto", Columns("file", "species"))
+    inv = scan(tmp_path / "list.csv", "auto", Columns(path="file", label="species"))
     assert inv.layout == "list" and inv.paths == ("img/a.jpg", "img/b.jpg")
     assert inv.classes == ("cat", "owl") and inv.labels == (0, 1)
 
@@ -47,42 +50,42 @@ def test_csv_with_header_and_class_names(tmp_path: Path) -> None:
 def test_tsv_without_header_keeps_integer_labels(tmp_path: Path) -> None:
     touch(tmp_path / "a.jpg")
     (tmp_path / "train.tsv").write_text("a.jpg\t3\n")
-    inv = scan(tmp_path, "images", Columns())
+    inv = scan(tmp_path, "images", CONFIGURED)
     assert inv.labels == (3,) and inv.classes == ("0", "1", "2", "3")
 
 
 def test_missing_label_column_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "list.csv").write_text("path,comment\na.jpg,hello\n")
     with pytest.raises(UsageError, match="no label column 'label'") as info:
-        scan(tmp_path / "list.csv", "auto", Columns())
+        scan(tmp_path / "list.csv", "auto", CONFIGURED)
     assert info.value.code == ExitStatus.USAGE
 
 
 def test_single_column_list_has_no_label_column(tmp_path: Path) -> None:
     (tmp_path / "list.csv").write_text("a.jpg\nb.jpg\n")
     with pytest.raises(UsageError, match="no label column"):
-        scan(tmp_path / "list.csv", "auto", Columns())
+        scan(tmp_path / "list.csv", "auto", CONFIGURED)
 
 
 def test_empty_source(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="is empty"):
-        scan(tmp_path, "auto", Columns())
+        scan(tmp_path, "auto", CONFIGURED)
 
 
 def test_unknown_format(tmp_path: Path) -> None:
     touch(tmp_path / "data" / "model.bin")
     with pytest.raises(UsageError, match="unknown format"):
-        scan(tmp_path, "auto", Columns())
+        scan(tmp_path, "auto", CONFIGURED)
 
 
 def test_images_without_class_folders(tmp_path: Path) -> None:
     touch(tmp_path / "a.jpg")
     with pytest.raises(UsageError, match="no class folders"):
-        scan(tmp_path, "images", Columns())
+        scan(tmp_path, "images", CONFIGURED)
 
 
 def test_text_files_found_when_no_images(tmp_path: Path) -> None:
     touch(tmp_path / "b" / "2.jsonl", b"{}\n")
     touch(tmp_path / "a.txt", b"hello")
-    inv = scan(tmp_path, "auto", Columns())
+    inv = scan(tmp_path, "auto", CONFIGURED)
     assert inv.kind == "text" and inv.paths == ("a.txt", "b/2.jsonl")

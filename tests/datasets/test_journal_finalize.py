@@ -12,8 +12,8 @@ import pytest
 from datasets import finalize, npyfile
 from datasets.errors import StageFailure
 from datasets.journal import Journal, locked
-from datasets.run_images import ImageJob
-from datasets.stage import Request, stage
+from datasets.stage import stage
+from tests.datasets.jobs import request
 
 
 def test_torn_last_line_is_dropped_and_cut(tmp_path: Path) -> None:
@@ -74,11 +74,11 @@ def test_crash_while_finishing_resumes_to_the_same_bytes(
     if fmt == "pt":
         pytest.importorskip("torch")
     monkeypatch.setattr(finalize, "BLOCK_ROWS", 7)  # many compaction steps
-    base = Request(
-        str(photo_tree),
-        str(tmp_path / "straight"),
+    base = request(
+        photo_tree,
+        tmp_path / "straight",
         format=fmt,
-        images=ImageJob(size=24, shard_size=10),
+        images={"size": 24, "shard_size": 10},
         max_rejects="10",
         workers=1,
     )

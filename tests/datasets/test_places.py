@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from checks.facts import LocationFacts
-from datasets.places import Place, choose_root, mount_point
+from checks.probe.mounts import fs_kind
+from datasets.places import Place, choose_root, mount_point, place_of
 from datasets.stage import _measurer
 from tests.factories import config
 
@@ -123,3 +124,17 @@ def test_measuring_a_root_now_is_a_real_disk_measurement(tmp_path: Path) -> None
     assert loc.error is None and loc.cold_read_mb_s and loc.cold_read_mb_s > 0
     assert loc.small_files_per_s and loc.small_files_per_s > 0
     assert [p.name for p in tmp_path.iterdir()] == []  # its test files are gone
+
+
+@pytest.mark.parametrize("fstype", ["virtiofs", "wekafs", "quobyte", "nfs4", "fuse.sshfs", "tmpfs"])
+def test_a_place_is_local_exactly_when_bootstrap_calls_its_filesystem_local(tmp_path: Path, fstype: str) -> None:
+    shared, disk = place(tmp_path, "shared", fstype, 9000, 1), place(tmp_path, "disk", "ext4", 10, 2)
+    assert not shared.local and shared.kind == fs_kind(fstype)
+    choice = choose_root([shared, disk], "x", table=[])
+    assert choice is not None and choice.place is disk
+    assert choose_root([shared], "x", table=[]) is None
+
+
+def test_the_place_of_a_folder_on_virtiofs_is_not_local(tmp_path: Path) -> None:
+    table = [("/", "ext4"), (str(tmp_path), "virtiofs")]
+    assert place_of(tmp_path / "sub", table).fstype == "virtiofs" and not place_of(tmp_path, table).local

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import os
@@ -10,22 +9,26 @@ import shutil
 import subprocess
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from checks.errors import ExitStatus
 from datasets.errors import StageFailure, UsageError
-from datasets.run_images import ImageJob, allowed_rejects
-from datasets.stage import Request, stage, verify
+from datasets.manifest import Reject
+from datasets.request import Request, allowed_rejects
+from datasets.stage import stage, verify
+from tests.datasets import jobs
 from tests.datasets.test_images import psnr, reference
 
 SIZE = 48
 
 
-def request(src: Path, dest: Path, **kw: object) -> Request:
-    base = Request(source=str(src), dest=str(dest), images=ImageJob(size=SIZE), max_rejects="10", workers=1)
-    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+def request(src: Path, dest: Path, images: dict[str, Any] | None = None, **kw: Any) -> Request:
+    """SIZE px, one worker, up to 10 rejects, else the configured defaults."""
+    kw = {"max_rejects": "10", "workers": 1, **kw}
+    return jobs.request(src, dest, images={"size": SIZE, **(images or {})}, **kw)
 
 
 def test_stage_writes_arrays_labels_classes_and_manifest(photo_tree: Path, tmp_path: Path) -> None:
@@ -75,8 +78,8 @@ def test_changed_source_or_parameters_restage(source_copy: Path, tmp_path: Path)
     stage(request(source_copy, dest))
     (source_copy / "fish" / sorted(os.listdir(source_copy / "fish"))[0]).unlink()
     changed = stage(request(source_copy, dest))
-    assert "source changed" in " ".join(changed.notes) and changed.manifest["counts"]["staged"] == 71
-    resized = stage(request(source_copy, dest, images=ImageJob(size=32)))
+    assert "source changed" in " ".join(changed.notes) and changed.manifest.contents.counts.staged == 71
+    resized = stage(request(source_copy, dest, images={"size": 32}))
     assert "parameters changed (size)" in " ".join(resized.notes)
     assert np.load(dest / "images.npy", mmap_mode="r").shape == (71, 32, 32, 3)
 
@@ -95,7 +98,7 @@ def test_too_many_rejects_fail_then_resume_with_a_higher_limit(photo_tree: Path,
 def test_pt_shards_hold_the_same_samples_and_load_weights_only(photo_tree: Path, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     npy = stage(request(photo_tree, tmp_path / "npy")).dest
-    pt = stage(request(photo_tree, tmp_path / "pt", format="pt", images=ImageJob(size=SIZE, shard_size=20))).dest
+    pt = stage(request(photo_tree, tmp_path / "pt", format="pt", images={"shard_size": 20})).dest
     shards = sorted(pt.glob("shard-*.pt"))
     assert len(shards) == 4  # 72 samples in shards of 20
     loaded = [torch.load(p, weights_only=True) for p in shards]
@@ -131,16 +134,16 @@ def test_list_source_with_a_missing_file(photo_tree: Path, tmp_path: Path) -> No
         doc = stage(request(photo_tree.parent / "list.csv", tmp_path / "ds")).manifest
     finally:
         (photo_tree.parent / "list.csv").unlink()
-    assert doc["counts"]["staged"] == 24 and doc["source"]["layout"] == "list"
-    assert doc["rejects"] == [
-        {"path": "train/fish/does-not-exist.jpg", "reason": "unreadable: No such file or directory"}
-    ]
+    assert doc.contents.counts.staged == 24 and doc.source.layout == "list"
+    assert doc.contents.rejects == (
+        Reject(path="train/fish/does-not-exist.jpg", reason="unreadable: No such file or directory"),
+    )
 
 
 @pytest.mark.slow
 def test_not_enough_space_exits_1_with_numbers_and_writes_nothing(photo_tree: Path, small_fs: Path) -> None:
     with pytest.raises(StageFailure, match=r"not enough free space .* need 243.6 MiB, 24.0 MiB free") as info:
-        stage(request(photo_tree, small_fs / "ds", images=ImageJob(size=1024)))
+        stage(request(photo_tree, small_fs / "ds", images={"size": 1024}))
     assert "--size 512 needs" in str(info.value)
     assert sorted(os.listdir(small_fs)) == [".ds.lock"]  # the lock file, nothing else
 
@@ -162,7 +165,7 @@ def test_disk_full_mid_run_keeps_the_staging_folder_and_resumes(
     assert not (small_fs / "ds").exists()
     subprocess.run(["mount", "-o", "remount,size=96m", str(small_fs)], check=True)
     done = stage(request(archive, small_fs / "ds"))
-    assert "resuming an unfinished run" in done.notes and done.manifest["counts"]["staged"] == 72
+    assert "resuming an unfinished run" in done.notes and done.manifest.contents.counts.staged == 72
     assert not (small_fs / ".ds.staging").exists()
 
 

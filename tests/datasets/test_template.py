@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from datasets.run_images import ImageJob
-from datasets.stage import Request, stage, verify
+from datasets.stage import stage, verify
+from tests.datasets.jobs import request
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "staged_dataset.py"
 
@@ -32,7 +32,7 @@ def test_template_is_short_and_needs_only_numpy_and_torch() -> None:
 @pytest.mark.slow
 def test_dataloader_with_workers_reads_the_staged_samples(photo_tree: Path, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
-    dest = stage(Request(str(photo_tree), str(tmp_path / "ds"), images=ImageJob(size=32), max_rejects="10")).dest
+    dest = stage(request(photo_tree, tmp_path / "ds", images={"size": 32}, max_rejects="10")).dest
     dataset = load_template().StagedImages(dest)
     assert len(dataset) == 72 and dataset.classes == ["cat", "dog", "fish"]
     loader = torch.utils.data.DataLoader(dataset, batch_size=16, num_workers=2)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 from pathlib import Path
 from pydoc_data.topics import topics
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,8 +14,9 @@ import pytest
 from datasets import text
 from datasets.errors import StageFailure, UsageError
 from datasets.journal import Journal
-from datasets.run_text import TextJob
-from datasets.stage import Request, stage
+from datasets.request import Request
+from datasets.stage import stage
+from tests.datasets import jobs
 
 NAMES = sorted(topics)[:40]
 
@@ -33,9 +34,9 @@ def corpus(root: Path) -> list[str]:
     return docs
 
 
-def request(src: Path, dest: Path, **kw: object) -> Request:
-    base = Request(source=str(src), dest=str(dest), kind="text", max_rejects="10")
-    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+def request(src: Path, dest: Path, **kw: Any) -> Request:
+    """Text, up to 10 rejects, else the configured defaults."""
+    return jobs.request(src, dest, **{"kind": "text", "max_rejects": "10", **kw})
 
 
 def documents(dest: Path) -> list[bytes]:
@@ -48,7 +49,8 @@ def test_byte_level_tokens_give_back_the_documents(tmp_path: Path) -> None:
     done = stage(request(tmp_path / "src", tmp_path / "ds"))
     assert np.load(done.dest / "tokens.npy", mmap_mode="r").dtype == np.uint16
     assert documents(done.dest) == [d.encode() for d in docs]
-    assert done.manifest["counts"]["staged"] == 40 and done.manifest["tokenizer"]["name"] == "byte-level"
+    assert done.manifest.contents.counts.staged == 40
+    assert done.manifest.contents.tokenizer is not None and done.manifest.contents.tokenizer.name == "byte-level"
     assert stage(request(tmp_path / "src", tmp_path / "ds")).noop
 
 
@@ -58,7 +60,7 @@ def test_bad_lines_and_non_utf8_files_are_rejected_and_rolled_back(tmp_path: Pat
         fh.write("{not json\n" + json.dumps({"body": "no text field"}) + "\n")
     (tmp_path / "src" / "txt" / "zz-latin1.txt").write_bytes("caf\xe9 ".encode("latin-1") * 100)
     done = stage(request(tmp_path / "src", tmp_path / "ds"))
-    reasons = [r["reason"] for r in done.manifest["rejects"]]
+    reasons = [r.reason for r in done.manifest.contents.rejects]
     assert reasons[:2] == ["not a JSON line", "no string field 'text'"]
     assert reasons[2].startswith("not UTF-8 at byte 3")
     assert documents(done.dest) == [d.encode() for d in docs]
@@ -82,7 +84,7 @@ def test_hugging_face_tokenizer_from_a_local_file(tmp_path: Path) -> None:
     )
     tok.train_from_iterator(docs, trainer)
     tok.save(str(tmp_path / "tokenizer.json"))
-    done = stage(request(tmp_path / "src", tmp_path / "ds", text=TextJob(tokenizer=str(tmp_path / "tokenizer.json"))))
+    done = stage(request(tmp_path / "src", tmp_path / "ds", text={"tokenizer": str(tmp_path / "tokenizer.json")}))
     tokens, offsets = np.load(done.dest / "tokens.npy"), np.load(done.dest / "doc_offsets.npy")
     assert tokens.dtype == np.uint16 and len(tokens) < sum(len(d) for d in docs) / 2  # BPE compresses
     assert tok.decode(tokens[offsets[0] : offsets[1]].tolist()) == docs[0]
@@ -101,11 +103,11 @@ def test_vocabulary_past_uint16_uses_uint32_and_a_forced_uint16_is_refused(tmp_p
     path = wordlevel(tmp_path, 70_000)
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a.txt").write_text("w1 w69999 w65536 w2")
-    done = stage(request(tmp_path / "src", tmp_path / "ds", text=TextJob(tokenizer=str(path))))
+    done = stage(request(tmp_path / "src", tmp_path / "ds", text={"tokenizer": str(path)}))
     tokens = np.load(done.dest / "tokens.npy")
     assert tokens.dtype == np.uint32 and tokens.tolist() == [1, 69999, 65536, 2]
     with pytest.raises(UsageError, match="does not fit uint16"):
-        stage(request(tmp_path / "src", tmp_path / "ds16", text=TextJob(tokenizer=str(path), token_dtype="uint16")))
+        stage(request(tmp_path / "src", tmp_path / "ds16", text={"tokenizer": str(path), "token_dtype": "uint16"}))
 
 
 def test_token_ids_past_the_dtype_are_an_error_not_a_wrap() -> None:

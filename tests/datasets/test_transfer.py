@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
 import os
@@ -10,23 +9,25 @@ import re
 import subprocess
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 
 from datasets import transfer
 from datasets.errors import StageFailure
-from datasets.run_images import ImageJob
+from datasets.request import Request
 from datasets.sources import Fetch
-from datasets.stage import Request, stage
+from datasets.stage import stage
+from tests.datasets import jobs
 from tests.datasets.servers import Files, http_server, sshd
 
 pytestmark = pytest.mark.slow
 
 
-def request(src: str, dest: Path, **kw: object) -> Request:
-    base = Request(source=src, dest=str(dest), images=ImageJob(size=32), max_rejects="10", workers=1)
-    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+def request(src: str, dest: Path, **kw: Any) -> Request:
+    """32 px, one worker, up to 10 rejects, else the configured defaults."""
+    return jobs.request(src, dest, images={"size": 32}, **{"max_rejects": "10", "workers": 1, **kw})
 
 
 def tar_gz(tree: Path) -> bytes:
@@ -85,10 +86,10 @@ def test_stage_from_an_http_archive_through_drops_then_noop(photo_tree: Path, tm
     files = Files({"/sets/photos.tar.gz": blob}, drop_after=len(blob) // 3, drops=2)
     with http_server(files) as base:
         url = f"{base}/sets/photos.tar.gz"
-        fetch = Fetch("ssh", 4, 5.0, sha256=hashlib.sha256(blob).hexdigest())
+        fetch = Fetch(ssh_command="ssh", retries=4, http_timeout_s=5.0, sha256=hashlib.sha256(blob).hexdigest())
         done = stage(request(url, tmp_path / "ds", fetch=fetch), session=requests.Session())
         again = stage(request(url, tmp_path / "ds", fetch=fetch), session=requests.Session())
-    assert done.manifest["counts"]["staged"] == 72 and done.manifest["source"]["scheme"] == "http"
+    assert done.manifest.contents.counts.staged == 72 and done.manifest.source.scheme == "http"
     assert again.noop
 
 
@@ -114,23 +115,23 @@ def test_local_rsync_keeps_partials_out_of_final_names_and_resumes(tmp_path: Pat
 
 
 def test_stage_with_copy_rsyncs_the_folder_first(photo_tree: Path, tmp_path: Path) -> None:
-    fetch = Fetch("ssh", 1, 5.0, copy=True)
+    fetch = Fetch(ssh_command="ssh", retries=1, http_timeout_s=5.0, copy=True)
     done = stage(request(str(photo_tree), tmp_path / "ds", fetch=fetch))
-    assert done.manifest["counts"]["staged"] == 72
+    assert done.manifest.contents.counts.staged == 72
     assert not (tmp_path / ".ds.staging").exists()
 
 
 def test_stage_over_ssh_from_a_loopback_sshd(photo_tree: Path, tmp_path: Path) -> None:
     (tmp_path / "keys").mkdir()
     with sshd(tmp_path / "keys") as ssh:
-        fetch = Fetch(ssh, 2, 5.0)
+        fetch = Fetch(ssh_command=ssh, retries=2, http_timeout_s=5.0)
         first = stage(request(f"127.0.0.1:{photo_tree}", tmp_path / "ds", fetch=fetch))
         again = stage(request(f"127.0.0.1:{photo_tree}", tmp_path / "ds", fetch=fetch))
-    assert first.manifest["source"]["scheme"] == "ssh" and first.manifest["counts"]["staged"] == 72
+    assert first.manifest.source.scheme == "ssh" and first.manifest.contents.counts.staged == 72
     assert again.noop
 
 
 def test_unreachable_ssh_host_fails_with_exit_1(tmp_path: Path) -> None:
-    fetch = Fetch("ssh -o BatchMode=yes -o ConnectTimeout=2 -p 1", 0, 5.0)
+    fetch = Fetch(ssh_command="ssh -o BatchMode=yes -o ConnectTimeout=2 -p 1", retries=0, http_timeout_s=5.0)
     with pytest.raises(StageFailure, match=r"cannot list 127\.0\.0\.1:/data"):
         stage(request("127.0.0.1:/data", tmp_path / "ds", fetch=fetch))
