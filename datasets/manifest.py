@@ -104,7 +104,7 @@ class Contents:
     counts: Counts
     outputs: dict[str, Output]
     rejects: tuple[Reject, ...]
-    timings: Timings
+    timings: Timings  # a run fills decode_s and finalize_s; stage adds fetch_s and total_s
     classes: Classes | None  # images only
     tokenizer: TokenizerInfo | None  # text only
     items_done_before: int | None  # images only: decoded by an earlier, interrupted run
