@@ -137,39 +137,83 @@ def _pcie_one(g: GpuFacts, cfg: PreflightConfig) -> Result:
     frac = have / full
     summary = f"Gen{gen} x{width} {how}, GPU supports Gen{gpu_gen} x{gpu_width} ({frac:.0%} of its link bandwidth)"
     kw = {"value": f"Gen{gen} x{width}", "expected": f"Gen{gpu_gen} x{gpu_width}", "subject": _sub(g)}
-    if g.pcie_gen_max and gpu_gen and g.pcie_gen_max < gpu_gen:
-        summary += f"; the slot tops out at Gen{g.pcie_gen_max}"
+    slot = _slot_limit(g, gpu_gen, gpu_width)
+    if slot:
+        summary += f"; the slot tops out at {slot}"
     if frac < 1.0:
-        hint = "a riser, bifurcated slot or BIOS setting limits the link: host<->GPU copies run slower; ask the provider or pick another box"
+        hint = _pcie_hint(g, slot, gpu_gen, gpu_width)
         return (fail if frac < cfg.gpu.pcie_fail_fraction else warn)("gpu-pcie", summary, hint, **kw)
     return ok("gpu-pcie", summary, **kw)
 
 
+def _slot_limit(g: GpuFacts, gpu_gen: int | None, gpu_width: int) -> str:
+    """What the slot (NVML's device-and-system maximum) offers below the card: "Gen3", "x8", "Gen3 x8" or ""."""
+    parts = []
+    if g.pcie_gen_max and gpu_gen and g.pcie_gen_max < gpu_gen:
+        parts.append(f"Gen{g.pcie_gen_max}")
+    if g.pcie_width_max and g.pcie_width_max < gpu_width:
+        parts.append(f"x{g.pcie_width_max}")
+    return " ".join(parts)
+
+
+def _pcie_hint(g: GpuFacts, slot: str, gpu_gen: int | None, gpu_width: int) -> str:
+    """Blame what the facts point at: the platform when the slot itself tops out below the card, else the link."""
+    slower = "host<->GPU copies run slower"
+    if g.pcie_gen_max and gpu_gen and g.pcie_gen_max < gpu_gen:
+        lanes = " and gives it fewer lanes" if "x" in slot else ""
+        return (
+            f"the platform limits the link: this slot/CPU tops out at Gen{g.pcie_gen_max}{lanes} (the card does "
+            f"Gen{gpu_gen} x{gpu_width}); nothing on this box raises it: {slower}; pick a box whose platform supports "
+            f"Gen{gpu_gen}, or accept the slower copies"
+        )
+    if slot:
+        return (
+            f"the slot gives the card {slot} lanes of its x{gpu_width} (an x{g.pcie_width_max} slot, a riser or "
+            f"bifurcation): {slower}; ask the provider for a full x{gpu_width} slot or pick another box"
+        )
+    return (
+        "the link trained below what slot and card both support (a riser, a badly seated card or a BIOS "
+        f"link-speed setting): {slower}; ask the provider to reseat it or pick another box"
+    )
+
+
 def gpu_nvlink(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
-    """All NVLink links of an SXM part are active; PCIe parts say they have none.
+    """All NVLink links of an SXM part are active; a PCIe board's bridge is absent or whole.
 
     Command line equivalent: nvidia-smi nvlink --status.
     """
-    return _per_gpu("gpu-nvlink", m, cfg, _nvlink_one)
+    return _per_gpu("gpu-nvlink", m, cfg, lambda g, _: _nvlink_one(g, m.host.nvswitch_count))
 
 
-def _nvlink_one(g: GpuFacts, cfg: PreflightConfig) -> Result:
-    spec = datasheet.lookup(g.name)
-    expected = spec.nvlink_links if spec else None
+def _nvlink_one(g: GpuFacts, nvswitches: int) -> Result:
+    form = datasheet.form_factor(g, nvswitches)
     active, total = g.nvlink_active or 0, g.nvlink_total or 0
     kw = {"value": active, "subject": _sub(g)}
-    if expected:  # an SXM part: ref/compat.md §4, A100 SXM 12 links, H100/H200 SXM 18
-        summary = f"{active} of {expected} NVLink links active"
-        if active < expected:
-            hint = "degraded NVLink: GPU-to-GPU traffic falls back to slower paths; report the box to the provider"
-            return fail("gpu-nvlink", summary, hint, expected=f"{expected} active", **kw)
-        return ok("gpu-nvlink", summary, expected=f"{expected} active", **kw)
+    if form.sxm:  # no bridge on an SXM module: every link is on the board (ref/compat.md §4: A100 12, H100/H200 18)
+        return _sxm_links(active, form.links or total, form.why, kw)
     if total == 0:
         return ok("gpu-nvlink", "no NVLink (PCIe part): multi-GPU traffic goes over PCIe", **kw)
+    if active == 0:  # the links exist on the board but no bridge is fitted (DCGM: "NvLink link N is currently down")
+        return ok(
+            "gpu-nvlink", f"no NVLink bridge fitted (0 of {total} links active): multi-GPU traffic goes over PCIe", **kw
+        )
     summary = f"{active} of {total} NVLink links active (bridge)"
     if active < total:
-        return warn("gpu-nvlink", summary, "some bridge links are down: check the NVLink bridge seating", **kw)
+        hint = "a bridge is fitted but only part of it links: reseat the NVLink bridge(s) or ask the provider"
+        return warn("gpu-nvlink", summary + ": partly active bridge", hint, **kw)
     return ok("gpu-nvlink", summary, **kw)
+
+
+def _sxm_links(active: int, expected: int, why: str, kw: dict) -> Result:
+    part = f"SXM part ({why})"
+    if expected == 0:
+        hint = "NVML reports no NVLink links on an SXM module: a VM slice that hides them, or a fault; ask the provider"
+        return warn("gpu-nvlink", f"{part} but NVML reports no NVLink links", hint, **kw)
+    summary = f"{active} of {expected} NVLink links active, {part}"
+    if active < expected:
+        hint = "NVLink links down on an SXM board (no bridge to reseat): GPU-to-GPU traffic falls back to slower paths; report the box to the provider"
+        return fail("gpu-nvlink", summary, hint, expected=f"{expected} active", **kw)
+    return ok("gpu-nvlink", summary, expected=f"{expected} active", **kw)
 
 
 def gpu_throttle(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:

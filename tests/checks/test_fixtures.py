@@ -144,6 +144,18 @@ EXPECTED: dict[str, list[Expectation]] = {
         *[("gpu-h2d", f"gpu{i}", OK) for i in (0, 1, 3)],
         *each(("gpu-d2h", "gpu-d2d", "gpu-matmul", "gpu-pcie"), 4, OK),
     ],
+    # An SXM module the table does not know (no marker in its name; NVSwitches on the host say SXM): links down fail.
+    "sxm-unlisted-nvlink-down.json": [
+        ("gpu-nvlink", "gpu1", FAIL),
+        *[("gpu-nvlink", f"gpu{i}", OK) for i in (0, 2, 3)],
+        *each(("gpu-inventory", "gpu-pcie", "torch-arch"), 4, OK),
+        *machine(OK, *MACHINE_IDS),
+    ],
+    # PCIe boards without a bridge: links that exist but are all inactive are "no bridge fitted", not a fault.
+    "pcie-no-nvlink-bridge.json": [
+        *each(("gpu-inventory", *PER_GPU_IDS), 2, OK),
+        *machine(OK, *MACHINE_IDS),
+    ],
 }
 
 FIXTURE_NAMES = sorted(EXPECTED)
@@ -323,6 +335,18 @@ def test_bench_outlier_is_flagged_against_its_siblings() -> None:
     assert "outlier" in r.summary
     others = [x for x in replay("bench-outlier.json") if x.id == "gpu-h2d" and x.subject != "gpu2"]
     assert all("outlier" not in x.summary for x in others)
+
+
+def test_unlisted_sxm_links_down_name_the_evidence_and_no_bridge() -> None:
+    r = result("sxm-unlisted-nvlink-down.json", "gpu-nvlink", "gpu1")
+    assert "SXM part" in r.summary and "NVSwitch" in r.summary and "bridge seating" not in (r.hint or "")
+    assert r.value == 12 and r.expected == "18 active"
+
+
+def test_platform_limited_slot_blames_the_platform_not_a_riser() -> None:
+    r = result("a100-pcie-gen3-x8.json", "gpu-pcie", "gpu0")
+    assert "tops out at Gen3 x8" in r.summary
+    assert (r.hint or "").startswith("the platform limits the link") and "riser" not in (r.hint or "")
 
 
 def test_h200_nvlink_is_complete() -> None:

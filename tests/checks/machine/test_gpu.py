@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import pytest
+
 from checks.facts import GpuProcess
+from checks.machine import datasheet
 from checks.machine import gpu as g
 from checks.result import Status
 from tests.factories import GIB, config, gpu, machine
@@ -38,6 +41,77 @@ def test_nvlink_sxm_missing_links_fail_and_pcie_parts_have_none() -> None:
     assert r.status is Status.OK and "no NVLink" in r.summary
     [r] = g.gpu_nvlink(machine(gpus=(gpu(name="NVIDIA H100 PCIe", nvlink_total=12, nvlink_active=6),)), config())
     assert r.status is Status.WARN
+
+
+def _nvlink(nvswitches: int = 0, **changes):
+    [r] = g.gpu_nvlink(machine(gpus=(gpu(**changes),), host={"nvswitch_count": nvswitches}), config())
+    return r
+
+
+@pytest.mark.parametrize(
+    ("changes", "nvswitches", "evidence"),
+    [
+        ({"name": "NVIDIA X100-SXM6-96GB", "power_default_limit_mw": 300_000}, 0, "'SXM6' in the name"),
+        ({"name": "NVIDIA X100 96GB HBM3e", "power_default_limit_mw": 300_000}, 0, "'HBM3e' in the name"),
+        ({"name": "NVIDIA X200", "power_default_limit_mw": 300_000}, 8, "8 NVSwitch device(s)"),
+        ({"name": "NVIDIA X200"}, 0, "default power limit 700 W"),
+        ({"name": "NVIDIA H800 80GB HBM3"}, 0, "datasheet table: H800 SXM5"),
+    ],
+)
+def test_sxm_part_outside_the_table_with_links_down_fails(changes: dict, nvswitches: int, evidence: str) -> None:
+    """Issue 11: an SXM module has no bridge; its links down are a fault, whatever the table knows."""
+    r = _nvlink(nvswitches, nvlink_total=18, nvlink_active=4, **changes)
+    assert r.status is Status.FAIL and evidence in r.summary, r.summary
+    assert "seating" not in (r.hint or "")
+
+
+def test_pcie_board_links_all_inactive_is_no_bridge_and_a_partial_bridge_warns() -> None:
+    """Issue 11: data-center PCIe cards report links that exist; 0 active of N is no bridge fitted."""
+    for name in ("NVIDIA A800 80GB PCIe", "NVIDIA A100-PCIE-40GB", "NVIDIA X100 PCIe", "NVIDIA H100 NVL"):
+        r = _nvlink(name=name, nvlink_total=12, nvlink_active=0)
+        assert r.status is Status.OK and "no NVLink bridge fitted" in r.summary, (name, r.summary)
+        r = _nvlink(name=name, nvlink_total=12, nvlink_active=4)
+        assert r.status is Status.WARN and "partly active" in r.summary, (name, r.summary)
+    r = _nvlink(name="NVIDIA RTX A5000", nvlink_total=4, nvlink_active=4)
+    assert r.status is Status.OK and "bridge" in r.summary
+
+
+def test_sxm_part_with_no_links_reported_is_not_called_fine() -> None:
+    r = _nvlink(name="NVIDIA X100-SXM6-96GB", nvlink_total=None, nvlink_active=None)
+    assert r.status is Status.WARN and "SXM part" in r.summary
+
+
+@pytest.mark.parametrize(
+    ("name", "model", "sxm_links"),
+    [
+        ("NVIDIA A800-SXM4-80GB", "A800 80GB SXM4", 8),
+        ("NVIDIA A800 80GB PCIe", "A800 80GB PCIe", 0),
+        ("NVIDIA H800 80GB HBM3", "H800 SXM5", 8),
+        ("NVIDIA H800 PCIe", "H800 PCIe", 0),
+        ("Tesla V100-SXM2-16GB", "V100 SXM2 16GB", 6),
+        ("Tesla V100-SXM2-32GB", "V100 SXM2 32GB", 6),
+        ("Tesla V100-PCIE-16GB", "V100 PCIe 16GB", 0),
+        ("Tesla V100-PCIE-32GB", "V100 PCIe 32GB", 0),
+        ("NVIDIA RTX A5000", "RTX A5000", 0),
+        ("NVIDIA RTX A4000", "RTX A4000", 0),
+    ],
+)
+def test_rental_cards_are_in_the_table(name: str, model: str, sxm_links: int) -> None:
+    spec = datasheet.lookup(name)
+    assert spec is not None and spec.model == model and spec.nvlink_links == sxm_links
+    assert (spec.bf16_tflops or spec.fp16_tflops) and spec.mem_bw_gb_s and spec.tdp_w
+    assert (spec.fp16_tflops is not None) == (spec.cc < (8, 0))  # bf16 peaks from Ampere on, fp16 before
+
+
+def test_pcie_slot_below_the_card_blames_the_platform() -> None:
+    """Issue 11: when NVML says the slot itself tops out below the card, no riser or BIOS hint."""
+    [r] = g.gpu_pcie(machine(gpus=(gpu(pcie_gen_max=4, pcie_gen_loaded=4, pcie_width_loaded=16),)), config())
+    assert "tops out at Gen4" in r.summary and r.hint is not None
+    assert r.hint.startswith("the platform limits the link") and "riser" not in r.hint
+    [r] = g.gpu_pcie(machine(gpus=(gpu(pcie_width_max=8),)), config())  # an x8 slot: lanes, not the platform gen
+    assert "x8 slot, a riser or bifurcation" in (r.hint or "")
+    [r] = g.gpu_pcie(machine(gpus=(gpu(pcie_gen_loaded=4, pcie_width_loaded=16),)), config())  # trained down
+    assert "trained below what slot and card both support" in (r.hint or "")
 
 
 def test_throttle_reasons() -> None:
