@@ -1,0 +1,203 @@
+"""The Invoke hooks of checks/cli.py, in-process: a PreflightProgram over a small collection, argv as a list.
+
+The real CLI (``python -m invoke`` from the checkout) is tested end to end in tests/test_tasks.py; here each
+mistake is one fast run of the program, and the pieces (usage_error, check_env_overrides) are unit tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from invoke import Collection, Config, Context, Program, task
+from invoke.exceptions import ParseError
+
+from checks import cli
+from checks.config import load_defaults
+from checks.errors import PreflightError
+
+seen: list[dict[str, Any]] = []
+
+
+@task
+def train(c: Context, steps: int = 0, price: float = 0.0, json: str = "", quick: bool = False) -> None:
+    """Record the flags and the merged configuration value the tests look at."""
+    seen.append({"steps": steps, "price": price, "json": json, "nofile_min": c.config.preflight.host.nofile_min})
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> tuple[int, str, str]:
+    """Run the program over a collection like tasks.py's; return (exit code, stdout, stderr)."""
+    seen.clear()
+    ns = Collection(train)
+    ns.configure({"preflight": load_defaults()})
+    program = cli.PreflightProgram(namespace=ns, name="invoke", binary="invoke")
+    # keep the user's own ~/.invoke.yaml and /etc/invoke.yaml out of the test
+    program.config_class = lambda **kw: cli.CheckedConfig(system_prefix=f"{tmp_path}/etc-", user_prefix=f"{tmp_path}/u-", **kw)  # type: ignore[assignment]  # fmt: skip
+    try:
+        program.run(["invoke", *argv])
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in __import__("os").environ if n.startswith(("INVOKE_PREFLIGHT_", "INVOKE_RUNTIME_CONFIG"))]:
+        monkeypatch.delenv(name)
+
+
+def one_line(code: int, err: str) -> str:
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu-preflight: "), err
+    return lines[0]
+
+
+# --- task flags ---------------------------------------------------------------------------------------------
+
+
+def test_valid_flags_run_the_task(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert run(["train", "--steps", "3", "--price=1.5"], capsys, tmp_path)[0] == 0
+    expected = {"steps": 3, "price": 1.5, "json": "", "nofile_min": load_defaults()["host"]["nofile_min"]}
+    assert seen == [expected]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["train", "--step", "3"], ("train has no flag --step", "did you mean --steps?", "invoke --help train")),
+        (["train", "--bogus"], ("train has no flag --bogus", "invoke --help train")),
+        (["trian"], ("no task named 'trian'", "did you mean train?", "invoke --list")),
+        (["train", "--steps", "abc"], ("train --steps takes an integer, not 'abc'",)),
+        (["train", "--price", "cheap"], ("train --price takes a number, not 'cheap'",)),
+        (["train", "--json"], ("train --json needs a value",)),
+        (["train", "--quick=yes"], ("unexpected argument 'yes' after train", "on/off flags take no value")),
+    ],
+    ids=["typo", "unknown", "task-typo", "int", "float", "missing-value", "value-for-switch"],
+)
+def test_flag_mistakes_are_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], needles: tuple[str, ...]
+) -> None:
+    code, out, err = run(argv, capsys, tmp_path)
+    line = one_line(code, err)
+    for needle in needles:
+        assert needle in line, line
+    assert seen == [] and out == ""
+    assert ("did you mean" in line) == any("did you mean" in n for n in needles)
+
+
+def test_usage_error_leaves_other_exceptions_alone() -> None:
+    assert cli.usage_error(ValueError("from a broken task definition"), ()) is None
+    assert cli.usage_error(KeyError("x"), ()) is None
+    assert isinstance(cli.usage_error(ParseError("something else!"), ()), PreflightError)
+
+
+# --- configuration files ------------------------------------------------------------------------------------
+
+
+def test_a_missing_runtime_file_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "invoke.yml"
+    assert f"{missing} does not exist" in one_line(*run(["-f", str(missing), "train"], capsys, tmp_path)[::2])
+    monkeypatch.setenv("INVOKE_RUNTIME_CONFIG", str(missing))
+    assert "INVOKE_RUNTIME_CONFIG" in one_line(*run(["train"], capsys, tmp_path)[::2])
+    assert seen == []
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("preflight: {gpu: 0.8}", "preflight.gpu must be a section"),
+        ("preflight: {hostt: {nofile_min: 1}}", "did you mean preflight.host?"),
+        ("preflight: {gpu: [\n", "is not valid YAML/JSON"),
+    ],
+    ids=["scalar-for-section", "typo", "yaml-syntax"],
+)
+def test_a_bad_runtime_file_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, needle: str
+) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    assert needle in one_line(*run(["train", "-f", str(config)], capsys, tmp_path)[::2])  # -f after the task too
+
+
+def test_a_good_runtime_file_takes_effect(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = tmp_path / "good.yaml"
+    config.write_text("preflight: {host: {nofile_min: 7}}\n")
+    assert run(["-f", str(config), "train"], capsys, tmp_path)[0] == 0
+    assert seen[0]["nofile_min"] == 7
+
+
+def test_the_user_file_is_validated_before_the_project_file_loads(tmp_path: Path) -> None:
+    (tmp_path / "u-invoke.yaml").write_text("preflight: {hostt: {}}\n")
+    config = cli.CheckedConfig(system_prefix=f"{tmp_path}/etc-", user_prefix=f"{tmp_path}/u-")
+    config.set_project_location(str(tmp_path / "project"))
+    with pytest.raises(PreflightError, match=r"u-invoke\.yaml"):
+        config.load_project()
+
+
+# --- INVOKE_PREFLIGHT_* variables ---------------------------------------------------------------------------
+
+
+def test_env_names_follow_invokes_underscore_scheme() -> None:
+    names = cli.env_names(load_defaults())
+    assert names["INVOKE_PREFLIGHT_GPU_POWER_MIN_FRACTION"][0] == ("gpu", "power_min_fraction")
+    assert "INVOKE_PREFLIGHT_HOST_NOFILE_MIN" in names
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "needle"),
+    [
+        ("INVOKE_PREFLIGHT_GPU_POWER_MIN_FRACTION", "abc", "a number"),
+        ("INVOKE_PREFLIGHT_GPU_POWER_MIN_FRACTON", "0.5", "did you mean INVOKE_PREFLIGHT_GPU_POWER_MIN_FRACTION?"),
+        ("INVOKE_PREFLIGHT_BENCH_ENABLED", "false", "use 1 or 0"),
+        ("INVOKE_PREFLIGHT_HOST_NOFILE_MIN", "1e6", "an integer"),
+        ("INVOKE_PREFLIGHT_ALLOC_CONF_RC_FILES", "~/.zshrc", "-f FILE"),
+    ],
+    ids=["not-a-number", "typo-name", "bool-word", "float-for-int", "list"],
+)
+def test_bad_variables_stop_the_run_before_invoke_casts_them(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    value: str,
+    needle: str,
+) -> None:
+    monkeypatch.setenv(name, value)
+    assert needle in one_line(*run(["train"], capsys, tmp_path)[::2])
+    assert seen == []
+
+
+def test_good_variables_are_cast_and_take_effect(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INVOKE_PREFLIGHT_HOST_NOFILE_MIN", "9")
+    monkeypatch.setenv("INVOKE_PREFLIGHT_PROBE_TORCH_TIMEOUT_S", "2.5")  # an int is fine for a float key
+    monkeypatch.setenv("INVOKE_PREFLIGHT_BENCH_ENABLED", "0")
+    assert run(["train"], capsys, tmp_path)[0] == 0
+    assert seen[0]["nofile_min"] == 9
+
+
+def test_listing_the_tasks_needs_no_valid_variables(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INVOKE_PREFLIGHT_BENCH_ENABLED", "false")
+    code, out, _ = run(["--list"], capsys, tmp_path)
+    assert code == 0 and "train" in out
+
+
+# --- adopting the running program ---------------------------------------------------------------------------
+
+
+def test_adopt_turns_one_plain_program_and_its_config_into_the_checked_kinds() -> None:
+    program, other = Program(), Program()
+    program.config = Config(lazy=True)
+    cli.adopt(program)
+    cli.adopt(program)  # a second import of tasks.py changes nothing
+    assert type(program) is cli.PreflightProgram and type(program.config) is cli.CheckedConfig
+    assert type(other) is Program  # Invoke's class itself is untouched
