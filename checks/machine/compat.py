@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from checks.config import PreflightConfig
 from checks.facts import MachineFacts
-from checks.machine.torchbuilds import best_variant, coverage, driver_cuda, install_command, parse_cuda
+from checks.machine.torchbuilds import CPU_BUILD, best_variant, coverage, driver_cuda, install_command, parse_cuda
 from checks.result import Result, Status, fail, ok, skip, warn
 
 _DRIVER_HINTS = {
@@ -45,18 +45,8 @@ def torch_build(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     Command line equivalent: python -c 'import torch; print(torch.__version__, torch.version.cuda)'.
     """
     t, gpus = m.torch, [g for g in m.nvml.gpus if g.error is None]
-    variant = best_variant(
-        [g.compute_capability for g in gpus if g.compute_capability], driver_cuda(m.nvml.cuda_driver_version)
-    )
-    to_install = (
-        install_command(variant.name if variant else "cu128", cfg.torch.wheel_index)
-        if gpus
-        else (install_command("cpu", cfg.torch.wheel_index))
-    )
     if t.error_kind == "missing":
-        return [
-            fail("torch-build", "torch is not installed in this Python", f"install the build that fits: {to_install}")
-        ]
+        return [fail("torch-build", "torch is not installed in this Python", _install_hint(m, cfg, replace=False))]
     if t.error:
         return [
             fail(
@@ -69,9 +59,28 @@ def torch_build(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     summary = f"torch {t.version} ({kind} build)"
     value = {"version": t.version, "cuda": t.cuda, "hip": t.hip}
     if gpus and not t.cuda and not t.hip:
-        hint = f"this build cannot use the {len(gpus)} GPU(s); install a CUDA build: {to_install}"
+        hint = f"this build cannot use the {len(gpus)} GPU(s); " + _install_hint(m, cfg, replace=True)
         return [fail("torch-build", summary + f" on a machine with {len(gpus)} NVIDIA GPU(s)", hint, value=value)]
     return [ok("torch-build", summary, value=value)]
+
+
+def _install_hint(m: MachineFacts, cfg: PreflightConfig, replace: bool) -> str:
+    """What to paste: the build that fits the driver and GPUs, the CPU build on a box without NVIDIA GPU."""
+    index = cfg.torch.wheel_index
+    gpus = [g.compute_capability for g in m.nvml.gpus if g.error is None and g.compute_capability]
+    if m.nvml.error and m.nvml.error_kind not in (None, "library-not-found"):
+        return (
+            "the NVIDIA driver is there but not usable (see driver): fix it, then rerun bootstrap for the build that "
+            f"fits it; the CPU build meanwhile: {install_command(CPU_BUILD, index, replace)}"
+        )
+    if not m.nvml.gpus:
+        return f"install the CPU build (no NVIDIA GPU here): {install_command(CPU_BUILD, index, replace)}"
+    drv = driver_cuda(m.nvml.cuda_driver_version)
+    variant = best_variant(gpus, drv)
+    if variant is None:
+        limit = f"CUDA {drv[0]}.{drv[1]}" if drv else "this driver"
+        return f"no PyTorch CUDA build for these GPUs runs on {limit}: upgrade the driver, then rerun bootstrap"
+    return f"install the build that fits the driver ({variant.name}): {install_command(variant.name, index, replace)}"
 
 
 def cuda_compat(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
@@ -81,7 +90,7 @@ def cuda_compat(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     """
     if m.nvml.error:
         return [skip("cuda-compat", "no NVIDIA driver (see driver)")]
-    problems = [p for p in (_runtime_vs_driver(m), _forward_compat(m), _fabric_manager(m), _init_error(m)) if p]
+    problems = [p for p in (_runtime_vs_driver(m, cfg), _forward_compat(m), _fabric_manager(m), _init_error(m)) if p]
     drv = driver_cuda(m.nvml.cuda_driver_version)
     drv_text = f"{drv[0]}.{drv[1]}" if drv else "?"
     if not problems:
@@ -106,18 +115,21 @@ def cuda_compat(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
 _Problem = tuple[Status, str, str] | None
 
 
-def _runtime_vs_driver(m: MachineFacts) -> _Problem:
+def _runtime_vs_driver(m: MachineFacts, cfg: PreflightConfig | None = None) -> _Problem:
     drv, rt = driver_cuda(m.nvml.cuda_driver_version), parse_cuda(m.torch.cuda)
     if drv is None or rt is None or drv >= rt:
         return None
     gpus = [g.compute_capability for g in m.nvml.gpus if g.compute_capability]
     variant = best_variant(gpus, drv)
-    fix = f"install torch built for CUDA <= {drv[0]}.{drv[1]} ({variant.name})" if variant else "upgrade the driver"
+    fix = "upgrade the driver"
+    if variant:  # the pasteable command ends the hint, so a copied line is the command alone
+        command = install_command(variant.name, cfg.torch.wheel_index if cfg else "", replace=True)
+        fix = f"install torch built for CUDA <= {drv[0]}.{drv[1]} ({variant.name}): {command}"
     if drv[0] < rt[0]:
         text = f"driver supports CUDA {drv[0]}.{drv[1]} but torch needs {rt[0]}.{rt[1]}: CUDA init fails ('driver too old')"
-        return Status.FAIL, text, f"{fix}, or rent a box with a newer driver"
+        return Status.FAIL, text, f"rent a box with a newer driver, or {fix}"
     text = f"driver CUDA {drv[0]}.{drv[1]} is older than torch's {rt[0]}.{rt[1]}: runs under minor-version compatibility, PTX JIT and newest APIs fail"
-    return Status.WARN, text, f"{fix} to be safe"
+    return Status.WARN, text, f"to be safe, {fix}"
 
 
 def _forward_compat(m: MachineFacts) -> _Problem:
@@ -220,7 +232,8 @@ def _arch_fix(m: MachineFacts, cfg: PreflightConfig, cc: tuple[int, int]) -> str
     variant = best_variant([cc], driver_cuda(m.nvml.cuda_driver_version))
     if variant is None:
         return f"no PyTorch CUDA build for sm_{cc[0]}{cc[1]} runs on this driver: upgrade the driver"
-    return f"install torch {variant.torch} built for {variant.name}: {install_command(variant.name, cfg.torch.wheel_index)}"
+    command = install_command(variant.name, cfg.torch.wheel_index, replace=True)
+    return f"install torch {variant.torch} built for {variant.name}: {command}"
 
 
 def torch_libs(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:

@@ -114,13 +114,21 @@ def best_variant(devices: list[tuple[int, int]], driver_cuda: tuple[int, int] | 
     return None
 
 
-def install_command(variant_name: str, wheel_index: str) -> str:
-    """A pip command for a variant; never upgrades anything else (``--no-deps`` is not safe for torch)."""
-    index = wheel_index.rstrip("/") if wheel_index else "<PyTorch wheel index>"
+# PyTorch's own wheel index: one folder per build (cpu, cu118 ... cu128, cu130). pytorch.org/get-started/locally
+# prints these commands, and torch 2.14's reinstall hint names the same address (ref/compat.md §5).
+PYTORCH_WHEEL_INDEX = "https://download.pytorch.org/whl"
+CPU_BUILD = "cpu"
+
+
+def install_command(variant_name: str, wheel_index: str = "", replace: bool = False) -> str:
+    """A pip command one can paste for a build (``cu128``, ``cpu``): the configured index, else PyTorch's own.
+
+    ``replace``: a torch is installed already, and ``pip install torch`` would call it satisfied whatever its
+    build, so it is uninstalled first. Never ``--no-deps``: the CUDA builds need their nvidia-* packages.
+    """
+    index = (wheel_index or PYTORCH_WHEEL_INDEX).rstrip("/")
     command = f"pip install torch --index-url {index}/{variant_name}"
-    if not wheel_index:
-        command += " (the index address is on pytorch.org/get-started/locally)"
-    return command
+    return f"pip uninstall -y torch && {command}" if replace else command
 
 
 def parse_cuda(text: str | None) -> tuple[int, int] | None:

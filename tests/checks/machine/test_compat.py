@@ -1,7 +1,13 @@
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+import pytest
+
 from checks.machine import compat
 from checks.result import Status
+from checks.snapshot import load_snapshot
 from tests.factories import config, gpu, machine
 
 
@@ -48,7 +54,53 @@ def test_missing_torch_on_a_cpu_box_suggests_the_cpu_build() -> None:
         torch={"error": "x", "error_kind": "missing"},
     )
     r = _one(compat.torch_build(m, config(torch={"wheel_index": "https://example.invalid/whl"})))
-    assert r.hint == "install the build that fits: pip install torch --index-url https://example.invalid/whl/cpu"
+    assert (
+        r.hint
+        == "install the CPU build (no NVIDIA GPU here): pip install torch --index-url https://example.invalid/whl/cpu"
+    )
+    r = _one(compat.torch_build(m, config()))  # the default: PyTorch's own index, pasteable as it stands
+    assert (r.hint or "").endswith(": pip install torch --index-url https://download.pytorch.org/whl/cpu")
+
+
+@pytest.mark.parametrize(
+    ("driver", "build"),
+    [(11080, "cu118"), (12020, "cu121"), (12040, "cu124"), (12060, "cu126"), (12080, "cu128"), (13000, "cu130")],
+)
+def test_missing_torch_hint_is_the_real_index_of_the_build_the_driver_runs(driver: int, build: str) -> None:
+    """Issue 11: a command one can paste, for the build that fits the driver (cu118 ... cu128, cu130)."""
+    m = machine(nvml={"cuda_driver_version": driver}, torch={"error": "x", "error_kind": "missing"})
+    hint = _one(compat.torch_build(m, config())).hint or ""
+    assert hint.endswith(f": pip install torch --index-url https://download.pytorch.org/whl/{build}"), hint
+
+
+def test_wrong_torch_hints_replace_the_installed_one_with_a_pasteable_command() -> None:
+    cpu_torch = machine(torch={"cuda": None, "arch_list": ()})
+    hint = _one(compat.torch_build(cpu_torch, config())).hint or ""
+    assert hint.endswith(
+        "pip uninstall -y torch && pip install torch --index-url https://download.pytorch.org/whl/cu128"
+    )
+    too_new = machine(nvml={"cuda_driver_version": 12020}, torch={"cuda": "13.0"})
+    hint = _one(compat.cuda_compat(too_new, config())).hint or ""
+    assert "pip uninstall -y torch && pip install torch --index-url https://download.pytorch.org/whl/cu121" in hint
+
+
+def test_no_build_for_the_gpu_on_this_driver_says_upgrade_instead_of_a_build_that_cannot_run() -> None:
+    m = machine(
+        gpus=(gpu(name="NVIDIA GeForce RTX 5090", compute_capability=(12, 0)),),
+        nvml={"cuda_driver_version": 12040},
+        torch={"error": "x", "error_kind": "missing"},
+    )
+    hint = _one(compat.torch_build(m, config())).hint or ""
+    assert "upgrade the driver" in hint and "pip install" not in hint
+
+
+def test_unusable_driver_on_a_gpu_box_is_not_told_it_has_no_gpu() -> None:
+    m = machine(
+        nvml={"error": "Driver Not Loaded", "error_kind": "driver-not-loaded", "gpus": ()},
+        torch={"error": "x", "error_kind": "missing"},
+    )
+    hint = _one(compat.torch_build(m, config())).hint or ""
+    assert "see driver" in hint and "no NVIDIA GPU here" not in hint
 
 
 def test_torch_probe_timeout_is_a_failure_with_the_reason() -> None:
@@ -122,3 +174,18 @@ def test_a_too_old_driver_is_explained_once() -> None:
     )
     r = _one(compat.cuda_compat(m, config()))
     assert r.status is Status.FAIL and "initialisation failed" not in r.summary and "802" not in (r.hint or "")
+
+
+def test_every_torch_install_hint_in_the_fixtures_can_be_pasted() -> None:
+    """No placeholder in any hint a replayed box gives: each pip command names a real wheel index folder."""
+    machines = Path(__file__).resolve().parents[2] / "fixtures" / "machines"
+    commands = []
+    for path in sorted(machines.glob("*.json")):
+        facts, _ = load_snapshot(path)
+        for check in (compat.torch_build, compat.cuda_compat, compat.torch_arch):
+            for r in check(facts, config()):
+                for part in (r.hint or "").split(" | "):  # several problems' hints are joined with " | "
+                    commands += [m.group().strip() for m in re.finditer(r"pip install torch.*$", part)]
+    assert commands, "no fixture asks for a torch install"
+    for command in commands:
+        assert re.fullmatch(r"pip install torch --index-url https://download\.pytorch\.org/whl/(cpu|cu1\d\d)", command)

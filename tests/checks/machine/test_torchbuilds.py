@@ -1,8 +1,18 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from checks.machine.torchbuilds import best_variant, coverage, driver_cuda, install_command, parse_arch, parse_cuda
+from checks.machine.torchbuilds import (
+    VARIANTS,
+    best_variant,
+    coverage,
+    driver_cuda,
+    install_command,
+    parse_arch,
+    parse_cuda,
+)
 
 WHEEL_124 = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
 WHEEL_128 = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
@@ -56,9 +66,24 @@ def test_version_parsing() -> None:
     assert parse_cuda("12.6") == (12, 6) and parse_cuda(None) is None
 
 
-def test_install_command_uses_the_configured_index_or_says_where_to_find_it() -> None:
+def test_install_command_uses_the_configured_index_or_pytorchs_own() -> None:
     assert (
         install_command("cu128", "https://example.invalid/whl/")
         == "pip install torch --index-url https://example.invalid/whl/cu128"
     )
-    assert "pytorch.org/get-started/locally" in install_command("cu128", "")
+    assert install_command("cu128", "") == "pip install torch --index-url https://download.pytorch.org/whl/cu128"
+
+
+@pytest.mark.parametrize("variant", ["cpu", *(v.name for v in VARIANTS)])
+def test_install_command_is_pasteable_for_every_build(variant: str) -> None:
+    """Issue 11: a real PyTorch wheel index folder, never a placeholder to fill in."""
+    command = install_command(variant)
+    assert re.fullmatch(r"pip install torch --index-url https://download\.pytorch\.org/whl/(cpu|cu1[1-3]\d)", command)
+    assert {v.name for v in VARIANTS} >= {"cu118", "cu121", "cu124", "cu126", "cu128", "cu130"}
+
+
+def test_install_command_replacing_an_installed_torch_uninstalls_it_first() -> None:
+    # pip calls any installed torch "already satisfied", whatever build it is
+    assert install_command("cu126", replace=True) == (
+        "pip uninstall -y torch && pip install torch --index-url https://download.pytorch.org/whl/cu126"
+    )
