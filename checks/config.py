@@ -192,6 +192,8 @@ class VerifyConfig:
     num_workers: int
     profile_steps: int
     loader_probe_s: float
+    advice_min_gain: float
+    contended_min_share: float
     timeout_s: float
     stall_timeout_s: float
     checkpoint_dir: str

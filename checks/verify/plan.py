@@ -177,7 +177,7 @@ def plan(
         "seed": cfg.seed,
         "loader": loader,
         "profile_steps": cfg.profile_steps,
-        "loader_probe": {"seconds": cfg.loader_probe_s, "min_share": cfg.share_warn}
+        "loader_probe": {"seconds": cfg.loader_probe_s, "min_share": cfg.share_warn, "cores": facts.host.usable_cores}
         if cfg.loader_probe_s > 0
         else None,
         "checkpoint": {"dir": ckpt, "resume_steps": cfg.resume_steps, "rtol": cfg.resume_rtol},

@@ -15,6 +15,7 @@ from typing import Any
 from checks.config import VerifyConfig
 from checks.machine import datasheet
 from checks.result import Result, fail, ok, skip, warn
+from checks.verify.advice import loader_advice
 from checks.verify.cost import cost, describe
 from checks.verify.diagnosis import Signals, Verdict, diagnose, upgrade_bound
 from checks.verify.plan import Outcome, Plan
@@ -94,8 +95,16 @@ def signals(p: Plan, o: Outcome, cfg: VerifyConfig, figures: dict[str, Any]) -> 
         tree_cpu=_median(trace.values("tree_cpu_cores"), p.usable_cores),
         sampler_coverage=coverage(trace, window),
         samples_s=figures.get("samples_per_s"),
-        loader_alone=None if "error" in (r.get("loader_alone") or {}) else r.get("loader_alone"),
+        loader_alone=_probed(r, "loader_alone"),
+        loader_advice=loader_advice(_probed(r, "loader_alone"), cfg.advice_min_gain),
+        data_cost=_probed(r, "data_cost"),
     )
+
+
+def _probed(r: dict[str, Any], key: str) -> dict[str, Any] | None:
+    """An optional phase's result; None when it did not run or failed (its error stays in the measurements)."""
+    got = r.get(key)
+    return None if not got or "error" in got else got
 
 
 def coverage(trace: Trace, window: list[float] | None) -> float | None:
@@ -156,6 +165,7 @@ def judge(p: Plan, o: Outcome, cfg: VerifyConfig) -> tuple[list[Result], dict[st
     results += [_sampler(p, o, m), _cost(p, r, figs, m), compile_result(r, figs), sweep_result(r)]
     keys = ("flops_per_step", "memory", "kernels", "checkpoint", "oom", "ab", "sweep", "loader_alone", "timeline")
     m |= {k: r[k] for k in keys if r.get(k)}
+    m |= _advice(s, r)
     if (r.get("device") or {}).get("type") == "cpu":
         why = "no GPU: the run was on the CPU"
         m |= {
@@ -164,6 +174,17 @@ def judge(p: Plan, o: Outcome, cfg: VerifyConfig) -> tuple[list[Result], dict[st
         }
     m["files"] = {"json": p.json_path, "csv": str(p.csv_path), "png": str(p.png_path)}
     return results, m, verdicts
+
+
+def _advice(s: Signals | None, r: dict[str, Any]) -> dict[str, Any]:
+    """``loader_candidates``, ``advice`` and ``data_cost`` (contract: checks/verify/advice.py), when measured."""
+    out: dict[str, Any] = {}
+    if s is not None and s.loader_alone:
+        out["loader_candidates"] = s.loader_alone.get("candidates") or []
+        out["advice"] = s.loader_advice
+    if r.get("data_cost"):
+        out["data_cost"] = r["data_cost"]
+    return out
 
 
 def _run_facts(p: Plan, o: Outcome, r: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from checks.verify.smoke import extras
+from checks.verify.smoke import candidates, extras
 from checks.verify.smoke.ckpt import (
     Recording,
     Replay,
@@ -91,10 +91,13 @@ class Smoke:
         probe = self.spec.get("loader_probe")
         steps = self.result["steps"]
         if probe and steps and breakdown(steps)["data_wait"] >= probe["min_share"]:
-            self.timed("loader_alone", lambda: self.loader_alone(probe["seconds"]))
+            self.timed("loader_alone", lambda: self.loader_alone(probe))
+            self.timed(
+                "data_cost", lambda: candidates.data_cost(self.local(), probe["seconds"] * candidates.COST_SHARE)
+            )
 
-    def loader_alone(self, seconds: float) -> dict[str, Any]:
-        """Last, as it opens the data in this process: the loader's own rate, with workers and without."""
+    def loader_alone(self, probe: dict[str, Any]) -> dict[str, Any]:
+        """Last, as it opens the data in this process: the loader's own rate at each candidate setting."""
         b = self.b
         assert b is not None
         b.feed.close()  # its persistent workers would compete with the ones timed here
@@ -102,8 +105,16 @@ class Smoke:
         def make(dataset: Any, loader: dict[str, Any]) -> Feed:
             return Feed(dataset, b.batch_size, self.spec["seed"], loader)
 
-        local = b.fresh_dataset() if not self.spec["dataset"] else b.dataset
-        return extras.loader_alone(make, b.dataset, local, b.loader, seconds)
+        cores = probe.get("cores") or len(os.sched_getaffinity(0))
+        return candidates.loader_alone(
+            make, b.dataset, self.local(), b.loader, probe["seconds"] * (1 - candidates.COST_SHARE), cores, b.cuda
+        )
+
+    def local(self) -> Any:
+        """A dataset this process may open (the built-in ones afresh; a user's own is the loop's)."""
+        b = self.b
+        assert b is not None
+        return b.fresh_dataset() if not self.spec["dataset"] else b.dataset
 
     def timed(self, name: str, work: Any) -> None:
         """Run an optional phase; its failure (a full disk, a profiler without CUPTI) is its result, not the run's."""

@@ -1,5 +1,5 @@
 """Measurements around the main loop (child process, torch): FLOPs, kernel statistics, memory, out-of-memory
-handling, the batch-size sweep and the torch.compile A/B.
+handling, the batch-size sweep and the torch.compile A/B. The DataLoader alone: ``checks.verify.smoke.candidates``.
 """
 
 from __future__ import annotations
@@ -181,45 +181,3 @@ def compile_ab(trainer: Trainer, feed: Feed, steps: int) -> dict[str, Any]:
         "median_step_s": statistics.median(r.total for r in records),
         "median_compute_s": statistics.median(r.forward + r.backward + r.optimizer for r in records),
     }
-
-
-def loader_alone(
-    make_feed: Callable[[Any, dict[str, Any]], Feed], dataset: Any, local: Any, loader: dict[str, Any], seconds: float
-) -> dict[str, Any]:
-    """Samples/s of the DataLoader with nothing else to do: with the loop's workers, then in this process.
-
-    ``dataset`` is the loop's own (its workers receive it); ``local`` is one this process may open, so that maps
-    opened here never travel to workers started later. Each timing skips what the workers had prefetched while
-    they started, then counts the batches of ``seconds``. The loop's rate is the other half of the comparison:
-    a loader alone slower than the loop consumes makes data wait inevitable, whatever the model.
-    """
-    workers = int(loader.get("num_workers") or 0)
-    out: dict[str, Any] = {"workers": workers, "samples_s": _feed_rate(make_feed, dataset, loader, seconds)}
-    if workers:
-        local_kw = {"num_workers": 0, "pin_memory": bool(loader.get("pin_memory"))}
-        out["in_process_samples_s"] = _feed_rate(make_feed, local, local_kw, seconds)
-    return out
-
-
-def _feed_rate(
-    make_feed: Callable[[Any, dict[str, Any]], Feed], dataset: Any, loader: dict[str, Any], seconds: float
-) -> float | None:
-    workers = int(loader.get("num_workers") or 0)
-    ready = workers * int(loader.get("prefetch_factor") or 2) if workers else 0
-    feed = make_feed(dataset, loader)
-    try:
-        for _ in range(1 + ready):
-            feed.next()  # worker start-up and the batches prefetched meanwhile
-        batches = samples = 0
-        start = time.monotonic()
-        while (elapsed := time.monotonic() - start) < seconds or batches < 2:
-            samples += _samples(feed.next())
-            batches += 1
-        return round(samples / elapsed, 1) if elapsed > 0 else None
-    finally:
-        feed.close()
-
-
-def _samples(batch: Any) -> int:
-    first = batch[0] if isinstance(batch, (list, tuple)) else batch
-    return int(first.shape[0]) if hasattr(first, "shape") else len(first)
