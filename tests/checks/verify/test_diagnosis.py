@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from checks.config import VerifyConfig, make_config
+from checks.verify.advice import cost_fix, loader_advice
 from checks.verify.diagnosis import Signals, diagnose, upgrade_bound
 from checks.verify.plan import Outcome, Plan
 from checks.verify.report import coverage, judge
@@ -214,3 +215,65 @@ def test_sampler_coverage_counts_the_samples_taken_in_the_window() -> None:
     assert coverage(Trace(rows, 0.1), [10.0, 12.0]) == 0.25  # 5 of the 20 due
     assert coverage(Trace(rows * 10, 0.1), [10.0, 12.0]) == 1.0  # capped
     assert coverage(Trace(rows, 0.1), None) is None and coverage(Trace(rows, 0.1), [10.0, 10.05]) is None
+
+
+def candidates(current: int, **rates: float) -> dict[str, Any]:
+    """A loader_alone result: ``w0=..., w2=...`` are samples/s at 0 and 2 workers (pin_memory off)."""
+    rows = [{"num_workers": int(k[1:]), "pin_memory": False, "samples_s": v} for k, v in rates.items()]
+    return {"workers": current, "pin_memory": False, "samples_s": rates[f"w{current}"], "candidates": rows}
+
+
+def test_a_setting_is_advised_only_when_it_measured_faster_by_the_margin() -> None:
+    faster = loader_advice(candidates(8, w0=50.0, w1=115.0, w2=180.0, w8=160.0), CFG.advice_min_gain)
+    assert faster == {"num_workers": 2, "pin_memory": False, "measured_samples_s": 180.0, "current_samples_s": 160.0,
+                      "faster": True, "gain": 1.125}  # fmt: skip
+    within = loader_advice(candidates(8, w0=50.0, w2=170.0, w8=160.0), CFG.advice_min_gain)
+    assert within is not None and not within["faster"] and within["num_workers"] == 8  # 6%: noise, keep it
+    assert loader_advice(None, 0.1) is None and loader_advice({"workers": 2, "samples_s": 5.0}, 0.1) is None
+
+
+def test_a_measured_fix_replaces_the_rule_of_thumb() -> None:
+    alone = candidates(8, w0=50.0, w1=115.0, w2=180.0, w8=160.0)
+    kw: dict[str, Any] = {"shares": shares(data_wait=0.4), "workers": 8, "usable_cores": 2.0, "cpu_during_wait": 0.97}
+    rule = diagnose(signals(**kw), CFG)[0]
+    assert rule.id == "cpu-starved" and "use at most 1" in rule.fix  # unmeasured: the old rule, as before
+    v = diagnose(signals(**kw, loader_alone=alone, loader_advice=loader_advice(alone, 0.1)), CFG)[0]
+    assert v.id == "cpu-starved" and v.fix.startswith("use num_workers=2: measured 180 samples/s")
+    assert "against 160 with the current 8" in v.fix and "at most 1" not in v.fix
+    flat = candidates(2, w0=50.0, w2=100.0, w4=104.0)
+    v = diagnose(signals(**kw | {"workers": 2}, loader_alone=flat, loader_advice=loader_advice(flat, 0.1)), CFG)[0]
+    assert "no loader setting measured 10% faster" in v.fix and "use num_workers" not in v.fix
+    assert "an estimate from the data-wait share, not measured here: at most -40%" in v.fix
+
+
+def test_the_data_cost_names_the_transforms_and_credits_stage_data_with_decoding_only() -> None:
+    cost = {"method": "compose", "per_sample_ms": 20.0, "parts": [
+        {"name": "GaussianBlur", "ms": 11.2, "share": 0.56}, {"name": "ColorJitter", "ms": 4.0, "share": 0.2},
+        {"name": "read + decode", "ms": 2.2, "share": 0.11}, {"name": "RandomResizedCrop", "ms": 2.6, "share": 0.13}]}  # fmt: skip
+    text = cost_fix(cost)
+    assert "GaussianBlur 56%, ColorJitter 20%, read + decode 11%" in text
+    assert "pre-decoding (invoke stage-data) saves at most ~11%" in text and "make GaussianBlur cheaper" in text
+    whole = cost_fix({"method": "getitem", "per_sample_ms": 10.0, "parts": [{"name": "__getitem__", "share": 1.0}]})
+    assert "no Compose-like transform" in whole and cost_fix(None) == ""
+
+
+def test_a_small_neighbour_on_saturated_cores_is_not_the_cause() -> None:
+    # Issue 9: 10% of one core of two taken by another process, ours at 89%: the wait is our pipeline's.
+    small = signals(shares=shares(data_wait=0.3), workers=8, cpu_during_wait=0.89, machine_cpu_during_wait=0.94)
+    v = diagnose(small, CFG)[0]
+    assert v.id == "cpu-starved" and "other processes" not in v.summary and "others 5%, too little" in v.summary
+    assert "cpu-contended" not in [
+        x.id for x in diagnose(dataclasses.replace(small, machine_cpu=0.94, tree_cpu=0.89), CFG)
+    ]
+    # A large one whose cores ours would need: blamed.
+    big = signals(shares=shares(data_wait=0.3), workers=2, cpu_during_wait=0.5, machine_cpu_during_wait=0.98)
+    assert "other processes take the CPU the loop needs" in diagnose(big, CFG)[0].summary
+    # Ours alone would need more than all the cores (0.85 / 0.7 > 1): the neighbour does not explain the wait.
+    both = signals(shares=shares(data_wait=0.3), workers=2, cpu_during_wait=0.85, machine_cpu_during_wait=0.99)
+    assert "other processes" not in diagnose(both, CFG)[0].summary
+
+
+def test_a_window_wide_neighbour_needs_a_measurable_share_to_be_a_caveat() -> None:
+    strict = dataclasses.replace(CFG, contended_min_share=0.6)
+    assert "cpu-contended" in [v.id for v in diagnose(signals(machine_cpu=0.99, tree_cpu=0.3), CFG)]
+    assert "cpu-contended" not in [v.id for v in diagnose(signals(machine_cpu=0.99, tree_cpu=0.45), strict)]
