@@ -34,32 +34,76 @@ def draw(
     warmup: Sequence[dict[str, Any]] = (),
     shares: dict[str, float] | None = None,
     phases: dict[str, list[float]] | None = None,
+    step_s: float | None = None,
+    samples_per_s: float | None = None,
 ) -> None:
-    """Write the timeline PNG to ``path`` (atomically)."""
+    """Write the timeline PNG to ``path`` (atomically); see ``figure`` for what it shows."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
-    rows = 2 + bool(steps) + bool(shares)
-    heights = [3, 2.5] + ([2.5] if steps else []) + ([1.0] if shares else [])
-    fig = Figure(figsize=(12, sum(heights) + 1.2), layout="constrained")
-    axes = fig.subplots(rows, 1, height_ratios=heights)
-    t0 = trace.rows[0]["t_mono"] if trace.rows else (steps[0]["host_start"] if steps else 0.0)
-    t0 = float(t0 or 0.0)
-    _gpu_panel(axes[0], trace, gpu, t0)
-    _cpu_panel(axes[1], trace, usable_cores, t0)
-    if steps:
-        _steps_panel(axes[2], steps, warmup, t0)
-    for i, ax in enumerate(axes[: 2 + bool(steps)]):
-        _shade(ax, phases or {}, t0, label=i == 0)
-    if steps:
-        axes[2].sharex(axes[0])
-    axes[1].sharex(axes[0])
-    if shares:
-        _breakdown_bar(axes[-1], shares)
-    fig.suptitle(title, fontsize=11)
+    fig = figure(trace, title, gpu, usable_cores, steps, warmup, shares, phases, step_s, samples_per_s)
     tmp = path.with_name(f".{path.name}.tmp.png")
     FigureCanvasAgg(fig).print_png(str(tmp))
     tmp.replace(path)
+
+
+def figure(
+    trace: Trace,
+    title: str,
+    gpu: int | None,
+    usable_cores: float,
+    steps: Sequence[dict[str, Any]] = (),
+    warmup: Sequence[dict[str, Any]] = (),
+    shares: dict[str, float] | None = None,
+    phases: dict[str, list[float]] | None = None,
+    step_s: float | None = None,
+    samples_per_s: float | None = None,
+) -> Any:
+    """Build the timeline as a matplotlib ``Figure`` (no pyplot state).
+
+    Only what was recorded is drawn: no GPU panel without GPU samples, no line for a series without values.
+    ``step_s`` and ``samples_per_s`` (the report's figures) go into the title; without them the title gives the
+    median of ``steps``.
+    """
+    from matplotlib.figure import Figure
+
+    gpu = gpu if gpu is not None and trace.values(f"gpu{gpu}_util_pct") else None
+    panels = [*(["gpu"] if gpu is not None else []), "cpu", *(["steps"] if steps else [])]
+    heights = [_HEIGHTS[p] for p in panels] + ([1.0] if shares else [])
+    fig = Figure(figsize=(13, sum(heights) + 1.4), layout="constrained")
+    axes = list(fig.subplots(len(heights), 1, height_ratios=heights, squeeze=False)[:, 0])
+    t0 = trace.rows[0]["t_mono"] if trace.rows else (steps[0]["host_start"] if steps else 0.0)
+    t0 = float(t0 or 0.0)
+    timed = dict(zip(panels, axes, strict=False))
+    if gpu is not None:
+        _gpu_panel(timed["gpu"], trace, gpu, t0)
+    _cpu_panel(timed["cpu"], trace, usable_cores, t0)
+    if steps:
+        _steps_panel(timed["steps"], steps, warmup, t0)
+    for i, ax in enumerate(timed.values()):
+        _shade(ax, phases or {}, t0, label=i == 0)
+        if i:
+            ax.sharex(axes[0])
+    axes[len(panels) - 1].set_xlabel("seconds since the first sample")
+    if shares:
+        _breakdown_bar(axes[-1], shares)
+    fig.suptitle(_title(title, gpu, steps, step_s, samples_per_s), fontsize=11)
+    return fig
+
+
+_HEIGHTS = {"gpu": 3.0, "cpu": 2.5, "steps": 2.5}
+
+
+def _title(
+    title: str, gpu: int | None, steps: Sequence[dict[str, Any]], step_s: float | None, rate: float | None
+) -> str:
+    """The verdict title with the run's headline figures, and a note when no GPU was sampled."""
+    if step_s is None and steps:
+        totals = sorted(sum(float(s[p]) for p in PHASES) for s in steps)
+        step_s = totals[len(totals) // 2]
+    figures = [f"step {1000 * step_s:,.0f} ms" if step_s else "", f"{rate:,.1f} samples/s" if rate else ""]
+    text = ", ".join(f for f in figures if f)
+    note = "" if gpu is not None else " (no GPU sampled)"
+    return f"{title}{note}" + (f"\n{text}" if text else "")
 
 
 def _xs(trace: Trace, column: str, t0: float) -> tuple[list[float], list[float]]:
@@ -67,49 +111,65 @@ def _xs(trace: Trace, column: str, t0: float) -> tuple[list[float], list[float]]
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def _gpu_panel(ax: Any, trace: Trace, gpu: int | None, t0: float) -> None:
+def _line(ax: Any, trace: Trace, column: str, t0: float, scale: float = 1.0, **style: Any) -> list[float]:
+    """Plot one recorded series (nothing for a series without values); return the plotted values."""
+    xs, ys = _xs(trace, column, t0)
+    if not xs:
+        return []
+    values = [y * scale for y in ys]
+    ax.plot(xs, values, **style)
+    return values
+
+
+def _legend_outside(ax: Any, handles: list[Any] | None = None, offset: float = 1.01) -> None:
+    """The legend right of the axes, so it never covers lines at 100%."""
+    if handles is None:
+        handles = ax.get_legend_handles_labels()[0]
+    if handles:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(offset, 1.0), fontsize=7, borderaxespad=0)
+
+
+def _percent_limits(ax: Any, values: list[float]) -> None:
+    """0-105 %, or up to the highest value with headroom: a line above 100 % is drawn, not clipped."""
+    ax.set_ylim(0, max(105.0, 1.08 * max(values, default=0.0)))
+
+
+def _gpu_panel(ax: Any, trace: Trace, gpu: int, t0: float) -> None:
     ax.set_ylabel("GPU %")
-    ax.set_ylim(0, 105)
-    if gpu is None:
-        ax.text(0.5, 0.5, "no GPU sampled (NVML not available here)", ha="center", va="center", transform=ax.transAxes)
-        return
     p = f"gpu{gpu}_"
-    ax.plot(*_xs(trace, p + "util_pct", t0), label="utilisation (NVML, time-based)", color="#1f77b4")
-    ax.plot(*_xs(trace, p + "mem_util_pct", t0), label="memory controller busy", color="#aec7e8")
+    values = _line(ax, trace, p + "util_pct", t0, label="utilisation (NVML, time-based)", color="#1f77b4")
+    values += _line(ax, trace, p + "mem_util_pct", t0, label="memory controller busy", color="#aec7e8")
+    _percent_limits(ax, values)
     right = ax.twinx()
-    used = _xs(trace, p + "mem_used_mib", t0)
-    right.plot(used[0], [v / 1024 for v in used[1]], label="memory used (GiB)", color="#8c564b", linestyle="--")
-    power = _xs(trace, p + "power_w", t0)
-    right.plot(power[0], [v / 10 for v in power[1]], label="power (x10 W)", color="#e377c2", linestyle=":")
-    right.set_ylabel("GiB | x10 W")
-    ax.legend(loc="upper left", fontsize=7)
-    right.legend(loc="upper right", fontsize=7)
+    _line(right, trace, p + "mem_used_mib", t0, 1 / 1024, label="memory used (GiB)", color="#8c564b", linestyle="--")
+    _line(right, trace, p + "power_w", t0, 1 / 10, label="power (x10 W)", color="#e377c2", linestyle=":")
+    handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+    if right.get_legend_handles_labels()[0]:
+        right.set_ylabel("GiB | x10 W")
+        right.set_ylim(bottom=0)
+        _legend_outside(right, handles, offset=1.07)
+    else:
+        right.set_yticks([])
+        _legend_outside(ax, handles)
 
 
 def _cpu_panel(ax: Any, trace: Trace, usable_cores: float, t0: float) -> None:
     ax.set_ylabel("CPU %")
-    ax.set_ylim(0, 105)
-    ax.plot(*_xs(trace, "cpu_pct", t0), label="usable cores, mean", color="#7f7f7f")
-    ax.plot(*_xs(trace, "cpu_max_core_pct", t0), label="busiest core", color="#c7c7c7", linewidth=0.8)
-    tree = _xs(trace, "tree_cpu_cores", t0)
-    ax.plot(
-        tree[0], [100 * v / usable_cores for v in tree[1]], label="training processes (% of usable)", color="#d62728"
-    )
-    workers = _xs(trace, "worker_cpu_cores", t0)
-    ax.plot(
-        workers[0],
-        [100 * v / usable_cores for v in workers[1]],
-        label="child processes (DataLoader workers)",
-        color="#ff9896",
-    )
-    ax.plot(*_xs(trace, "iowait_pct", t0), label="iowait", color="#bcbd22", linestyle=":")
-    ax.legend(loc="upper left", fontsize=7, ncols=3)
+    per_core = 100 / usable_cores if usable_cores else 100.0
+    values = _line(ax, trace, "cpu_pct", t0, label="usable cores, mean", color="#7f7f7f")
+    values += _line(ax, trace, "cpu_max_core_pct", t0, label="busiest core", color="#c7c7c7", linewidth=0.8)
+    style = {"label": "training processes (% of usable)", "color": "#d62728"}
+    values += _line(ax, trace, "tree_cpu_cores", t0, per_core, **style)
+    style = {"label": "child processes (DataLoader workers)", "color": "#ff9896"}
+    values += _line(ax, trace, "worker_cpu_cores", t0, per_core, **style)
+    values += _line(ax, trace, "iowait_pct", t0, label="iowait", color="#bcbd22", linestyle=":")
+    _percent_limits(ax, values)
+    _legend_outside(ax)
 
 
 def _steps_panel(ax: Any, steps: Sequence[dict[str, Any]], warmup: Sequence[dict[str, Any]], t0: float) -> None:
     """Stacked phase bars per step at the step's host time; warm-up steps faint (a first step can be 10x longer)."""
     ax.set_ylabel("step (ms)")
-    ax.set_xlabel("seconds")
     for group, alpha, label in ((warmup, 0.3, False), (steps, 1.0, True)):
         xs = [float(s["host_start"]) - t0 for s in group]
         widths = [max(1e-4, 0.9 * (float(s["host_end"]) - float(s["host_start"]))) for s in group]
@@ -122,7 +182,7 @@ def _steps_panel(ax: Any, steps: Sequence[dict[str, Any]], warmup: Sequence[dict
     top = max((1000 * sum(float(s[p]) for p in PHASES) for s in steps), default=0.0)
     if top > 0:
         ax.set_ylim(0, 1.3 * top)
-    ax.legend(loc="upper left", fontsize=7, ncols=5)
+    _legend_outside(ax)
 
 
 def _shade(ax: Any, phases: dict[str, list[float]], t0: float, label: bool = False) -> None:
@@ -130,8 +190,10 @@ def _shade(ax: Any, phases: dict[str, list[float]], t0: float, label: bool = Fal
         if name in phases:
             a, b = phases[name]
             ax.axvspan(a - t0, b - t0, color=colour, alpha=0.6, zorder=0, linewidth=0)
-            if label:
-                ax.text(a - t0, 101, name, fontsize=7, va="bottom", color="#555555")
+            if label:  # just above the axes (x in data, y in axes units), clear of the lines
+                ax.text(
+                    a - t0, 1.01, name, fontsize=7, va="bottom", color="#555555", transform=ax.get_xaxis_transform()
+                )
 
 
 def _breakdown_bar(ax: Any, shares: dict[str, float]) -> None:
