@@ -1,10 +1,10 @@
-"""``invoke verify`` and ``invoke watch`` end to end, as a user runs them: ``python -m invoke ...`` from the
-checkout with a temporary HOME, training for real on this machine's CPU (small sizes through INVOKE_PREFLIGHT_*)."""
+"""``invoke verify`` and ``invoke watch`` with a temporary HOME, training for real on this machine's CPU (small sizes
+through INVOKE_PREFLIGHT_*): in-process through the real tasks and hooks (``here``), and as a user runs them
+(``python -m invoke ...``) where the process is the point (Ctrl-C)."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,7 +16,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.test_tasks import REPO, Run, assert_usage_error, by_id, child_env, invoke
+from tests.test_tasks import REPO, Here, Run, assert_usage_error, by_id, child_env, in_process
 
 pytestmark = pytest.mark.slow
 
@@ -24,6 +24,11 @@ PLUGINS = "tests.checks.verify.smoke_plugins"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SHARES = {"data_wait", "h2d", "forward", "backward", "optimizer", "checkpoint"}
 VERDICTS = {"data-bound", "cpu-starved", "h2d-bound", "launch-bound", "compute-bound", "checkpoint-bound", "near-oom", "throttled", "cpu-contended", "cant-tell"}  # fmt: skip
+
+
+@pytest.fixture
+def here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Here:
+    return in_process(monkeypatch, capsys)
 
 
 @pytest.fixture
@@ -40,8 +45,10 @@ def small(tmp: Path, **extra: str) -> dict[str, str]:
     return env | extra
 
 
-def verify(home: Path, tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[Run, dict[str, Any]]:
-    run = invoke(home, "verify", "--steps", "4", *args, "--json", str(tmp / "r.json"), env=small(tmp) | (env or {}))
+def verify(
+    here: Here, home: Path, tmp: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[Run, dict[str, Any]]:
+    run = here(home, "verify", "--steps", "4", *args, "--json", str(tmp / "r.json"), env=small(tmp) | (env or {}))
     report = json.loads((tmp / "r.json").read_text()) if (tmp / "r.json").exists() else {}
     return run, report
 
@@ -56,8 +63,8 @@ def stage_images(root: Path, n: int = 64) -> Path:
     return root
 
 
-def test_verify_on_synthetic_data_writes_report_csv_and_png(home: Path, tmp_path: Path) -> None:
-    run, report = verify(home, tmp_path)
+def test_verify_on_synthetic_data_writes_report_csv_and_png(here: Here, home: Path, tmp_path: Path) -> None:
+    run, report = verify(here, home, tmp_path)
     assert run.code == 0, run.why()
     results, m = by_id(report), report["measurements"]
     assert results["diagnosis"]["value"] in VERDICTS
@@ -73,9 +80,9 @@ def test_verify_on_synthetic_data_writes_report_csv_and_png(home: Path, tmp_path
     assert "Traceback" not in run.err
 
 
-def test_verify_on_staged_images_prices_the_epoch(home: Path, tmp_path: Path) -> None:
+def test_verify_on_staged_images_prices_the_epoch(here: Here, home: Path, tmp_path: Path) -> None:
     data = stage_images(tmp_path / "staged")
-    run, report = verify(home, tmp_path, "--data", str(data), "--price-per-hour", "3.5", "--workers", "0")
+    run, report = verify(here, home, tmp_path, "--data", str(data), "--price-per-hour", "3.5", "--workers", "0")
     assert run.code == 0, run.why()
     results, m = by_id(report), report["measurements"]
     assert "staged at" in results["verify-data"]["summary"] and "num_workers=0" in results["verify-data"]["summary"]
@@ -83,14 +90,14 @@ def test_verify_on_staged_images_prices_the_epoch(home: Path, tmp_path: Path) ->
     assert m["run"]["data"]["reader"].endswith("StagedImages")  # stage-data's template (or the built-in reader)
 
 
-def test_verify_on_staged_tokens_with_json_on_stdout(home: Path, tmp_path: Path) -> None:
+def test_verify_on_staged_tokens_with_json_on_stdout(here: Here, home: Path, tmp_path: Path) -> None:
     root = tmp_path / "tokens"
     root.mkdir()
     np.save(root / "tokens.npy", (np.arange(20_000) % 97).astype(np.uint16))
     np.save(root / "doc_offsets.npy", np.array([0, 20_000]))
     (root / "manifest.json").write_text("{}")
     env = small(tmp_path, INVOKE_PREFLIGHT_VERIFY_SEQ_LEN="32")
-    run = invoke(home, "verify", "--steps", "3", "--data", str(root), "--json", "-", env=env)
+    run = here(home, "verify", "--steps", "3", "--data", str(root), "--json", "-", env=env)
     assert run.code == 0, run.why()
     report = run.report()  # stdout is the JSON document alone
     assert by_id(report)["verify-data"]["value"]["kind"] == "tokens"
@@ -99,40 +106,40 @@ def test_verify_on_staged_tokens_with_json_on_stdout(home: Path, tmp_path: Path)
     assert list((tmp_path / "reports").glob("verify-*.samples.csv"))
 
 
-def test_a_broken_staged_directory_exits_2_before_training(home: Path, tmp_path: Path) -> None:
+def test_a_broken_staged_directory_exits_2_before_training(here: Here, home: Path, tmp_path: Path) -> None:
     data = stage_images(tmp_path / "staged")
     (data / "manifest.json").unlink()
-    run, _ = verify(home, tmp_path, "--data", str(data))
+    run, _ = verify(here, home, tmp_path, "--data", str(data))
     assert_usage_error(run, "manifest.json is missing")
     assert run.seconds < 20
 
 
-def test_an_unwritable_checkpoint_directory_exits_2(home: Path, tmp_path: Path) -> None:
+def test_an_unwritable_checkpoint_directory_exits_2(here: Here, home: Path, tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
-    run, _ = verify(home, tmp_path, "--ckpt-dir", str(tmp_path / "file" / "ckpt"))
+    run, _ = verify(here, home, tmp_path, "--ckpt-dir", str(tmp_path / "file" / "ckpt"))
     assert_usage_error(run, "is not writable")
 
 
-def test_a_model_that_cannot_be_imported_exits_2(home: Path, tmp_path: Path) -> None:
-    run, _ = verify(home, tmp_path, "--model", "no_such_module:build")
+def test_a_model_that_cannot_be_imported_exits_2(here: Here, home: Path, tmp_path: Path) -> None:
+    run, _ = verify(here, home, tmp_path, "--model", "no_such_module:build")
     assert run.code == 2 and "Traceback" not in run.err, run.why()
     last = run.err.strip().splitlines()[-1]  # after the child's progress lines: one error line
     assert last.startswith("gpu-preflight: cannot load no_such_module:build: ModuleNotFoundError"), run.why()
 
 
-def test_oom_at_the_requested_batch_exits_1_with_the_batch_that_fits(home: Path, tmp_path: Path) -> None:
+def test_oom_at_the_requested_batch_exits_1_with_the_batch_that_fits(here: Here, home: Path, tmp_path: Path) -> None:
     args = ("--dataset", f"{PLUGINS}:patterned", "--model", f"{PLUGINS}:oom_model", "--batch-size", "32")
-    run, report = verify(home, tmp_path, *args, "--workers", "0")
+    run, report = verify(here, home, tmp_path, *args, "--workers", "0")
     assert run.code == 1, run.why()
     loop = by_id(report)["verify-loop"]
     assert loop["status"] == "fail" and "out of memory at batch 32" in loop["summary"]
     assert "--batch-size 8" in loop["hint"] and by_id(report)["diagnosis"]["value"] == "near-oom"
 
 
-def test_nan_loss_and_a_missed_throughput_floor_fail_the_gate(home: Path, tmp_path: Path) -> None:
+def test_nan_loss_and_a_missed_throughput_floor_fail_the_gate(here: Here, home: Path, tmp_path: Path) -> None:
     floor = {"INVOKE_PREFLIGHT_VERIFY_MIN_SAMPLES_PER_S": "1000000000"}
     args = ("--dataset", f"{PLUGINS}:patterned", "--model", f"{PLUGINS}:nan_model", "--workers", "0")
-    run, report = verify(home, tmp_path, *args, env=floor)
+    run, report = verify(here, home, tmp_path, *args, env=floor)
     assert run.code == 1, run.why()
     results = by_id(report)
     assert results["verify-loss"]["status"] == "fail" and "NaN/inf" in results["verify-loss"]["summary"]
@@ -160,13 +167,11 @@ def test_ctrl_c_writes_the_partial_report_and_leaves_no_process(home: Path, tmp_
     assert family and not [p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 
 
-def test_watch_judges_a_running_process_tree(home: Path, tmp_path: Path) -> None:
+def test_watch_judges_a_running_process_tree(here: Here, home: Path, tmp_path: Path) -> None:
     busy = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<30: pass"])
     try:
         env = {"INVOKE_PREFLIGHT_VERIFY_SAMPLE_INTERVAL_S": "0.05"}
-        run = invoke(
-            home, "watch", "--seconds", "2", "--pid", str(busy.pid), "--json", str(tmp_path / "w.json"), env=env
-        )
+        run = here(home, "watch", "--seconds", "2", "--pid", str(busy.pid), "--json", str(tmp_path / "w.json"), env=env)
     finally:
         busy.kill()
         busy.wait()
@@ -179,13 +184,7 @@ def test_watch_judges_a_running_process_tree(home: Path, tmp_path: Path) -> None
     assert (tmp_path / "w.png").read_bytes()[:8] == PNG_MAGIC and (tmp_path / "w.samples.csv").exists()
 
 
-def test_watch_refuses_a_pid_that_does_not_exist(home: Path) -> None:
+def test_watch_refuses_a_pid_that_does_not_exist(here: Here, home: Path) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    assert_usage_error(invoke(home, "watch", "--pid", str(gone.pid)), f"no process {gone.pid}")
-
-
-def test_verify_and_watch_are_listed(home: Path) -> None:
-    run = invoke(home, "--list")
-    assert run.code == 0 and "verify" in run.out and "watch" in run.out
-    assert os.environ.get("HOME") != str(home)
+    assert_usage_error(here(home, "watch", "--pid", str(gone.pid)), f"no process {gone.pid}")
