@@ -16,17 +16,18 @@
 # https://download.pytorch.org/whl). --wheels DIR installs the dependencies from a wheelhouse, for a box without
 # network: `pip download -d DIR $(python tests/gpu/prepare.py requirements) pytest` for the box's Python.
 set -uo pipefail
+{  # read whole before anything runs: an edit to this file during a run cannot change the run
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 usage() { echo "usage: tests/gpu/acceptance.sh OUT_DIR [--dry-run] [--budget SECONDS] [--wheels DIR]" >&2; exit 2; }
 
-OUT="" DRY_RUN=0 BUDGET=450 WHEELS=""
+OUT="" DRY_RUN=0 BUDGET=430 WHEELS=""  # 430 + a last step's 15 s kill grace + the summary: under 8 minutes
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) DRY_RUN=1 ;;
         --budget) [ $# -ge 2 ] || usage; BUDGET=$2; shift ;;
         --wheels) [ $# -ge 2 ] || usage; WHEELS=$2; shift ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; exit 0 ;;
         -*) usage ;;
         *) [ -z "$OUT" ] || usage; OUT=$1 ;;
     esac
@@ -112,6 +113,7 @@ run_step() {  # name, timeout, command
         timeout --kill-after=15 "$limit" bash -c "cd \"$REPO\" && $command" > "$OUT/logs/$name.log" 2>&1 < /dev/null
     rc=$?
     record "$name" "$rc" $((SECONDS - began)) "$limit"
+    [ "$rc" = 0 ] || echo "              last line of logs/$name.log: $(grep -v '^[[:space:]]*$' "$OUT/logs/$name.log" | tail -n 1 | cut -c1-200)"
 }
 
 record() {  # name, rc, seconds, timeout [, note]
@@ -144,3 +146,5 @@ printf '%s\t%s\t%s\t%s\n' summary "$SUMMARY_RESERVE" always "$SUMMARY_CMD" >> "$
 (cd "$REPO" && timeout "$SUMMARY_RESERVE" "$PY" tests/gpu/summarise.py summary "$OUT") || \
     echo "summary failed: the steps are in $OUT/steps.tsv and their logs in $OUT/logs/" >&2
 echo "done in $((SECONDS - START))s: $OUT/summary.md"
+exit 0
+}

@@ -40,13 +40,18 @@ SKIMAGE_PHOTOS = ("rocket.jpg", "retina.jpg", "hubble_deep_field.jpg", "astronau
 def make_venv(path: Path) -> str:
     """``python -m venv --system-site-packages --clear``; when this Python is itself a virtualenv (where an image
     keeps its torch), its site-packages are added by a .pth file, since the system ones would be the base's."""
-    venv.EnvBuilder(system_site_packages=True, clear=True, with_pip=True).create(path)
+    pip = "its own pip"
+    try:
+        venv.EnvBuilder(system_site_packages=True, clear=True, with_pip=True).create(path)
+    except subprocess.CalledProcessError:  # Debian/Ubuntu without python3-venv: no ensurepip
+        venv.EnvBuilder(system_site_packages=True, clear=True, with_pip=False).create(path)
+        pip = "the box's pip (no ensurepip here)"
     if sys.prefix == sys.base_prefix:
-        return f"{path}: a virtualenv over {sys.executable} and its site-packages"
+        return f"{path}: a virtualenv over {sys.executable} and its site-packages, {pip}"
     outer = [p for p in site.getsitepackages() if Path(p).is_dir()]
     purelib = path / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
     (purelib / "acceptance-box-env.pth").write_text("\n".join(outer) + "\n", encoding="utf-8")
-    return f"{path}: a virtualenv over the virtualenv {sys.prefix} (its site-packages by acceptance-box-env.pth)"
+    return f"{path}: a virtualenv over the virtualenv {sys.prefix} (its site-packages by acceptance-box-env.pth), {pip}"
 
 
 def torch_build(python: str = sys.executable) -> tuple[str | None, str | None, str]:

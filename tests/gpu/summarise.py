@@ -230,7 +230,16 @@ def not_ok(source: str, report: dict[str, Any] | None) -> list[str]:
     ]
 
 
-def verify_run(name: str, report: dict[str, Any]) -> dict[str, Any]:
+def gpu_samples(csv_path: Path) -> int | None:
+    """Sampler rows with GPU 0's utilisation answered: the sampler's GPU columns on a real driver."""
+    try:
+        with csv_path.open(encoding="utf-8", newline="") as fh:
+            return sum(1 for row in csv.DictReader(fh) if row.get("gpu0_util_pct"))
+    except OSError:
+        return None
+
+
+def verify_run(name: str, report: dict[str, Any], csv_path: Path) -> dict[str, Any]:
     m = report.get("measurements", {})
     run = m.get("run") or {}
     device = run.get("device") if isinstance(run.get("device"), dict) else {}
@@ -246,6 +255,7 @@ def verify_run(name: str, report: dict[str, Any]) -> dict[str, Any]:
         "mfu": mfu.get("value"),
         "mfu_note": mfu.get("note"),
         "verdict": (m.get("diagnosis") or {}).get("verdict"),
+        "gpu_samples": gpu_samples(csv_path),
         "counts": report.get("counts"),
     }
 
@@ -282,7 +292,7 @@ def summarise(out: Path) -> dict[str, Any]:
         report = _json(out / "verify" / f"{name}.json")
         if report is None:
             continue
-        runs.append(verify_run(name, report))
+        runs.append(verify_run(name, report, out / "verify" / f"{name}.samples.csv"))
         findings += not_ok(f"verify-{name}", report)
         mfu = mfu_figure(f"verify-{name}", report)
         figures += [mfu] if mfu else []

@@ -39,12 +39,19 @@ def render_md(s: dict[str, Any]) -> str:
         lines.append(
             f"| {f['source']} | {f['gpu']} | {f['metric']} | {measured} | {sheet} | {fraction} | {_cell(f['note'])} |"
         )
-    lines += ["", "## verify", "", "| run | device | precision | batch | samples/s | median step s | MFU | verdict |"]
-    lines.append("|---|---|---|---|---|---|---|---|")
+    lines += [
+        "",
+        "## verify",
+        "",
+        "| run | device | precision | batch | samples/s | median step s | MFU | verdict | GPU samples |",
+    ]
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for v in s["verify"]:
         row = (v["run"], v["device"], v["precision"], v["batch_size"], v["samples_per_s"], v["median_step_s"])
         cells = [_cell(c, "{:.4g}" if isinstance(c, float) else "{}") for c in row]
-        lines.append("| " + " | ".join([*cells, _cell(v["mfu"], "{:.1%}"), _cell(v["verdict"])]) + " |")
+        lines.append(
+            "| " + " | ".join([*cells, _cell(v["mfu"], "{:.1%}"), _cell(v["verdict"]), _cell(v["gpu_samples"])]) + " |"
+        )
     tests = s["gpu_tests"]
     lines += ["", "## GPU-marked tests", ""]
     if tests is None:

@@ -216,3 +216,11 @@ def test_gpu_marked_tests_are_skipped_with_the_reason_here() -> None:
     skipped = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
     assert len(skipped) >= 6 and all(reason in line for line in skipped), done.stdout[-2000:]
     assert " passed" not in done.stdout and " failed" not in done.stdout
+
+
+def test_verify_run_counts_the_samplers_gpu_rows(tmp_path: Path) -> None:
+    (tmp_path / "image.samples.csv").write_text("t_s,gpu0_util_pct\n0.0,97\n0.1,\n0.2,99\n", encoding="utf-8")
+    report = {"measurements": {"run": {"device": {"type": "cuda", "name": "NVIDIA H200"}, "precision": "bf16"}}}
+    run = summarise.verify_run("image", report, tmp_path / "image.samples.csv")
+    assert (run["device"], run["precision"], run["gpu_samples"]) == ("NVIDIA H200", "bf16", 2)
+    assert summarise.verify_run("text", report, tmp_path / "missing.csv")["gpu_samples"] is None
