@@ -25,9 +25,10 @@ from checks import cli
 from checks.config import PreflightConfig, load_defaults, make_config
 from checks.errors import ExitStatus, PreflightError, terminate_as_interrupt
 from checks.fileio import write_atomic
-from checks.fleet import run as bootstrap_run
+from checks.fleet import run as fleet_run
 from checks.fleet.render import render_fleet
 from checks.fleet.report import FleetReport
+from checks.machine import bootstrap as bootstrap_run
 from checks.machine.runner import SnapshotRequest, record_snapshot
 from checks.render import render_text, use_colour
 from checks.result import Report
@@ -132,11 +133,11 @@ def bootstrap(
         raise PreflightError("--machine judges a snapshot; it cannot be combined with --hosts or --hosts-file")
     strict = strict or cfg.report.strict
     if specs:
-        fleet = bootstrap_run.FleetRequest(
+        fleet = fleet_run.FleetRequest(
             config=cfg, hosts=tuple(specs), source=source, checkout=CHECKOUT, dry_run=dry_run
         )
         with interruptible(), terminate_as_interrupt():  # SIGTERM/SIGHUP also stop the remote processes
-            report = bootstrap_run.fleet(fleet, notify=lambda line: _say(f"gpu-preflight: {line}"))
+            report = fleet_run.fleet(fleet, notify=lambda line: _say(f"gpu-preflight: {line}"))
         return _finish(report, json, strict)
     request = bootstrap_run.BootstrapRequest(config=cfg, machine=Path(machine) if machine else None, dry_run=dry_run)
     with interruptible(), terminate_as_interrupt():

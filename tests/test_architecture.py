@@ -162,9 +162,10 @@ def pseudo_paths(path: Path) -> Iterator[tuple[str, int]]:
         and isinstance(node.body[0].value, ast.Constant)
     }
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
-            if PSEUDO_PATH.search(node.value) or node.value in ("proc", "sys"):
-                yield node.value, node.lineno
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or id(node) in docstrings:
+            continue
+        if PSEUDO_PATH.search(node.value) or node.value in ("proc", "sys"):
+            yield node.value, node.lineno
 
 
 def test_only_the_probe_package_reads_proc_sys_and_the_mount_table() -> None:
@@ -179,5 +180,7 @@ def test_only_the_probe_package_reads_proc_sys_and_the_mount_table() -> None:
 
 def test_the_path_scan_sees_a_planted_reader(tmp_path: Path) -> None:
     planted = tmp_path / "leak.py"
-    planted.write_text('"""Reads /proc/meminfo (a docstring: not a read)."""\nopen("/proc/self/mountinfo")\nroot / "sys"\n')
+    planted.write_text(
+        '"""Reads /proc/meminfo (a docstring: not a read)."""\nopen("/proc/self/mountinfo")\nroot / "sys"\n'
+    )
     assert [line for _, line in pseudo_paths(planted)] == [2, 3]

@@ -24,9 +24,8 @@ from typing import Any
 
 from checks import TOOL_NAME, TOOL_VERSION
 from checks.config import PreflightConfig
-from checks.facts import FleetFacts, HostOutcome, LinkFacts, MachineFacts
-from checks.machine.disk import disk_measurements
-from checks.machine.network import allreduce_results, link_results, net_measurements
+from checks.facts import FleetFacts, HostOutcome, LinkFacts
+from checks.machine.network import allreduce_results, link_results
 from checks.result import REPORT_SCHEMA, Result, Status, fail, ok, warn
 
 Tagged = tuple[str | None, Result]  # (host name or None for fleet-wide results, result)
@@ -36,23 +35,6 @@ GPU_METRICS = (
     ("d2d_gb_s", "device copy GB/s"),
     ("matmul_tflops", "matmul TFLOPS"),
 )
-
-
-def inventory(m: MachineFacts) -> dict[str, Any]:
-    """Summarise a host's accelerators for the fleet (all-reduce backend, GPU outliers)."""
-    names = [g.name for g in m.nvml.gpus if not g.error]
-    return {
-        "gpus": len(names),
-        "gpu_names": names,
-        "torch": m.torch.version,
-        "cuda": m.torch.cuda_available,
-        "nccl": m.torch.nccl_version,
-    }
-
-
-def host_measurements(m: MachineFacts) -> dict[str, Any]:
-    """Build the disk, download and inventory parts of a host's ``measurements``."""
-    return {**disk_measurements(m), **net_measurements(m), "inventory": inventory(m)}
 
 
 def result_from_json(data: dict[str, Any]) -> Result:

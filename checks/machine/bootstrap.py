@@ -1,0 +1,94 @@
+"""What ``invoke bootstrap`` (one machine or a replayed snapshot) and ``invoke alloc-conf`` run.
+
+Gather (the probe's facts and measurements, the allocator step of ``provision.alloc_env``), judge (every check of
+the runner), and build the report. It prints nothing and picks no exit code: the task layer renders what it
+returns. Several hosts are ``checks/fleet/run.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from checks.config import PreflightConfig
+from checks.machine.measurements import measurements
+from checks.machine.runner import CHECKS, measure, run_checks
+from checks.probe import LocalProbe, Probe, SnapshotProbe
+from checks.result import Report
+from provision import alloc_env
+
+ALLOC_ONLY = tuple(item for item in CHECKS if item[0] == "alloc-conf")
+
+
+@dataclass(frozen=True)
+class BootstrapRequest:
+    """One bootstrap of this machine (``machine`` None) or of a recorded snapshot."""
+
+    config: PreflightConfig
+    machine: Path | None = None
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class Bootstrapped:
+    """The report, and the allocator step's notes (diffs or files written) for the terminal."""
+
+    report: Report
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AllocConfRequest:
+    """``invoke alloc-conf``: write the allocator block (or take it out with ``undo``)."""
+
+    config: PreflightConfig
+    dry_run: bool = False
+    undo: bool = False
+
+
+@dataclass(frozen=True)
+class AllocConfDone:
+    """What alloc-conf changed; ``report`` is the read-back (None for ``undo``)."""
+
+    paths: tuple[Path, ...]
+    changes: tuple[alloc_env.Change, ...]
+    notes: tuple[str, ...]
+    report: Report | None
+
+
+def probe_for(machine: Path | None, cfg: PreflightConfig) -> Probe:
+    """The live machine, or the snapshot file to replay."""
+    return SnapshotProbe(machine) if machine else LocalProbe(cfg.probe.torch_timeout_s)
+
+
+def bootstrap(request: BootstrapRequest) -> Bootstrapped:
+    """Gather (measurements, the allocator step), judge every check, and build the report."""
+    cfg = request.config
+    probe = probe_for(request.machine, cfg)
+    facts = measure(probe, probe.machine(), cfg)
+    alloc, notes = alloc_env.alloc_step(probe, facts, cfg, dry_run=request.dry_run, apply=cfg.alloc_conf.apply)
+    facts = dataclasses.replace(facts, alloc=alloc)
+    results = run_checks(facts, cfg)
+    report = Report(
+        host=facts.host.hostname,
+        machine=probe.label,
+        results=tuple(results),
+        measurements=measurements(facts, cfg, notes),
+    )
+    return Bootstrapped(report=report, notes=tuple(notes))
+
+
+def alloc_conf(request: AllocConfRequest) -> AllocConfDone:
+    """Write (or remove) the allocator block; after a write, prove a fresh login shell's torch reads it."""
+    cfg = request.config
+    paths = alloc_env.rc_paths(cfg.alloc_conf)
+    if request.undo:
+        changes = alloc_env.ensure_alloc_conf_removed(paths, dry_run=request.dry_run)
+        return AllocConfDone(paths=tuple(paths), changes=tuple(changes), notes=(), report=None)
+    probe = LocalProbe(cfg.probe.torch_timeout_s)
+    facts = probe.machine()
+    alloc, notes = alloc_env.alloc_step(probe, facts, cfg, dry_run=request.dry_run, apply=True)
+    results = run_checks(dataclasses.replace(facts, alloc=alloc), cfg, checks=ALLOC_ONLY)
+    report = Report(host=facts.host.hostname, machine=probe.label, results=tuple(results))
+    return AllocConfDone(paths=tuple(paths), changes=(), notes=tuple(notes), report=report)
