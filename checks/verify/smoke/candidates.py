@@ -36,27 +36,42 @@ def loader_alone(
     """Samples/s of the DataLoader with nothing else to do, at each candidate setting, within ``seconds``.
 
     Returns the current setting's rate (``samples_s``), the in-process one (``in_process_samples_s``) and every
-    candidate as ``{num_workers, pin_memory, samples_s}``. On a GPU each batch is also copied to the device, so
-    ``pin_memory`` is timed where it pays (the copy) and where it costs (the pinning); on the CPU it is not tried.
+    candidate as ``{num_workers, pin_memory, samples_s, runs}``. On a GPU each batch is also copied to the device,
+    so ``pin_memory`` is timed where it pays (the copy) and where it costs (the pinning); on the CPU it is not
+    tried. The fastest and the current setting are timed once more, in the other order, and keep the mean of
+    both runs: a neighbour that comes and goes between two candidates' turns cannot pick the advice alone.
     """
     current, pin = int(loader.get("num_workers") or 0), bool(loader.get("pin_memory")) and cuda
     counts = worker_counts(current, cores)
-    each = max(MIN_CANDIDATE_S, seconds / (len(counts) + (1 if cuda else 0)))
+    each = max(MIN_CANDIDATE_S, seconds / (len(counts) + 2 + (1 if cuda else 0)))
     move = _to_device if cuda else None
     started, rows = time.monotonic(), list[dict[str, Any]]()
+
+    def timed(w: int, pinned: bool) -> float | None:
+        return _feed_rate(make_feed, local if w == 0 else dataset, _settings(loader, w, pinned), each, move)
+
     for w in sorted(counts, key=lambda w: w == 0):  # in-process last (see the module docstring)
-        kw = _settings(loader, w, pin)
-        rate = _feed_rate(make_feed, local if w == 0 else dataset, kw, each, move)
-        rows.append({"num_workers": w, "pin_memory": pin, "samples_s": rate})
+        rows.append({"num_workers": w, "pin_memory": pin, "runs": [timed(w, pin)]})
     if cuda:
-        top = int(max(rows, key=lambda r: r["samples_s"] or 0)["num_workers"])
-        rate = _feed_rate(make_feed, local if top == 0 else dataset, _settings(loader, top, not pin), each, move)
-        rows.append({"num_workers": top, "pin_memory": not pin, "samples_s": rate})
+        top = int(max(rows, key=_rate)["num_workers"])
+        rows.append({"num_workers": top, "pin_memory": not pin, "runs": [timed(top, not pin)]})
+    best = max(rows, key=_rate)
+    now = next(r for r in rows if (r["num_workers"], r["pin_memory"]) == (current, pin))
+    for row in [best, now] if best is not now else []:
+        row["runs"].append(timed(row["num_workers"], row["pin_memory"]))
+    for row in rows:
+        runs = [r for r in row["runs"] if r]
+        row["samples_s"] = round(sum(runs) / len(runs), 1) if runs else None
     by_workers = {r["num_workers"]: r["samples_s"] for r in rows if r["pin_memory"] == pin}
     out: dict[str, Any] = {"workers": current, "pin_memory": pin, "samples_s": by_workers.get(current)}
     if current:
         out["in_process_samples_s"] = by_workers.get(0)
     return out | {"candidates": rows, "seconds_each": round(each, 2), "wall_s": round(time.monotonic() - started, 2)}
+
+
+def _rate(row: dict[str, Any]) -> float:
+    runs = [r for r in row["runs"] if r]
+    return sum(runs) / len(runs) if runs else 0.0
 
 
 def _settings(loader: dict[str, Any], workers: int, pin: bool) -> dict[str, Any]:
@@ -78,16 +93,21 @@ def _to_device(batch: Any) -> None:
 def _feed_rate(
     make_feed: MakeFeed, dataset: Any, loader: dict[str, Any], seconds: float, move: Callable[[Any], None] | None
 ) -> float | None:
-    """Samples/s over ``seconds`` after the worker start-up and the batches prefetched meanwhile."""
+    """Samples/s over at least ``seconds`` after the worker start-up and the batches prefetched meanwhile.
+
+    Workers hand batches over in turn, and on busy cores they finish in bursts; so the window runs from one
+    batch's arrival to that of a batch whole rounds later (a multiple of the worker count: the same worker's
+    batch one period on), whatever the phase of the bursts.
+    """
     workers = int(loader.get("num_workers") or 0)
     ready = workers * int(loader.get("prefetch_factor") or 2) if workers else 0
     feed = make_feed(dataset, loader)
     try:
         for _ in range(1 + ready):
             feed.next()
+        start, rounds = time.monotonic(), max(1, workers)
         batches = samples = 0
-        start = time.monotonic()
-        while (elapsed := time.monotonic() - start) < seconds or batches < 2:
+        while (elapsed := time.monotonic() - start) < seconds or batches < 2 or batches % rounds:
             batch = feed.next()
             if move is not None:
                 move(batch)
