@@ -247,7 +247,7 @@ def raise_usage(o: Outcome) -> None:
     """A --model/--dataset the child could not use, or CUDA asked for and absent: exit 2, like any bad flag."""
     r = o.child.result or {}
     if r.get("error_kind") == "usage":
-        raise PreflightError(str(r["error"]), hint="see the --model/--dataset convention in the README")
+        raise PreflightError(str(r["error"]), hint="see the --model/--dataset convention in docs/verify.md")
 
 
 def progress(event: dict[str, Any]) -> str | None:

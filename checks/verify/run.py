@@ -68,6 +68,8 @@ def verify(request: VerifyRequest, say: Say) -> Judged:
             p.csv_path, p.png_path, outcome.trace, title, outcome.gpu_index, p.usable_cores,
             steps=child.get("steps", []), warmup=child.get("warmup", []),
             shares=measurements.get("step_breakdown"), phases=child.get("timeline"),
+            step_s=(measurements.get("step_time") or {}).get("median_s"),
+            samples_per_s=measurements.get("samples_per_s_with_checkpoints") or measurements.get("samples_per_s"),
         )  # fmt: skip
     report = Report(host=facts.host.hostname, machine="live", results=tuple(gate + results), measurements=measurements)
     notes = (*problems, f"wrote {p.json_path}, {p.csv_path}, {p.png_path}")
