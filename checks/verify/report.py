@@ -23,7 +23,8 @@ from checks.verify.results import checkpoint_result, compile_result, data_resume
 from checks.verify.sampler import Trace, gpu_summary, overlap_mean, summarise
 from checks.verify.smoke.figures import breakdown, enqueue_ratio, fetch_windows, loss_trend, step_figures
 
-TIME_VERDICT_STATUS = {"compute-bound": "ok", "cant-tell": "ok"}
+# cant-tell is a warn: a run that could not be judged has not cleared the box, so the call to action is its fix.
+TIME_VERDICT_STATUS = {"compute-bound": "ok"}
 
 
 def samples_per_step(r: dict[str, Any]) -> int:
@@ -227,7 +228,12 @@ def _diagnosis(
         )
         m["diagnosis"] = {"verdict": "cant-tell", "verdicts": []}
         return [
-            ok("diagnosis", f"cant-tell: {reason}", value="cant-tell"),
+            warn(
+                "diagnosis",
+                f"cant-tell: {reason}",
+                "run verify for longer (--steps) and let it finish",
+                value="cant-tell",
+            ),
             skip("upgrade-estimate", reason),
             skip("verify-mfu", reason),
         ]

@@ -48,10 +48,12 @@ PIPELINES = (
 
 def config(steps: int, image_size: int, probe: bool) -> PreflightConfig:
     cfg = make_config()
-    small = {"steps": steps, "warmup": 3, "image_size": image_size, "batch_size_cpu": 16, "sample_interval_s": 0.05}
+    small = dataclasses.replace(
+        cfg.verify, steps=steps, warmup=3, image_size=image_size, batch_size_cpu=16, sample_interval_s=0.05
+    )
     if not probe:  # runs that only time the loop skip the loader probe (it comes after the measured steps anyway)
-        small["loader_probe_s"] = 0.0
-    return dataclasses.replace(cfg, verify=dataclasses.replace(cfg.verify, **small))
+        small = dataclasses.replace(small, loader_probe_s=0.0)
+    return dataclasses.replace(cfg, verify=small)
 
 
 def machine() -> MachineFacts:
@@ -82,7 +84,7 @@ def row(name: str, kind: str, dataset: str, model: str, workers: int, image_size
     fix = (
         f"num_workers {workers} -> {applied} (alone: {advice['current_samples_s']:,.0f} -> "
         f"{advice['measured_samples_s']:,.0f}/s)"
-        if applied != workers
+        if advice and applied != workers
         else "none measured faster: unchanged"
         if advice
         else "no loader fix (not measured)"
