@@ -24,23 +24,11 @@ COLOURS = {
 _SHADE = {"warmup": "#dddddd", "kernels": "#fde9c9", "checkpoint": "#e5dcf2", "ab": "#d9ecd9", "sweep": "#d9e6f2"}
 
 
-def draw(
-    path: Path,
-    trace: Trace,
-    title: str,
-    gpu: int | None,
-    usable_cores: float,
-    steps: Sequence[dict[str, Any]] = (),
-    warmup: Sequence[dict[str, Any]] = (),
-    shares: dict[str, float] | None = None,
-    phases: dict[str, list[float]] | None = None,
-    step_s: float | None = None,
-    samples_per_s: float | None = None,
-) -> None:
-    """Write the timeline PNG to ``path`` (atomically); see ``figure`` for what it shows."""
+def draw(path: Path, trace: Trace, title: str, gpu: int | None, usable_cores: float, **details: Any) -> None:
+    """Write the timeline PNG to ``path`` (atomically); ``details`` and what it shows: see ``figure``."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    fig = figure(trace, title, gpu, usable_cores, steps, warmup, shares, phases, step_s, samples_per_s)
+    fig = figure(trace, title, gpu, usable_cores, **details)
     tmp = path.with_name(f".{path.name}.tmp.png")
     FigureCanvasAgg(fig).print_png(str(tmp))
     tmp.replace(path)

@@ -107,6 +107,15 @@ def test_watch_png_has_an_x_label_and_only_the_series_it_recorded() -> None:
 
 def test_draw_writes_the_png_atomically(tmp_path: Path) -> None:
     out = tmp_path / "verify.png"
-    draw(out, _trace(gpu=True), "invoke verify: gpu-bound", 0, 2.0, STEPS, shares=SHARES, phases={"warmup": [100, 101]})
+    draw(
+        out,
+        _trace(gpu=True),
+        "invoke verify: gpu-bound",
+        0,
+        2.0,
+        steps=STEPS,
+        shares=SHARES,
+        phases={"warmup": [100, 101]},
+    )
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["verify.png"]
