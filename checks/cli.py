@@ -33,7 +33,7 @@ from typing import Any
 
 from invoke import Config, Program
 from invoke.exceptions import ParseError
-from invoke.parser import Argument, ParserContext, to_flag
+from invoke.parser import Argument, Parser, ParserContext, to_flag
 from invoke.parser.parser import ParseMachine
 
 from checks.config import load_defaults, validate_files
@@ -178,6 +178,9 @@ def missing_runtime_file(path: str | None) -> PreflightError | None:
     )
 
 
+INVOKE_KEYS = tuple(Config.global_defaults())  # run, runners, sudo, tasks, timeouts in Invoke 2.2
+
+
 class CheckedConfig(Config):
     """Invoke's configuration, each source validated just before Invoke loads, merges or casts it."""
 
@@ -187,8 +190,9 @@ class CheckedConfig(Config):
 
     def load_project(self, merge: bool = True) -> None:
         """Validate the system, user and project files (the project's is loaded next), then load it."""
-        prefixes = (self._system_prefix, self._user_prefix, self._project_prefix)
-        validate_files([path for prefix in prefixes for path in self._candidates(prefix)])
+        shared = [path for prefix in (self._system_prefix, self._user_prefix) for path in self._candidates(prefix)]
+        validate_files(shared, INVOKE_KEYS, own=False)  # these may serve other Invoke projects too
+        validate_files(self._candidates(self._project_prefix), INVOKE_KEYS)
         super().load_project(merge=merge)
 
     def load_runtime(self, merge: bool = True) -> None:
@@ -197,7 +201,7 @@ class CheckedConfig(Config):
         if error := missing_runtime_file(path):
             raise error
         if path:
-            validate_files([Path(os.path.expanduser(path))])
+            validate_files([Path(os.path.expanduser(path))], INVOKE_KEYS)
         super().load_runtime(merge=merge)
 
     def load_shell_env(self) -> None:
@@ -209,12 +213,40 @@ class CheckedConfig(Config):
 # --- the program ------------------------------------------------------------------------------------------
 
 
+# Invoke gives every task flag the first free letter of its name as a short flag, so ``--hosts`` took ``-h`` and
+# ``invoke bootstrap -h`` asked for a host instead of showing the help. After a task, ``-h`` is the core help
+# flag (which Invoke then reads as "help for this task") only when no task flag has it.
+RESERVED_SHORT_FLAGS = ("h",)
+
+
+def task_contexts(collection: Any, ignore_unknown_help: bool | None = None) -> list[ParserContext]:
+    """``Collection.to_contexts`` with the reserved short flags taken off every task flag.
+
+    ``Task.get_arguments`` pops each flag's help text out of ``task.help``; it is put back, so that a second
+    program over the same tasks (the in-process tests) still shows it.
+    """
+    contexts = []
+    for primary, aliases in collection.task_names.items():
+        task = collection[primary]
+        kept = dict(task.help)
+        args = task.get_arguments(ignore_unknown_help=ignore_unknown_help)
+        task.help = kept
+        for arg in args:
+            arg.names = tuple(n for n in arg.names if n not in RESERVED_SHORT_FLAGS)
+        contexts.append(ParserContext(name=primary, aliases=aliases, args=args))
+    return contexts
+
+
 class PreflightProgram(Program):
     """Invoke's program with the task flags' parse errors as one-line usage errors and a checked configuration."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("config_class", CheckedConfig)
         super().__init__(*args, **kwargs)
+
+    def _make_parser(self) -> Parser:
+        ignore = self.config.tasks.ignore_unknown_help
+        return Parser(initial=self.initial_context, contexts=task_contexts(self.collection, ignore))
 
     def parse_tasks(self) -> None:
         try:

@@ -307,11 +307,37 @@ def validate(merged: dict[str, Any], defaults: dict[str, Any], prefix: str = "pr
             )
 
 
-def validate_files(paths: list[Path]) -> None:
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's complaint with the line and column it points at (both counted from 1, as editors do)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem or exc.context}"
+    return str(exc).splitlines()[0]
+
+
+def _check_top_level(data: Any, path: Path, top_level: tuple[str, ...], own: bool) -> None:
+    """A top-level key that is neither ``preflight`` nor one of ``top_level`` (Invoke's own) is refused.
+
+    ``own`` false (the system and user files, which may serve other Invoke projects too): only a key close to
+    a known one, a misspelling, is refused.
+    """
+    if not top_level or not isinstance(data, dict):
+        return
+    known = ("preflight", *top_level)
+    for key in data:
+        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+        if key not in known and (own or close):
+            hint = f"did you mean {close[0]}?" if close else f"known top-level keys: {', '.join(known)}"
+            raise PreflightError(f"unknown top-level key {key!r} in {path}", hint=hint)
+
+
+def validate_files(paths: list[Path], top_level: tuple[str, ...] = (), own: bool = True) -> None:
     """Validate the ``preflight`` part of each existing config file before Invoke merges them.
 
     Invoke's own merge fails with a traceback when a file puts a value where a section belongs (or the
-    reverse), and a YAML syntax error is a traceback too; both become one line naming the file here.
+    reverse), and a YAML syntax error is a traceback too; both become one line naming the file here (with
+    PyYAML's line and column). With ``top_level`` (Invoke's own keys) a misspelled ``prefligth:`` is refused
+    too, where Invoke would ignore it and run on the defaults.
     """
     defaults = load_defaults()
     for path in paths:
@@ -320,12 +346,13 @@ def validate_files(paths: list[Path]) -> None:
         try:
             with path.open(encoding="utf-8") as fh:
                 data = yaml.safe_load(fh)  # JSON is YAML too
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise PreflightError(
-                f"configuration file {path} is not valid YAML/JSON: {str(exc).splitlines()[0]}"
-            ) from None
+        except yaml.YAMLError as exc:
+            raise PreflightError(f"configuration file {path} is not valid YAML/JSON: {_yaml_problem(exc)}") from None
+        except UnicodeDecodeError as exc:
+            raise PreflightError(f"configuration file {path} is not valid YAML/JSON: {exc}") from None
         except OSError as exc:
             raise PreflightError(f"configuration file {path} cannot be read: {exc.strerror}") from None
+        _check_top_level(data, path, top_level, own)
         section = data.get("preflight") if isinstance(data, dict) else None
         if section is None:
             continue

@@ -114,8 +114,11 @@ def test_a_missing_runtime_file_is_refused(
         ("preflight: {gpu: 0.8}", "preflight.gpu must be a section"),
         ("preflight: {hostt: {nofile_min: 1}}", "did you mean preflight.host?"),
         ("preflight: {gpu: [\n", "is not valid YAML/JSON"),
+        ("preflight:\n  gpu: 1\n   x: 2\n", "line 3, column 5: mapping values are not allowed here"),
+        ("prefligth: {host: {nofile_min: 1}}", "unknown top-level key 'prefligth' in"),
+        ("run: {echo: true}\nmine: 1", "unknown top-level key 'mine'"),
     ],
-    ids=["scalar-for-section", "typo", "yaml-syntax"],
+    ids=["scalar-for-section", "typo", "yaml-syntax", "yaml-line-column", "top-level-typo", "top-level-unknown"],
 )
 def test_a_bad_runtime_file_is_one_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, needle: str
@@ -130,6 +133,31 @@ def test_a_good_runtime_file_takes_effect(capsys: pytest.CaptureFixture[str], tm
     config.write_text("preflight: {host: {nofile_min: 7}}\n")
     assert run(["-f", str(config), "train"], capsys, tmp_path)[0] == 0
     assert seen[0]["nofile_min"] == 7
+
+
+def test_a_misspelled_top_level_key_names_the_key_it_meant(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = tmp_path / "invoke.yaml"
+    config.write_text("prefligth:\n  host: {nofile_min: 7}\n")  # Invoke alone runs on the defaults
+    line = one_line(*run(["-f", str(config), "train"], capsys, tmp_path)[::2])
+    assert line.endswith("(did you mean preflight?)") and seen == []
+
+
+def test_the_user_file_may_hold_other_projects_keys_but_no_misspelling(tmp_path: Path) -> None:
+    user, project = tmp_path / "u-invoke.yaml", tmp_path / "project" / "invoke.yaml"
+    project.parent.mkdir()
+    project.write_text("preflight: {host: {nofile_min: 7}}\n")
+    user.write_text("run: {echo: false}\ndeploy: {region: eu}\n")  # another Invoke project's own section
+    config = cli.CheckedConfig(system_prefix=f"{tmp_path}/etc-", user_prefix=f"{tmp_path}/u-")
+    config.set_project_location(str(project.parent))
+    config.load_project()
+    assert config.preflight.host.nofile_min == 7 and config.deploy.region == "eu"
+    user.write_text("prefilght: {host: {nofile_min: 7}}\n")
+    with pytest.raises(PreflightError, match=r"unknown top-level key 'prefilght' .*did you mean preflight\?"):
+        config.load_project()
+    project.write_text("deploy: {region: eu}\n")  # the checkout's own file serves gpu-preflight alone
+    user.unlink()
+    with pytest.raises(PreflightError, match=r"unknown top-level key 'deploy'"):
+        config.load_project()
 
 
 def test_the_user_file_is_validated_before_the_project_file_loads(tmp_path: Path) -> None:
@@ -201,3 +229,28 @@ def test_adopt_turns_one_plain_program_and_its_config_into_the_checked_kinds() -
     cli.adopt(program)  # a second import of tasks.py changes nothing
     assert type(program) is cli.PreflightProgram and type(program.config) is cli.CheckedConfig
     assert type(other) is Program  # Invoke's class itself is untouched
+
+
+# --- -h after a task ----------------------------------------------------------------------------------------
+
+
+@task(help={"hosts": "the hosts", "json": "a path"})
+def fleet(c: Context, hosts: str = "", json: str = "") -> None:
+    """Take a flag whose name starts with h, as bootstrap's --hosts does."""
+    seen.append({"hosts": hosts})
+
+
+def test_h_after_a_task_shows_its_help_even_when_a_flag_starts_with_h(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    ns = Collection(fleet)
+    for _ in range(2):  # a second program over the same task still has the help texts
+        program = cli.PreflightProgram(namespace=ns, name="invoke", binary="invoke")
+        program.config_class = lambda **kw: cli.CheckedConfig(system_prefix=f"{tmp_path}/etc-", user_prefix=f"{tmp_path}/u-", **kw)  # type: ignore[assignment]  # fmt: skip
+        seen.clear()
+        with pytest.raises(SystemExit) as exc:
+            program.run(["invoke", "fleet", "-h"])
+        out, err = capsys.readouterr()
+        assert exc.value.code in (0, None) and err == "" and seen == []
+        assert "Usage: invoke [--core-opts] fleet" in out
+        assert "--hosts=STRING" in out and "the hosts" in out and "-h STRING" not in out
