@@ -194,7 +194,7 @@ def alloc_conf(c: Context, dry_run: bool = False, undo: bool = False) -> None:
     name="stage-data",
     help={
         "source": "folder, CSV/TSV list, .txt/.jsonl, .tar/.tar.gz/.zip, host:/path (rsync over SSH) or http(s) URL",
-        "dest": "the staged dataset's own folder (default: <fullest local disk>/staged/<name>)",
+        "dest": "the staged dataset's own folder (default: <fastest local disk with room>/staged/<name>)",
         "kind": "images, text or auto (preflight.stage.kind)",
         "format": "npy (one memmap) or pt (torch.load-safe shards)",
         "size": "output side S in pixels (images are S x S x 3)",
@@ -231,7 +231,7 @@ def stage_data(
     progress: bool = False,
 ) -> None:
     """Copy a dataset to local disk and pre-decode it once into memory-mapped arrays (or .pt shards)."""
-    from datasets import options, stage
+    from datasets import options, stage, words
     from datasets import progress as bars
 
     cfg = settings(c)
@@ -244,7 +244,7 @@ def stage_data(
             print(f"{verify}: {line}")
         print(
             f"verified {verify}: "
-            + (f"{len(problems)} problem(s)" if problems else "hashes and shapes match the manifest")
+            + (words.count(len(problems), "problem") if problems else "hashes and shapes match the manifest")
         )
         if problems:
             raise Exit(code=ExitStatus.PROBLEMS)

@@ -14,7 +14,7 @@ fields freely; bump ``schema`` only for breaking changes)::
      "outputs": {"images.npy": {"bytes": 1, "sha256": "...", "shape": [998, 256, 256, 3], "dtype": "uint8"}, ...},
      "rejects": [{"path": "cat/x.jpg", "reason": "corrupt or truncated: ..."}],
      "timings": {"fetch_s": 0.0, "decode_s": 10.0, "finalize_s": 0.5, "total_s": 10.7},
-     "resumed": {"items_done_before": 0}}                                       (images only)
+     "resumed": {"items_done_before": 0}}    (images: inputs decoded earlier; text: tokens tokenized earlier)
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class Contents:
     timings: Timings  # a run fills decode_s and finalize_s; stage adds fetch_s and total_s
     classes: Classes | None  # images only
     tokenizer: TokenizerInfo | None  # text only
-    items_done_before: int | None  # images only: decoded by an earlier, interrupted run
+    items_done_before: int | None  # done by an earlier, interrupted run: images decoded, or tokens (text)
 
 
 @dataclass(frozen=True)

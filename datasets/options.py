@@ -9,6 +9,7 @@ from datasets.inventory import Columns
 from datasets.places import gib
 from datasets.request import ImageJob, Outcome, Request, TextJob
 from datasets.sources import Fetch
+from datasets.words import count
 
 
 @dataclass(frozen=True)
@@ -71,20 +72,30 @@ def build_request(cfg: StageConfig, flags: Flags, disk: DiskConfig | None = None
 
 
 def summary(outcome: Outcome, seconds: float) -> str:
-    """Return the one line that ends a run: what, where, how fast."""
+    """Return the one line that ends a run: what, where, how fast (over what this run itself decoded)."""
     contents = outcome.manifest.contents
     counts = contents.counts
     size = gib(sum(o.bytes for o in contents.outputs.values()))
+    text = contents.kind == "text"
     if outcome.noop:
-        what = f"{counts.staged:,} {'documents' if contents.kind == 'text' else 'images'}"
+        what = count(counts.staged, "document" if text else "image")
         return f"already staged: {outcome.dest} ({what}, {size}) matches the source and parameters; nothing to do ({seconds:.1f} s)"
-    decode_s = max(contents.timings.decode_s, 1e-9)
-    rejected = f", {counts.rejected} rejected" if counts.rejected else ""
-    if contents.kind == "text":
-        rate = f"{counts.tokens / decode_s:,.0f} tokens/s"
-        what = f"{counts.tokens:,} tokens from {counts.staged:,} documents{rejected}"
+    rejected = f", {counts.rejected:,} rejected" if counts.rejected else ""
+    if text:
+        what = f"{count(counts.tokens, 'token')} from {count(counts.staged, 'document')}{rejected}"
+        rate = _rate(counts.tokens, contents.items_done_before or 0, contents.timings.decode_s, "token", "tokenized")
     else:
-        done = counts.inputs - (contents.items_done_before or 0)
-        rate = f"{done / decode_s:,.0f} images/s"
-        what = f"{counts.staged:,} images{rejected}"
+        what = f"{count(counts.staged, 'image')}{rejected}"
+        rate = _rate(counts.inputs, contents.items_done_before or 0, contents.timings.decode_s, "image", "decoded")
     return f"staged {what} into {outcome.dest} ({size}) in {seconds:.1f} s: {rate}"
+
+
+def _rate(total: int, before: int, seconds: float, noun: str, verb: str) -> str:
+    """Say how fast this run went; after a resume, how much an earlier run did and how much this one did."""
+    now = max(0, total - before)
+    speed = f"{now / max(seconds, 1e-9):,.0f} {noun}s/s"
+    if not before:
+        return speed
+    if not now:
+        return f"resumed: all {count(before, noun)} were {verb} by an earlier run, none left for this one"
+    return f"resumed: {count(before, noun)} {verb} by an earlier run, {now:,} now at {speed}"

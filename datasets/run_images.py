@@ -18,6 +18,7 @@ from datasets.manifest import Classes, Contents, Counts, Output, Reject, Timings
 from datasets.places import gib
 from datasets.progress import Progress
 from datasets.request import Request, allowed_rejects
+from datasets.words import count
 
 SLOTS = "slots.npy"  # one row per input, rejects as zero rows, until finalize
 
@@ -49,7 +50,8 @@ def run(req: Request, inv: Inventory, work: Path, journal: Journal, progress: Pr
     good = finalize.good_rows(n, set(rejects))
     if not len(good):
         raise StageFailure(
-            f"every one of the {n} images was rejected", hint=f"first reason: {next(iter(rejects.values()))}"
+            f"{'the only image' if n == 1 else f'every one of the {n:,} images'} was rejected",
+            hint=f"first reason: {next(iter(rejects.values()))}",
         )
     outputs = _layout(req, inv, out, good, journal, progress)
     return Contents(
@@ -97,7 +99,7 @@ def _check_rejects(rejects: dict[int, str], allowed: int, n: int, inv: Inventory
     first = sorted(rejects.items())[:3]
     listed = "; ".join(f"{inv.paths[i]}: {r}" for i, r in first)
     raise StageFailure(
-        f"{len(rejects)} images rejected (of {n}), more than --max-rejects allows ({allowed}): {listed}",
+        f"{count(len(rejects), 'image')} rejected (of {n:,}), more than --max-rejects allows ({allowed:,}): {listed}",
         hint="fix or remove them, or raise --max-rejects; the same command then resumes",
     )
 

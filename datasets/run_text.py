@@ -14,6 +14,7 @@ from datasets.progress import Progress
 from datasets.request import Request, allowed_rejects
 from datasets.run_images import describe
 from datasets.text import load_tokenizer, token_dtype
+from datasets.words import count
 
 
 def estimate(req: Request, inv: Inventory, work: Path | None) -> tuple[int, str, str]:
@@ -27,6 +28,7 @@ def run(req: Request, inv: Inventory, work: Path, journal: Journal, progress: Pr
     tok = load_tokenizer(req.text.tokenizer)
     dtype = token_dtype(tok.vocab_size, req.text.token_dtype)
     out = work / "out"
+    earlier = journal.last("text")
     t = time.monotonic()
     bar = progress.bar("tokenize", inv.total_bytes, "B")
     try:
@@ -37,7 +39,7 @@ def run(req: Request, inv: Inventory, work: Path, journal: Journal, progress: Pr
     allowed = allowed_rejects(req.max_rejects, cur.docs + len(rejects))
     if len(rejects) > allowed:
         raise StageFailure(
-            f"{len(rejects)} documents rejected, more than --max-rejects allows ({allowed}): "
+            f"{count(len(rejects), 'document')} rejected, more than --max-rejects allows ({allowed:,}): "
             + "; ".join(f"{w}: {r}" for w, r in rejects[:3]),
             hint="fix the input or raise --max-rejects",
         )
@@ -58,5 +60,5 @@ def run(req: Request, inv: Inventory, work: Path, journal: Journal, progress: Pr
         ),
         classes=None,
         tokenizer=TokenizerInfo(name=tok.name, vocab_size=tok.vocab_size, dtype=dtype.name),
-        items_done_before=None,
+        items_done_before=int(earlier["tokens"]) if earlier else 0,
     )

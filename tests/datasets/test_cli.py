@@ -177,3 +177,19 @@ def test_without_dest_the_fastest_measured_root_wins_and_keeps_the_dataset(
     assert again.code == 0 and "already staged" in again.out, again.why()
     assert f"staging to {ext4_disk}: it already holds train-16px" in again.err
     assert not (disk / "staged").exists()
+
+
+def test_resume_after_too_many_rejects_says_what_an_earlier_run_decoded(tmp_path: Path) -> None:
+    """The broken file sorts last: the failed run decoded everything, the resumed one decodes nothing."""
+    from tests.datasets.photos import image_tree
+
+    src = image_tree(tmp_path / "src", per_class=3)
+    (src / "fish" / "zz-broken.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    args = ["stage-data", "--source", str(src), "--dest", str(tmp_path / "ds"), "--size", "16", "--workers", "1"]
+    failed = invoke(tmp_path, *args, "--max-rejects", "0")
+    assert failed.code == 1 and "gpu-preflight: 1 image rejected (of 10)" in failed.err, failed.why()
+    resumed = invoke(tmp_path, *args, "--max-rejects", "1")
+    assert resumed.code == 0, resumed.why()
+    assert "staged 9 images, 1 rejected into" in resumed.out
+    assert "resumed: all 10 images were decoded by an earlier run, none left for this one" in resumed.out
+    assert "0 images/s" not in resumed.out

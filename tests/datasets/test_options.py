@@ -41,3 +41,32 @@ def test_summary_of_a_recorded_manifest() -> None:
     assert summary(Outcome(dest=Path("/d"), noop=True, manifest=text), 0.5).startswith(
         "already staged: /d (5 documents"
     )
+
+
+def _outcome(kind: str, inputs: int, staged: int, rejected: int, tokens: int, before: int | None) -> Outcome:
+    doc = json.loads((RECORDED / f"{kind}-v1.json").read_text())
+    doc["counts"] = {"inputs": inputs, "staged": staged, "rejected": rejected, "tokens": tokens}
+    doc["timings"]["decode_s"] = 0.5
+    doc["resumed"] = {"items_done_before": before}
+    return Outcome(dest=Path("/d"), noop=False, manifest=Manifest.from_json(doc))
+
+
+def test_summary_after_a_resume_says_what_was_done_earlier_and_the_rate_of_what_was_done_now() -> None:
+    everything_earlier = summary(_outcome("images", 16, 15, 1, 0, 16), 0.1)
+    assert everything_earlier.startswith("staged 15 images, 1 rejected into /d")
+    assert everything_earlier.endswith(
+        "in 0.1 s: resumed: all 16 images were decoded by an earlier run, none left for this one"
+    )
+    part = summary(_outcome("images", 1000, 1000, 0, 0, 600), 2.0)
+    assert part.endswith("resumed: 600 images decoded by an earlier run, 400 now at 800 images/s")  # 400 in 0.5 s
+    text = summary(_outcome("text", 3, 3, 0, 5000, 4000), 1.0)
+    assert text.endswith("resumed: 4,000 tokens tokenized by an earlier run, 1,000 now at 2,000 tokens/s")
+
+
+def test_summary_counts_one_of_a_thing_in_the_singular() -> None:
+    one = summary(_outcome("images", 2, 1, 1, 0, 0), 1.0)
+    assert one.startswith("staged 1 image, 1 rejected into /d") and one.endswith(": 4 images/s")
+    text = summary(_outcome("text", 1, 1, 0, 1, 0), 1.0)
+    assert text.startswith("staged 1 token from 1 document into")
+    noop = summary(Outcome(dest=Path("/d"), noop=True, manifest=_outcome("images", 1, 1, 0, 0, 0).manifest), 0.2)
+    assert noop.startswith("already staged: /d (1 image,")
