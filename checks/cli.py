@@ -237,6 +237,15 @@ def task_contexts(collection: Any, ignore_unknown_help: bool | None = None) -> l
     return contexts
 
 
+def help_asked(tokens: list[str], collection: Any) -> str | None:
+    """The task named before a ``-h`` / ``--help`` in ``tokens`` (``invoke diff -h``), or None."""
+    names = {alias: primary for primary, aliases in collection.task_names.items() for alias in (primary, *aliases)}
+    task = next((i for i, token in enumerate(tokens) if token in names), None)
+    if task is None or not {"-h", "--help"} & set(tokens[task + 1 :]):
+        return None
+    return names[tokens[task]]
+
+
 class PreflightProgram(Program):
     """Invoke's program with the task flags' parse errors as one-line usage errors and a checked configuration."""
 
@@ -249,6 +258,10 @@ class PreflightProgram(Program):
         return Parser(initial=self.initial_context, contexts=task_contexts(self.collection, ignore))
 
     def parse_tasks(self) -> None:
+        asked = help_asked(list(self.core.unparsed), self.collection)
+        if asked:  # a task's positional argument would swallow -h / --help: answer it before parsing
+            self.core.unparsed = []
+            self.args.help.value = asked
         try:
             super().parse_tasks()
         except (ParseError, ValueError) as exc:

@@ -814,6 +814,25 @@ def test_list_shows_every_task_with_its_docstring(home: Path) -> None:
         assert line and name + "".join(line.split()) in flat, (name, run.out)
 
 
+def test_h_after_a_task_shows_that_tasks_help(home: Path) -> None:
+    run = invoke(home, "bootstrap", "-h")  # --hosts took -h, and this said "--hosts needs a value"
+    assert run.code == 0 and run.err == "", run.why()
+    assert re.match(r"Usage: inv\S* \[--core-opts\] bootstrap ", run.out) and "--hosts=STRING" in run.out
+
+
+def test_no_task_flag_takes_h(here: Here, home: Path) -> None:
+    for name in tasks.ns.task_names:
+        run = here(home, name, "-h")
+        assert run.code == 0 and f"Usage: invoke [--core-opts] {name} " in run.out, run.why()
+        assert not re.search(r"^\s+-h\b", run.out, re.MULTILINE), run.out
+
+
+def test_stage_data_help_names_the_disk_it_picks(home: Path) -> None:
+    run = invoke(home, "--help", "stage-data")
+    flat = " ".join(run.out.split())
+    assert "default: <fastest local disk with room>/staged/<name>" in flat, run.out
+
+
 # --- 9. colour ----------------------------------------------------------------------------------------------
 
 

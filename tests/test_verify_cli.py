@@ -114,6 +114,44 @@ def test_a_broken_staged_directory_exits_2_before_training(here: Here, home: Pat
     assert run.seconds < 20
 
 
+@pytest.mark.parametrize("layout", ["class-folders", "flat"])
+def test_a_raw_image_folder_is_not_staged_and_the_line_says_how_to_stage_it(
+    here: Here, home: Path, tmp_path: Path, layout: str
+) -> None:
+    from PIL import Image
+
+    raw = tmp_path / "train"
+    for name in ("cat/0.JPEG", "dog/1.png") if layout == "class-folders" else ("0.jpg", "1.jpg"):
+        (raw / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8)).save(raw / name, format="PNG")
+    run, _ = verify(here, home, tmp_path, "--data", str(raw))
+    line = assert_usage_error(run, f"{raw} holds image files, not a staged dataset")
+    assert f"invoke stage-data --source {raw}" in line and "interrupted" not in line
+
+
+def test_device_cpu_with_a_cuda_torch_and_no_driver_is_not_gated_by_the_driver(
+    here: Here, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The box's torch is a CUDA build (as the probe reports it), the box has no driver: a CPU run is fine."""
+    import dataclasses
+
+    from checks import probe
+
+    live = probe.LocalProbe.machine
+
+    def cuda_build(self: probe.LocalProbe) -> Any:
+        facts = live(self)
+        cuda = dataclasses.replace(facts.torch, version="2.8.0+cu128", cuda="12.8", arch_list=("sm_80", "sm_90"))
+        return dataclasses.replace(facts, torch=cuda)
+
+    monkeypatch.setattr(probe.LocalProbe, "machine", cuda_build)
+    run, report = verify(here, home, tmp_path, "--device", "cpu", "--workers", "0")
+    assert run.code == 0, run.why()
+    driver = by_id(report)["driver"]
+    assert driver["status"] == "skip" and driver["summary"].startswith("not needed for a CPU run (--device cpu): NVML")
+    assert not [r for r in report["results"] if r["status"] == "fail"], run.why()
+
+
 def test_an_unwritable_checkpoint_directory_exits_2(here: Here, home: Path, tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     run, _ = verify(here, home, tmp_path, "--ckpt-dir", str(tmp_path / "file" / "ckpt"))

@@ -23,9 +23,11 @@ from checks.facts import AllocFacts, BenchFacts, MachineFacts
 from checks.machine.resources import loader_advice
 from checks.machine.runner import run_checks
 from checks.probe.sample import GpuReader, HostReader
-from checks.result import Result, skip
+from checks.result import Result, Status, skip
+from checks.verify import distributed
 from checks.verify.sampler import Sampler, Trace
 from checks.verify.smoke.data import DataSpec, StagedDataError, inspect_staged, synthetic_spec
+from checks.verify.smoke.ddp_launch import run_ddp
 from checks.verify.smoke.launch import ChildRun, run_smoke
 
 CHOICES = {
@@ -55,6 +57,7 @@ class Options:
     dataset: str = ""
     model: str = ""
     device: str = ""
+    nproc: int = 0  # 0: preflight.verify.nproc (0 there: every GPU when two or more)
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,9 @@ def data_spec(opts: Options, cfg: VerifyConfig) -> DataSpec | None:
     try:
         return inspect_staged(Path(opts.data).expanduser(), cfg.seq_len)
     except StagedDataError as exc:
-        raise PreflightError(f"staged data: {exc}", hint="re-run invoke stage-data, or check --data") from None
+        raise PreflightError(
+            f"staged data: {exc}", hint=exc.hint or "re-run invoke stage-data, or check --data"
+        ) from None
 
 
 def checkpoint_dir(opts: Options, cfg: VerifyConfig, stack: ExitStack) -> tuple[str, bool]:
@@ -184,6 +189,11 @@ def plan(
         "sweep": None,
         "ab": {"steps": cfg.ab_steps} if opts.ab else None,
     }
+    spec["ddp"] = distributed.spec_block(distributed.processes(opts.nproc, cfg, facts), cfg, facts)
+    if spec["ddp"] and (opts.sweep or opts.ab):
+        raise PreflightError("verify: --sweep and --ab time one process; run them without --nproc")
+    if spec["ddp"]:
+        spec["loader_probe"] = None  # timed in one process: run verify without --nproc for the loader's advice
     if opts.sweep:
         sweep = {"limit": cfg.sweep_max_batch, "warmup": cfg.sweep_warmup, "steps": cfg.sweep_steps}
         spec["sweep"] = sweep | {"knee": cfg.knee_fraction}
@@ -197,8 +207,20 @@ def cpu_machine(facts: MachineFacts) -> bool:
     return facts.nvml.error_kind == "library-not-found" and not facts.torch.error and facts.torch.cuda is None
 
 
-def gate(facts: MachineFacts, config: PreflightConfig) -> list[Result]:
-    """Bootstrap's fast checks again: no micro-benchmarks, no allocator read-back (bootstrap's own steps)."""
+# What only a run on the GPU needs: on a --device cpu run their failures do not gate it.
+GPU_SIDE = ("driver", "cuda-compat", "torch-arch", "torch-libs")
+
+
+def gpu_side(result_id: str) -> bool:
+    return result_id in GPU_SIDE or result_id.startswith("gpu-")
+
+
+def gate(facts: MachineFacts, config: PreflightConfig, device: str = "auto") -> list[Result]:
+    """Bootstrap's fast checks again: no micro-benchmarks, no allocator read-back (bootstrap's own steps).
+
+    A ``--device cpu`` run is not gated by the GPU side: a CUDA torch on a box without a driver trains on the CPU
+    as well as a CPU torch does, so what would fail or warn there is a skip that keeps its finding.
+    """
     quiet = dataclasses.replace(config, bench=dataclasses.replace(config.bench, enabled=False))
     facts = dataclasses.replace(
         facts,
@@ -209,7 +231,15 @@ def gate(facts: MachineFacts, config: PreflightConfig) -> list[Result]:
     if cpu_machine(facts):
         reason = "no NVIDIA driver and a CPU-only torch: a CPU machine, verify trains on the CPU"
         results = [skip(r.id, reason) if r.id == "driver" else r for r in results]
+    if device == "cpu":
+        results = [_cpu_run(r) if gpu_side(r.id) and r.status in (Status.FAIL, Status.WARN) else r for r in results]
     return results
+
+
+def _cpu_run(r: Result) -> Result:
+    return dataclasses.replace(
+        r, status=Status.SKIP, summary=f"not needed for a CPU run (--device cpu): {r.summary}", hint=None
+    )
 
 
 @dataclass
@@ -239,7 +269,8 @@ def run(p: Plan, config: PreflightConfig, on_event: Callable[[dict[str, Any]], N
         host.pid = pid
 
     with Sampler(cfg.sample_interval_s, gpu, host) as sampler:
-        child = run_smoke(p.spec, cfg.timeout_s, cfg.stall_timeout_s, event, started)
+        launch = run_ddp if p.spec.get("ddp") else run_smoke
+        child = launch(p.spec, cfg.timeout_s, cfg.stall_timeout_s, event, started)
     return Outcome(child, sampler.trace, found.get("index"), gpu.error)
 
 

@@ -58,7 +58,7 @@ def verify(request: VerifyRequest, say: Say) -> Judged:
     cfg = request.config
     with ExitStack() as stack:
         p, facts = v.plan(request.options, cfg, LocalProbe(cfg.probe.torch_timeout_s).machine, stack)
-        gate = v.gate(facts, cfg)
+        gate = v.gate(facts, cfg, p.spec["device"])
         outcome = v.run(p, cfg, lambda e: _say(say, v.progress(e)))
         v.raise_usage(outcome)
         results, measurements, verdicts = judge(p, outcome, cfg.verify)

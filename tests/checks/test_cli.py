@@ -254,3 +254,23 @@ def test_h_after_a_task_shows_its_help_even_when_a_flag_starts_with_h(
         assert exc.value.code in (0, None) and err == "" and seen == []
         assert "Usage: invoke [--core-opts] fleet" in out
         assert "--hosts=STRING" in out and "the hosts" in out and "-h STRING" not in out
+
+
+@task(positional=["a", "b"])
+def compare(c: Context, a: str, b: str) -> None:
+    """Take two positional arguments, as the diff task does."""
+    seen.append({"a": a, "b": b})
+
+
+@pytest.mark.parametrize("argv", [["compare", "-h"], ["compare", "x", "--help"], ["compare", "x", "y", "-h"]])
+def test_h_after_a_task_with_positional_arguments_is_not_taken_as_one(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]
+) -> None:
+    program = cli.PreflightProgram(namespace=Collection(compare), name="invoke", binary="invoke")
+    program.config_class = lambda **kw: cli.CheckedConfig(system_prefix=f"{tmp_path}/etc-", user_prefix=f"{tmp_path}/u-", **kw)  # type: ignore[assignment]  # fmt: skip
+    seen.clear()
+    with pytest.raises(SystemExit) as exc:
+        program.run(["invoke", *argv])
+    out, err = capsys.readouterr()
+    assert exc.value.code in (0, None) and err == "" and seen == []
+    assert "Usage: invoke [--core-opts] compare" in out

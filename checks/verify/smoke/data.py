@@ -15,7 +15,9 @@ Arrays are memory-mapped lazily in each process, so a spawn/forkserver worker re
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,8 +30,19 @@ SYNTHETIC_VOCAB = 256  # byte-level, as stage-data's default tokenizer
 _TEMPLATE_CELLS = 8  # class patterns are 8 x 8 blocks scaled up: learnable within a few dozen steps
 
 
+# The suffixes stage-data decodes (datasets/images.py IMAGE_SUFFIXES; verify may not import datasets).
+RAW_IMAGE_SUFFIXES = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm"}
+)
+_RAW_LOOK = 64  # entries looked at per folder: an ImageNet class folder holds ~1,300
+
+
 class StagedDataError(ValueError):
-    """A staged directory that cannot be used: the message names the file and what is wrong."""
+    """A staged directory that cannot be used: the message names the file and what is wrong; ``hint`` the fix."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 @dataclass(frozen=True)
@@ -91,12 +104,40 @@ def inspect_staged(path: Path, seq_len: int) -> DataSpec:
     """Validate a staged directory (manifest, arrays, shapes, dtypes, label range) and describe it."""
     if not path.is_dir():
         raise StagedDataError(f"{path} is not a directory")
+    if not (path / "manifest.json").exists() and _raw_images(path):
+        raise StagedDataError(
+            f"{path} holds image files, not a staged dataset: verify --data reads stage-data's output",
+            hint=f"stage it first: invoke stage-data --source {path}, then verify --data the folder it prints",
+        )
     manifest = _manifest(path)
     if (path / "images.npy").exists():
         return _inspect_images(path)
     if (path / "tokens.npy").exists():
         return _inspect_tokens(path, seq_len, manifest)
     raise StagedDataError(f"{path} holds neither images.npy nor tokens.npy (verify reads stage-data's npy layout)")
+
+
+def _raw_images(path: Path) -> bool:
+    """Image files in ``path`` or in its class folders (an ImageFolder), looking at a few entries of each."""
+    folders = [path]
+    for entry in _first_entries(path):
+        if entry.is_file() and entry.suffix.lower() in RAW_IMAGE_SUFFIXES:
+            return True
+        if entry.is_dir():
+            folders.append(entry)
+    return any(
+        e.is_file() and e.suffix.lower() in RAW_IMAGE_SUFFIXES
+        for folder in folders[1:8]
+        for e in _first_entries(folder)
+    )
+
+
+def _first_entries(folder: Path) -> list[Path]:
+    try:
+        with os.scandir(folder) as found:
+            return [Path(e.path) for e in itertools.islice(found, _RAW_LOOK)]
+    except OSError:
+        return []
 
 
 def _inspect_images(path: Path) -> DataSpec:
