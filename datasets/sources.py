@@ -19,12 +19,14 @@ from urllib.parse import unquote, urlparse
 
 import requests
 
+from checks.probe.net import HIDDEN, looks_secret, redact
 from datasets import archives, transfer
 from datasets.errors import UsageError
 from datasets.journal import Journal
 from datasets.progress import Progress
 
 _REMOTE = re.compile(r"^(?:[\w.+-]+@)?[\w.-]+:(?!//)")  # user@host:path or host:path (not a URL)
+_SSH_PASSWORD = re.compile(r"^([\w.+-]+):[^@/]*@([\w.-]+):(?!//)")  # user:password@host:path, written like a URL
 
 
 @dataclass(frozen=True)
@@ -48,11 +50,22 @@ class Fetch:
 
 
 def parse(spec: str) -> Source:
-    """Classify ``spec``; a local path that does not exist is a usage error."""
+    """Classify ``spec``; a local path that does not exist is a usage error.
+
+    A URL's ``spec`` is kept redacted (checks/probe/net.py): only ``location`` holds the credentials, and it is
+    handed to requests alone, never shown or written.
+    """
     if spec.startswith(("http://", "https://")):
-        name = unquote(Path(urlparse(spec).path).name) or "download"
+        name = file_name(spec)
         return Source(
-            spec=spec, scheme="http", location=spec, name=archives.stem(name), archive=archives.is_archive(name)
+            spec=redact(spec), scheme="http", location=spec, name=archives.stem(name), archive=archives.is_archive(name)
+        )
+    password = _SSH_PASSWORD.match(spec)
+    if password and not Path(spec).exists():
+        user, host = password.group(1), password.group(2)
+        raise UsageError(
+            f"source {user}:{HIDDEN}@{host}:... carries a password: rsync over SSH cannot use one",
+            hint=f"drop the password and let SSH use a key (ssh-copy-id {user}@{host}), then --source {user}@{host}:PATH",
         )
     if _REMOTE.match(spec) and not Path(spec).exists():
         remote_path = spec.split(":", 1)[1]
@@ -98,7 +111,7 @@ def fetch(src: Source, work: Path, journal: Journal, how: Fetch, session: reques
             ),
         )
     elif src.scheme == "http":
-        archive = work / (Path(urlparse(src.location).path).name or "download")
+        archive = work / file_name(src.location)
         _with_bar(
             progress,
             "download",
@@ -122,6 +135,12 @@ def fetch(src: Source, work: Path, journal: Journal, how: Fetch, session: reques
         archive.replace(root / archive.name)
     journal.append({"event": "fetched"})
     return _top(root) if src.archive else root
+
+
+def file_name(url: str) -> str:
+    """The file name a URL downloads to: its last path segment, or "download" when that reads as a secret."""
+    name = unquote(Path(urlparse(url).path).name)
+    return name if name and not looks_secret(name) else "download"
 
 
 def _unpack(archive: Path, root: Path, journal: Journal, progress: Progress) -> None:

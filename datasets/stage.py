@@ -11,7 +11,8 @@ import errno
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,11 @@ from typing import Any
 import requests
 
 from checks.config import DiskConfig
+from checks.errors import PreflightError
 from checks.facts import LocationFacts, MountFacts
 from checks.probe import disk_cache
 from checks.probe.mounts import mount_table
+from checks.probe.net import scrub, secrets_of
 from datasets import manifest, places, run_images, run_text, sources
 from datasets.errors import StageFailure, UsageError
 from datasets.finalize import fsync_dir
@@ -42,7 +45,33 @@ def stage(
     """Stage ``req.source`` and return where it went; raise UsageError (exit 2) or StageFailure (exit 1).
 
     ``say`` hears, before any work starts, which disk was picked and why (when ``--dest`` was not given).
+    Nothing that leaves this function, returned or raised, holds a secret of a URL source.
     """
+    with _no_secrets_of(req.source):
+        return _stage(req, session, progress, say)
+
+
+@contextmanager
+def _no_secrets_of(source: str) -> Iterator[None]:
+    """Scrub the credentials of a URL source out of any error that passes (a library's text may quote it)."""
+    if not source.startswith(("http://", "https://")) or not secrets_of(source):
+        yield
+        return
+    try:
+        yield
+    except PreflightError as exc:
+        exc.message, exc.hint = scrub(exc.message or "", source), exc.hint and scrub(exc.hint, source)
+        raise
+    except Exception as exc:
+        text = f"{type(exc).__name__}: {exc}"
+        if scrub(text, source) != text:  # an unexpected error that quotes the URL: worded, never its traceback
+            raise StageFailure(scrub(text, source)[:500], hint="run the same command to resume") from None
+        raise
+
+
+def _stage(
+    req: Request, session: requests.Session | None, progress: Progress | None, say: Callable[[str], None] | None
+) -> Outcome:
     _validate(req)
     session = session or requests.Session()
     progress = progress or Silent()

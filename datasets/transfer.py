@@ -19,6 +19,7 @@ from pathlib import Path
 import requests
 import sh
 
+from checks.probe.net import redact, scrub
 from datasets.errors import StageFailure
 
 # Worth retrying (ref/data-staging.md §4.5): socket I/O, protocol stream, signal, partial transfer, vanished
@@ -108,9 +109,9 @@ def http_identity(session: requests.Session, url: str, timeout: float) -> str:
     try:
         r = session.head(url, allow_redirects=True, timeout=timeout)
     except requests.RequestException as exc:
-        raise StageFailure(f"cannot reach {url}: {exc}") from None
+        raise StageFailure(f"cannot reach {redact(url)}: {scrub(str(exc), url)}") from None
     if r.status_code >= 400:
-        raise StageFailure(f"{url} answered HTTP {r.status_code}")
+        raise StageFailure(f"{redact(url)} answered HTTP {r.status_code}")
     keys = ("ETag", "Last-Modified", "Content-Length")
     return json.dumps({k: r.headers.get(k) for k in keys}, sort_keys=True)
 
@@ -126,16 +127,21 @@ def download(
                 break
         except requests.RequestException as exc:
             if attempt == retries:
-                raise StageFailure(f"download of {url} failed: {exc}", hint="run the same command to resume") from None
+                raise StageFailure(
+                    f"download of {redact(url)} failed: {scrub(str(exc), url)}", hint="run the same command to resume"
+                ) from None
         time.sleep(min(2**attempt, 30) * 0.1)
     else:
         raise StageFailure(
-            f"download of {url} did not complete after {retries + 1} tries", hint="run the same command to resume"
+            f"download of {redact(url)} did not complete after {retries + 1} tries",
+            hint="run the same command to resume",
         )
     digest = file_sha256(part)
     if sha256 and digest != sha256.lower():
         part.unlink()
-        raise StageFailure(f"sha256 of {url} is {digest}, expected {sha256}", hint="the file changed or is damaged")
+        raise StageFailure(
+            f"sha256 of {redact(url)} is {digest}, expected {sha256}", hint="the file changed or is damaged"
+        )
     part.replace(dest)
     return digest
 
@@ -150,10 +156,10 @@ def _fetch(session: requests.Session, url: str, part: Path, timeout: float, prog
         if r.status_code == 416 and have:  # nothing left to send: the part is the whole file
             return True
         if r.status_code not in (200, 206):
-            raise StageFailure(f"{url} answered HTTP {r.status_code}")
+            raise StageFailure(f"{redact(url)} answered HTTP {r.status_code}")
         total = _total(r, have)
         if r.status_code == 206 and not r.headers.get("Content-Range", "").startswith(f"bytes {have}-"):
-            raise requests.RequestException(f"{url} sent a range that does not start at byte {have}")
+            raise requests.RequestException(f"{redact(url)} sent a range that does not start at byte {have}")
         if r.status_code == 200:  # no range support, or the file changed (If-Range): start over
             have = 0
             validator = r.headers.get("ETag") or r.headers.get("Last-Modified") or ""

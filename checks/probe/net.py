@@ -34,6 +34,11 @@ def _netloc(parts: SplitResult) -> str:
     return user + host + port
 
 
+def looks_secret(segment: str) -> bool:
+    """Tell whether a URL path segment reads as a token, a signature or a key rather than a name."""
+    return bool(TOKEN_LIKE.match(segment))
+
+
 def redact(url: str) -> str:
     """Replace the secrets of a URL by ***: credentials, query values, fragment, token-like segments."""
     try:
