@@ -29,7 +29,7 @@ from checks.fleet import run as fleet_run
 from checks.fleet.render import render_fleet
 from checks.fleet.report import FleetReport
 from checks.machine import bootstrap as bootstrap_run
-from checks.machine.runner import SnapshotRequest, record_snapshot
+from checks.machine.runner import Check, SnapshotRequest, record_snapshot
 from checks.render import render_text, use_colour
 from checks.result import Report
 from provision.alloc_env import diff
@@ -111,6 +111,7 @@ def _finish(report: Report | FleetReport, json_path: str, strict: bool) -> None:
         "dry_run": "show what the allocator setting would change in the shell files, write nothing",
         "hosts": "bootstrap these hosts over SSH instead: h1,h2 or user@host:port (~/.ssh/config applies)",
         "hosts_file": "bootstrap the hosts listed in FILE (one per line; DeepSpeed's 'host slots=N' works)",
+        "lock": "also check this box against a lock FILE (invoke lock): every pin installed at its version",
     }
 )
 def bootstrap(
@@ -122,6 +123,7 @@ def bootstrap(
     dry_run: bool = False,
     hosts: str = "",
     hosts_file: str = "",
+    lock: str = "",
 ) -> None:
     """Check this machine right after renting it: driver, CUDA, torch, GPUs, CPU/RAM/shm, disks, benchmarks."""
     cfg = settings(c)
@@ -139,7 +141,9 @@ def bootstrap(
         with interruptible(), terminate_as_interrupt():  # SIGTERM/SIGHUP also stop the remote processes
             report = fleet_run.fleet(fleet, notify=lambda line: _say(f"gpu-preflight: {line}"))
         return _finish(report, json, strict)
-    request = bootstrap_run.BootstrapRequest(config=cfg, machine=Path(machine) if machine else None, dry_run=dry_run)
+    request = bootstrap_run.BootstrapRequest(
+        config=cfg, machine=Path(machine) if machine else None, dry_run=dry_run, extra_checks=_lock_checks(lock, cfg)
+    )
     with interruptible(), terminate_as_interrupt():
         done = bootstrap_run.bootstrap(request)
     for note in done.notes:  # the diffs end in a newline already
@@ -376,3 +380,66 @@ def watch(c: Context, seconds: int = 0, pid: int = 0, json: str = "", plot: str 
 ns = Collection(bootstrap, snapshot, alloc_conf, stage_data, verify, watch)
 ns.configure({"preflight": load_defaults()})
 cli.adopt(program)  # the program running this file checks flags and configuration as it reaches them
+
+
+# --- the software environment (checks/env/): invoke diff, invoke lock, bootstrap --lock ------------------------
+
+
+def _lock_checks(path: str, cfg: PreflightConfig) -> tuple[tuple[str, Check], ...]:
+    """bootstrap's env-lock check for --lock FILE (else preflight.env.lock); the file is parsed before the run."""
+    from checks.env.lock import lock_check, read_lock
+
+    chosen = path or cfg.env.lock
+    return (("env-lock", lock_check(read_lock(Path(chosen).expanduser()))),) if chosen else ()
+
+
+@task(
+    name="diff",
+    positional=["a", "b"],
+    help={
+        "a": "the box that worked: a snapshot, a bootstrap --json report, or live",
+        "b": "the box to judge: a snapshot, a bootstrap --json report, or live (this box)",
+        "json": "also write the JSON diff to PATH ('-' for stdout; the text then goes to stderr)",
+    },
+)
+def env_diff(c: Context, a: str | None = None, b: str | None = None, json: str = "") -> None:
+    """Say what differs between two boxes, ranked break / slow / info; exit 1 when something breaks training."""
+    from checks.env.diff import diff as diff_sides
+    from checks.env.diff import render_diff
+    from checks.env.view import load_side
+    from checks.probe import LocalProbe
+
+    cfg = settings(c)
+    if not a:
+        raise PreflightError("diff needs A", hint="e.g. invoke diff worked.json live")
+    live = LocalProbe(cfg.probe.torch_timeout_s, cfg.env.nvcc_timeout_s).machine
+    with interruptible():
+        result = diff_sides(load_side(a, live), load_side(b or "live", live))
+    (sys.stderr if json == "-" else sys.stdout).write(render_diff(result))
+    if json:
+        payload = jsonlib.dumps(result.to_json(), indent=2) + "\n"
+        sys.stdout.write(payload) if json == "-" else write_atomic(Path(json), payload)
+    if result.exit_code():
+        raise Exit(code=result.exit_code())
+
+
+@task(
+    name="lock",
+    help={
+        "out": "lock FILE to write (a pip requirements file with a header naming this box)",
+        "all": "pin every installed distribution, not only preflight.env.packages and what they require",
+    },
+)
+def env_lock(c: Context, out: str = "", all: bool = False) -> None:
+    """Write the exact pins of this training environment (torch with its wheel index) to a lock file."""
+    from checks.env.lock import LockRequest, make_lock
+
+    if not out:
+        raise PreflightError("lock needs --out FILE", hint="e.g. invoke lock --out env.lock")
+    with interruptible():
+        _, pins = make_lock(LockRequest(config=settings(c), out=Path(out), everything=all))
+    print(f"wrote {out}: {len(pins)} pins; check a box with `invoke bootstrap --lock {out}`")
+
+
+ns.add_task(env_diff)
+ns.add_task(env_lock)

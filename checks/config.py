@@ -231,6 +231,15 @@ class VerifyConfig:
 
 
 @dataclass(frozen=True)
+class EnvConfig:
+    """``invoke lock`` / ``invoke diff`` / the env-lock check."""
+
+    lock: str
+    packages: tuple[str, ...]
+    nvcc_timeout_s: float
+
+
+@dataclass(frozen=True)
 class PreflightConfig:
     report: ReportConfig
     probe: ProbeConfig
@@ -245,6 +254,7 @@ class PreflightConfig:
     network: NetworkConfig
     hosts: HostsConfig
     verify: VerifyConfig
+    env: EnvConfig
 
 
 def load_defaults() -> dict[str, Any]:

@@ -205,6 +205,7 @@ class MachineFacts:
     alloc: AllocFacts | None = None
     disks: DiskFacts | None = None  # mounts and measured locations (bootstrap's disk measurements)
     net: NetFacts | None = None  # downloads from configured URLs
+    env: EnvFacts | None = None  # OS, toolkit, packages, variables (checks/probe/env.py); None in older snapshots
 
 
 # --- disks and network (records of checks/probe/disk.py, checks/probe/net.py and the fleet) --------------------
@@ -338,3 +339,31 @@ class FleetFacts:
     allreduce: tuple[AllreduceFacts, ...] = ()
     allreduce_reason: str | None = None  # "skipped: ..." or "failed ..."
     source: str = "--hosts"
+
+
+# --- the software environment (checks/probe/env.py; judged by checks/env/) ------------------------------------
+
+
+@dataclass(frozen=True)
+class EnvFacts:
+    """The software a training run depends on beyond torch: OS, toolkit, CPU features, packages, variables.
+
+    ``packages`` maps normalized distribution names (PEP 503: lower case, runs of ``-_.`` as ``-``) to versions.
+    ``variables`` hold the behaviour-changing environment variables, secrets redacted to ``<redacted>``.
+    """
+
+    os_name: str | None = None  # PRETTY_NAME of /etc/os-release, e.g. "Ubuntu 22.04.5 LTS"
+    os_id: str | None = None  # ID and VERSION_ID, e.g. "ubuntu 22.04"
+    glibc: str | None = None  # "2.35"; None on musl or when unknown
+    kernel: str | None = None
+    arch: str | None = None  # platform.machine(): x86_64, aarch64
+    cpu_model: str | None = None
+    cpu_flags: tuple[str, ...] = ()  # the flags that change kernels: avx2, avx512*, amx*, bf16 variants
+    python: str | None = None  # "3.11.9"
+    python_executable: str | None = None
+    nvcc_version: str | None = None  # "12.8" from `nvcc --version`; None: no toolkit found
+    nvcc_path: str | None = None
+    nvcc_error: str | None = None  # nvcc found but did not answer (timeout, crash)
+    cuda_home: str | None = None
+    packages: dict[str, str] = field(default_factory=dict)
+    variables: dict[str, str] = field(default_factory=dict)

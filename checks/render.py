@@ -33,6 +33,9 @@ def render_text(report: Report, colour: bool = False) -> str:
     """One line per result, a hint under each non-ok one, a tally and one call to action."""
     width = max((len(r.id) + (len(r.subject) + 2 if r.subject else 0) for r in report.results), default=10)
     lines = [f"gpu-preflight: {report.host} ({report.machine})"]
+    env = report.measurements.get("environment") or {}
+    if env.get("summary"):  # bootstrap's one-line environment (checks/machine/measurements.py)
+        lines.append(f"  environment: {env['summary']}")
     for r in report.results:
         lines += render_result(r, colour, width)
     counts = report.counts()

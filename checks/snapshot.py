@@ -14,7 +14,8 @@ Format (``"snapshot": 1``)::
         "torch": {...TorchFacts},
         "host":  {...HostFacts},
         "bench": {...BenchFacts} | null,   # optional recorded GPU micro-benchmarks
-        "alloc": {...AllocFacts} | null    # optional recorded allocator read-back
+        "alloc": {...AllocFacts} | null,   # optional recorded allocator read-back
+        "env":   {...EnvFacts} | null      # OS, glibc, nvcc, CPU flags, packages, variables; null in older files
       }
     }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
+from checks.fleet.drift import drift_table, environments
 from checks.fleet.report import FleetReport, Tagged
 from checks.render import render_result
 from checks.result import Result, Status
@@ -102,6 +103,8 @@ def render_fleet(report: FleetReport, colour: bool = False) -> str:
     f = report.facts
     lines = [f"gpu-preflight: fleet of {len(f.hosts)} hosts from {f.source} (controller {report.controller})"]
     lines += hosts_table(report) + matrices(report) + sweep(report)
+    drift = drift_table(environments(f.hosts))
+    lines += ["environment drift (the columns that differ)", *_table(drift)] if drift else []
     shown = folded(report.results)
     named = [replace(r, id=r.id + (f" @{hosts}" if hosts else "")) for hosts, r in shown]
     width = max((len(r.id) + (len(r.subject) + 2 if r.subject else 0) for r in named), default=10)

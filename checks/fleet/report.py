@@ -25,6 +25,7 @@ from typing import Any
 from checks import TOOL_NAME, TOOL_VERSION
 from checks.config import PreflightConfig
 from checks.facts import FleetFacts, HostOutcome, LinkFacts
+from checks.fleet.drift import drift_results
 from checks.machine.network import allreduce_results, link_results
 from checks.result import REPORT_SCHEMA, Result, Status, fail, ok, warn
 
@@ -180,6 +181,7 @@ def fleet_results(f: FleetFacts, cfg: PreflightConfig) -> list[Tagged]:
         disk_scores(f.hosts), "disk", "MB/s", fraction, "this host's local disk is slower than its peers'"
     )
     out += gpu_outliers(f.hosts, cfg.bench.outlier_fraction)
+    out += drift_results(f.hosts)  # torch / CUDA build / NCCL / Python / packages across hosts (checks/fleet/drift.py)
     return out
 
 

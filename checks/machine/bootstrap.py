@@ -13,7 +13,7 @@ from pathlib import Path
 
 from checks.config import PreflightConfig
 from checks.machine.measurements import measurements
-from checks.machine.runner import CHECKS, measure, run_checks
+from checks.machine.runner import CHECKS, Check, measure, run_checks
 from checks.probe import LocalProbe, Probe, SnapshotProbe
 from checks.result import Report
 from provision import alloc_env
@@ -28,6 +28,7 @@ class BootstrapRequest:
     config: PreflightConfig
     machine: Path | None = None
     dry_run: bool = False
+    extra_checks: tuple[tuple[str, Check], ...] = ()  # run after the runner's own (the env-lock check of checks/env)
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class AllocConfDone:
 
 def probe_for(machine: Path | None, cfg: PreflightConfig) -> Probe:
     """The live machine, or the snapshot file to replay."""
-    return SnapshotProbe(machine) if machine else LocalProbe(cfg.probe.torch_timeout_s)
+    return SnapshotProbe(machine) if machine else LocalProbe(cfg.probe.torch_timeout_s, cfg.env.nvcc_timeout_s)
 
 
 def bootstrap(request: BootstrapRequest) -> Bootstrapped:
@@ -69,7 +70,7 @@ def bootstrap(request: BootstrapRequest) -> Bootstrapped:
     facts = measure(probe, probe.machine(), cfg)
     alloc, notes = alloc_env.alloc_step(probe, facts, cfg, dry_run=request.dry_run, apply=cfg.alloc_conf.apply)
     facts = dataclasses.replace(facts, alloc=alloc)
-    results = run_checks(facts, cfg)
+    results = run_checks(facts, cfg, CHECKS + request.extra_checks)
     report = Report(
         host=facts.host.hostname,
         machine=probe.label,
@@ -86,7 +87,7 @@ def alloc_conf(request: AllocConfRequest) -> AllocConfDone:
     if request.undo:
         changes = alloc_env.ensure_alloc_conf_removed(paths, dry_run=request.dry_run)
         return AllocConfDone(paths=tuple(paths), changes=tuple(changes), notes=(), report=None)
-    probe = LocalProbe(cfg.probe.torch_timeout_s)
+    probe = LocalProbe(cfg.probe.torch_timeout_s, cfg.env.nvcc_timeout_s)
     facts = probe.machine()
     alloc, notes = alloc_env.alloc_step(probe, facts, cfg, dry_run=request.dry_run, apply=True)
     results = run_checks(dataclasses.replace(facts, alloc=alloc), cfg, checks=ALLOC_ONLY)

@@ -27,9 +27,46 @@ def inventory(m: MachineFacts) -> dict[str, Any]:
     }
 
 
+def environment(m: MachineFacts) -> dict[str, Any]:
+    """The software a run depends on, for the report's one-line summary, ``invoke diff`` and the fleet's drift table.
+
+    ``packages`` is every installed distribution (name -> version); absent keys were not readable.
+    """
+    t, e, n = m.torch, m.env, m.nvml
+    fields: dict[str, Any] = {
+        "os": (e.os_name if e else None),
+        "glibc": (e.glibc if e else None),
+        "python": (e.python if e else None) or m.host.python,
+        "torch": t.version,
+        "torch_cuda": t.cuda,
+        "nccl": t.nccl_version,
+        "cudnn": t.cudnn_compiled_version,
+        "driver": n.driver_version,
+        "driver_cuda": _cuda_text(n.cuda_driver_version),
+        "nvcc": (e.nvcc_version if e else None),
+    }
+    summary = " · ".join(
+        part
+        for part in (
+            fields["os"] or "OS ?",
+            f"Python {fields['python'] or '?'}",
+            f"torch {t.version or 'missing'}"
+            + (f" (CUDA {t.cuda})" if t.cuda else " (CPU build)" if t.version else ""),
+            f"driver {n.driver_version} (CUDA {fields['driver_cuda']})" if n.driver_version else "no NVIDIA driver",
+            f"nvcc {fields['nvcc']}" if fields["nvcc"] else "no nvcc" if e else "nvcc ?",
+        )
+    )
+    return {"summary": summary, **fields, "packages": dict(e.packages) if e else {}}
+
+
+def _cuda_text(version: int | None) -> str | None:
+    """12080 -> "12.8" (NVML's cudaDriverGetVersion encoding: 1000 x major + 10 x minor)."""
+    return f"{version // 1000}.{version % 1000 // 10}" if version else None
+
+
 def host_measurements(m: MachineFacts) -> dict[str, Any]:
-    """Build the disk, download and inventory parts of a host's ``measurements``."""
-    return {**disk_measurements(m), **net_measurements(m), "inventory": inventory(m)}
+    """Build the disk, download, inventory and environment parts of a host's ``measurements``."""
+    return {**disk_measurements(m), **net_measurements(m), "inventory": inventory(m), "environment": environment(m)}
 
 
 def measurements(facts: MachineFacts, cfg: PreflightConfig, notes: list[str]) -> dict[str, Any]:

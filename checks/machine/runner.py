@@ -102,7 +102,7 @@ class SnapshotRequest:
 def record_snapshot(request: SnapshotRequest) -> MachineFacts:
     """Read this machine's facts (measured too with ``bench``) and write them to the snapshot file."""
     cfg = request.config
-    probe = LocalProbe(cfg.probe.torch_timeout_s)
+    probe = LocalProbe(cfg.probe.torch_timeout_s, cfg.env.nvcc_timeout_s)
     facts = probe.machine()
     if request.bench:
         facts = measure(probe, facts, cfg)

@@ -17,6 +17,7 @@ from typing import Protocol
 from checks.config import PreflightConfig
 from checks.facts import AllocFacts, BenchFacts, DiskFacts, MachineFacts, NetFacts
 from checks.probe.disk import measure_disks
+from checks.probe.env import read_env
 from checks.probe.host import read_host
 from checks.probe.net import measure_downloads
 from checks.probe.nvml import PcieLinkSampler, read_nvml
@@ -49,14 +50,16 @@ class LocalProbe:
     live = True
     label = "live"
 
-    def __init__(self, torch_timeout_s: float = 60.0) -> None:
+    def __init__(self, torch_timeout_s: float = 60.0, nvcc_timeout_s: float = 10.0) -> None:
         self.torch_timeout_s = torch_timeout_s
+        self.nvcc_timeout_s = nvcc_timeout_s
 
     def machine(self) -> MachineFacts:
         nvml = read_nvml()
         host = read_host()
         torch = read_torch(timeout=self.torch_timeout_s)
-        return MachineFacts(nvml=nvml, torch=torch, host=host)
+        env = read_env(nvcc_timeout_s=self.nvcc_timeout_s)
+        return MachineFacts(nvml=nvml, torch=torch, host=host, env=env)
 
     def measure(self, facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
         facts = _disks_and_net(facts, cfg)

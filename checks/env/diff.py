@@ -1,0 +1,234 @@
+"""``invoke diff A B``: what differs between a box that worked (A) and this one (B), ranked by what it breaks.
+
+break: training will not start or will hang (torch's CUDA build vs the driver, GPU arch vs the build's arch
+list, NCCL major/minor, Python minor, a package A has and B lacks); slow: it runs slower (power cap, PCIe, clocks,
+cores, memory, shm); info: everything else. Versions compare by PEP 440 (``packaging.version``), not as strings.
+
+JSON (``"diff": 1``)::
+
+    {"diff": 1, "tool": ..., "a": "snapshot a.json", "b": "live",
+     "counts": {"break": 1, "slow": 0, "info": 3},
+     "differences": [{"rank": "break", "field": "nccl", "a": "2.21.5", "b": "2.27.3", "reason": "..."}],
+     "not_compared": ["A: ...", "B: ..."]}
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from checks import TOOL_NAME, TOOL_VERSION
+from checks.env.view import Side
+from checks.machine.torchbuilds import coverage, parse_cuda
+
+DIFF_SCHEMA = 1
+RANKS = ("break", "slow", "info")
+_ENV_ONLY = frozenset({"os", "glibc", "nvcc", "cpu_flags"})
+_SLOW = {
+    "power_limit_w": "a lower power limit runs the GPU slower (a 4090 capped at 250 W of 450 W: ~20%, the seed article §1.3)",
+    "pcie": "a narrower or older PCIe link slows host-device copies (ref/compat.md §4)",
+    "sm_clock_max_mhz": "a lower clock ceiling caps compute",
+    "cores": "fewer usable cores feed fewer DataLoader workers (the seed article §4.2)",
+    "mem_gib": "less RAM limits workers, page cache and pinned memory",
+    "shm_mib": "a smaller /dev/shm limits DataLoader workers and NCCL's shared memory (ref/communication-and-planning.md)",
+}
+_INFO = {
+    "torch": "a different torch release: kernels, defaults and numerics can differ",
+    "driver": "a different driver; the build it supports is judged under torch_cuda",
+    "gpu_count": "a different number of GPUs: per-GPU fields are compared for the GPUs both have",
+    "nvcc": "the CUDA toolkit builds extensions (flash-attn, apex, DeepSpeed ops): rebuild them for this one",
+    "glibc": "wheels built against a newer glibc do not load on an older one",
+}
+
+
+@dataclass(frozen=True)
+class Difference:
+    rank: str
+    field: str
+    a: Any
+    b: Any
+    reason: str
+
+
+@dataclass(frozen=True)
+class Diff:
+    a: str
+    b: str
+    differences: tuple[Difference, ...]
+    not_compared: tuple[str, ...]
+
+    def counts(self) -> dict[str, int]:
+        return {r: sum(d.rank == r for d in self.differences) for r in RANKS}
+
+    def exit_code(self) -> int:
+        """1 when a breaking difference exists."""
+        return 1 if self.counts()["break"] else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "diff": DIFF_SCHEMA,
+            "tool": f"{TOOL_NAME} {TOOL_VERSION}",
+            "a": self.a,
+            "b": self.b,
+            "counts": self.counts(),
+            "differences": [asdict(d) for d in self.differences],
+            "not_compared": list(self.not_compared),
+        }
+
+
+def version(text: Any) -> Version | None:
+    try:
+        return Version(str(text))
+    except InvalidVersion:
+        return None
+
+
+def same_release(a: Any, b: Any, parts: int) -> bool:
+    """True when ``a`` and ``b`` share their first ``parts`` release numbers (PEP 440; strings when not versions)."""
+    va, vb = version(a), version(b)
+    if va is None or vb is None:
+        return str(a).split(".")[:parts] == str(b).split(".")[:parts]
+    return (va.release + (0,) * parts)[:parts] == (vb.release + (0,) * parts)[:parts]
+
+
+def direction(a: Any, b: Any) -> str:
+    va, vb = version(a), version(b)
+    if va is None or vb is None or va == vb:
+        return ""
+    return " (B is older)" if vb < va else " (B is newer)"
+
+
+def diff(a: Side, b: Side) -> Diff:
+    """Every field both sides can speak of that differs, ranked; plus what could not be compared."""
+    out: list[Difference] = []
+    keys = [k for k in {**a.fields, **b.fields} if (k in a.fields and k in b.fields) or _one_sided_ok(k, a, b)]
+    for key in keys:
+        va, vb = a.fields.get(key), b.fields.get(key)
+        if va == vb or (key.startswith("gpu") and "." in key and (va is None or vb is None)):
+            continue
+        if key in _ENV_ONLY and ((va is None and a.missing) or (vb is None and b.missing)):
+            continue  # a file that predates the environment section: listed under not_compared
+        if va is not None and vb is not None and version(va) is not None and version(va) == version(vb):
+            continue  # "2.1" and "2.1.0" are the same version (PEP 440)
+        out.append(rank(key, va, vb))
+    out += driver_fit(a, b) + arch_fit(a, b)
+    out.sort(key=lambda d: RANKS.index(d.rank))
+    not_compared = [f"A ({a.label}): {m}" for m in a.missing] + [f"B ({b.label}): {m}" for m in b.missing]
+    return Diff(a.label, b.label, tuple(out), tuple(not_compared))
+
+
+def _one_sided_ok(key: str, a: Side, b: Side) -> bool:
+    """A package or variable on one side only is a difference when the other side lists its packages at all."""
+    prefix = key.split(":", 1)[0] + ":"
+    if ":" not in key:
+        return False
+    return any(k.startswith(prefix) for k in a.fields) and any(k.startswith(prefix) for k in b.fields)
+
+
+def rank(key: str, a: Any, b: Any) -> Difference:
+    """Rank one differing field with the reason it matters."""
+    if key.startswith("package:"):
+        if b is None:
+            return Difference("break", key, a, b, "missing on B: `import` fails where A's code uses it")
+        if a is None:
+            return Difference("info", key, a, b, "only on B")
+        return Difference("info", key, a, b, "a different version" + direction(a, b))
+    if key.startswith("var:"):
+        return Difference("info", key, a, b, "changes what CUDA, NCCL or torch do at run time")
+    if key in ("nccl", "python") and (a is None or b is None):
+        return Difference("info", key, a, b, "only one side has it (a CPU or ROCm torch has no NCCL)")
+    if key == "nccl":
+        if a and b and not same_release(a, b, 2):
+            return Difference(
+                "break", key, a, b, "NCCL major/minor differ: ranks that mix them hang at the first collective"
+            )
+        return Difference("info", key, a, b, "NCCL patch release differs")
+    if key == "python":
+        if a and b and not same_release(a, b, 2):
+            return Difference(
+                "break", key, a, b, "Python minor differs: compiled extensions and wheels are built per minor"
+            )
+        return Difference("info", key, a, b, "Python patch release differs")
+    if key == "torch_cuda":
+        return Difference(
+            "info", key, a, b, "torch is built for another CUDA; whether B's driver runs it is judged below"
+        )
+    leaf = key.rsplit(".", 1)[-1]
+    if leaf in _SLOW:
+        worse = _magnitude(b) < _magnitude(a)
+        if worse:
+            return Difference("slow", key, a, b, _SLOW[leaf] + " (B has less)")
+        return Difference("info", key, a, b, "B has at least as much")
+    return Difference("info", key, a, b, _INFO.get(leaf, "differs") + (direction(a, b) if leaf in _INFO else ""))
+
+
+def driver_fit(a: Side, b: Side) -> list[Difference]:
+    """B's torch needs a driver for its CUDA major (minor-version compatibility covers the rest, ref/compat.md §1)."""
+    build, driver = parse_cuda(b.fields.get("torch_cuda")), parse_cuda(b.fields.get("driver_cuda"))
+    if build is None or driver is None or build[0] <= driver[0]:
+        return []
+    a_build, a_driver = parse_cuda(a.fields.get("torch_cuda")), parse_cuda(a.fields.get("driver_cuda"))
+    if a_build == build and a_driver == driver:
+        return []  # the same mismatch on both: not a difference
+    reason = (
+        f"B's torch is built for CUDA {build[0]}.{build[1]} but B's driver supports CUDA {driver[0]}.{driver[1]}: "
+        "torch.cuda.is_available() is False there"
+    )
+    return [Difference("break", "torch_cuda vs driver", f"{a.fields.get('torch_cuda')} on driver CUDA {a.fields.get('driver_cuda')}",
+                       f"{b.fields.get('torch_cuda')} on driver CUDA {b.fields.get('driver_cuda')}", reason)]  # fmt: skip
+
+
+def arch_fit(a: Side, b: Side) -> list[Difference]:
+    """Each of B's GPUs needs code in B's torch arch list (SASS for it, or PTX to JIT, ref/compat.md §2)."""
+    if b.arch_list is None or not b.arch_list:
+        return []
+    out = []
+    for cc in sorted(set(b.gpu_ccs)):
+        if coverage(b.arch_list, cc).covered:
+            continue
+        if a.arch_list == b.arch_list and cc in a.gpu_ccs:
+            continue  # A had the same gap
+        out.append(
+            Difference(
+                "break",
+                f"sm_{cc[0]}{cc[1]} vs arch list",
+                " ".join(a.arch_list or ()) or None,
+                " ".join(b.arch_list),
+                f"B's torch has no kernels for its GPU (compute capability {cc[0]}.{cc[1]}): "
+                "'no kernel image is available'",
+            )
+        )
+    return out
+
+
+def render_diff(d: Diff) -> str:
+    """One line per difference, breaks first, then what could not be compared, and a tally."""
+    lines = [f"gpu-preflight diff: A = {d.a}, B = {d.b}"]
+    width = max((len(x.field) for x in d.differences), default=5)
+    for x in d.differences:
+        lines.append(f"  {x.rank.upper():5} {x.field:<{width}} {_show(x.a)} -> {_show(x.b)}: {x.reason}")
+    if not d.differences:
+        lines.append("  no differences in what both sides hold")
+    lines += [f"  not compared: {m}" for m in d.not_compared]
+    counts = d.counts()
+    lines += ["", " · ".join(f"{n} {r}" for r, n in counts.items())]
+    lines.append(
+        "next: fix the break lines first; B will not train like A"
+        if counts["break"]
+        else "next: nothing breaks training"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _magnitude(value: Any) -> tuple[float, ...]:
+    """Numbers for ordering: 24.0 -> (24.0,), "gen4 x16" -> (4.0, 16.0) (generation first, then width); None -> ()."""
+    if isinstance(value, (int, float)):
+        return (float(value),)
+    return tuple(float(x) for x in re.findall(r"\d+", str(value or "")))
+
+
+def _show(value: Any) -> str:
+    return "(none)" if value is None else str(value)

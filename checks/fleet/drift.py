@@ -1,0 +1,91 @@
+"""Drift between the hosts of a fleet: driver, torch, its CUDA build, NCCL, Python and the packages that differ.
+
+Read from each host's ``measurements.environment`` (``checks/machine/measurements.py``). DDP needs every rank on
+the same torch, CUDA build and NCCL: mixed NCCL versions hang a job at its first collective (issue 13; the seed
+article §4.3), so a host that differs from the majority in those is a fail; other drift (driver, Python, a package)
+is a warn. A tie has no majority: every host outside the first-seen value is named.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from checks.facts import HostOutcome
+from checks.result import Result, fail, warn
+
+FIELDS = (
+    ("driver", "driver"),
+    ("torch", "torch"),
+    ("torch_cuda", "CUDA build"),
+    ("nccl", "NCCL"),
+    ("python", "Python"),
+)
+FAIL_FIELDS = frozenset({"torch", "torch_cuda", "nccl"})
+
+
+def environments(hosts: tuple[HostOutcome, ...]) -> dict[str, dict[str, Any]]:
+    """Each reporting host's environment section (hosts whose report predates it are left out)."""
+    out = {}
+    for o in hosts:
+        env = ((o.report or {}).get("measurements") or {}).get("environment")
+        if isinstance(env, dict):
+            out[o.name] = env
+    return out
+
+
+def drifting_packages(envs: dict[str, dict[str, Any]]) -> list[str]:
+    """Packages whose version (or presence) is not the same on every host."""
+    names = sorted({p for e in envs.values() for p in (e.get("packages") or {})})
+    return [n for n in names if len({(e.get("packages") or {}).get(n) for e in envs.values()}) > 1]
+
+
+def drift_table(envs: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """Rows: host, the fields, then the packages that differ (empty when every host agrees on everything)."""
+    packages = drifting_packages(envs)
+    fields = [k for k, _ in FIELDS if len({e.get(k) for e in envs.values()}) > 1]
+    if len(envs) < 2 or not (fields or packages):
+        return []
+    head = ["host", *(dict(FIELDS)[k] for k in fields), *packages]
+    rows = [head]
+    for host, e in envs.items():
+        pk = e.get("packages") or {}
+        rows.append([host, *(str(e.get(k) or "-") for k in fields), *(pk.get(p) or "-" for p in packages)])
+    return rows
+
+
+def _majority(values: dict[str, Any]) -> Any:
+    counts = Counter(values.values())
+    top = counts.most_common()
+    return top[0][0] if top else None
+
+
+def drift_results(hosts: tuple[HostOutcome, ...]) -> list[tuple[str | None, Result]]:
+    """One result per host that differs from the majority (fail for torch, CUDA build, NCCL; warn otherwise)."""
+    envs = environments(hosts)
+    if len(envs) < 2:
+        return []
+    out: list[tuple[str | None, Result]] = []
+    fields = [*FIELDS, *((f"package:{p}", p) for p in drifting_packages(envs))]
+    for key, label in fields:
+        values = {h: _value(e, key) for h, e in envs.items()}
+        if len(set(values.values())) < 2:
+            continue
+        usual = _majority(values)
+        for host, value in values.items():
+            if value == usual:
+                continue
+            summary = f"{host}: {label} {value or 'missing'}, the majority has {usual or 'none'}"
+            if key in FAIL_FIELDS:
+                hint = f"DDP ranks need the same {label}: install {label} {usual} on {host} (or run that host apart)"
+                out.append((host, fail("fleet-drift", summary, hint, subject=label, value=value, expected=usual)))
+            else:
+                hint = f"make {host} match the others (invoke lock on one host, invoke bootstrap --lock there)"
+                out.append((host, warn("fleet-drift", summary, hint, subject=label, value=value, expected=usual)))
+    return out
+
+
+def _value(env: dict[str, Any], key: str) -> Any:
+    if key.startswith("package:"):
+        return (env.get("packages") or {}).get(key.removeprefix("package:"))
+    return env.get(key)

@@ -1,0 +1,120 @@
+"""invoke diff's ranking on replayed snapshots edited to differ in one field each, reports old and new, and the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checks.env.diff import diff, same_release
+from checks.env.view import from_facts, load_side
+from checks.facts import EnvFacts, MachineFacts
+from checks.snapshot import dump_snapshot, load_snapshot, write_snapshot
+
+REPO = Path(__file__).resolve().parents[3]
+FIXTURES = REPO / "tests" / "fixtures" / "machines"
+
+
+def base() -> MachineFacts:
+    facts, _ = load_snapshot(FIXTURES / "h200-1x.json")
+    env = EnvFacts(os_name="Ubuntu 24.04", python="3.12.3", packages={"numpy": "2.1.0", "torch": "2.9.1+cu128"})
+    return dataclasses.replace(facts, env=env)
+
+
+def edit(m: MachineFacts, **parts: dict[str, Any]) -> MachineFacts:
+    """Replace fields of the named sections (torch, host, env, nvml, gpu0)."""
+    out = m
+    for section, fields in parts.items():
+        if section == "gpu0":
+            gpu = dataclasses.replace(out.nvml.gpus[0], **fields)
+            out = dataclasses.replace(out, nvml=dataclasses.replace(out.nvml, gpus=(gpu,)))
+        else:
+            out = dataclasses.replace(out, **{section: dataclasses.replace(getattr(out, section), **fields)})
+    return out
+
+
+def ranked(b: MachineFacts) -> dict[str, str]:
+    return {d.field: d.rank for d in diff(from_facts(base(), "A"), from_facts(b, "B")).differences}
+
+
+CASES = [
+    ("nccl minor", {"torch": {"nccl_version": "2.21.5"}}, "nccl", "break"),
+    ("nccl patch", {"torch": {"nccl_version": "2.27.7"}}, "nccl", "info"),
+    ("python minor", {"env": {"python": "3.11.9"}}, "python", "break"),
+    ("python patch", {"env": {"python": "3.12.8"}}, "python", "info"),
+    ("missing package", {"env": {"packages": {"torch": "2.9.1+cu128"}}}, "package:numpy", "break"),
+    ("package version", {"env": {"packages": {"numpy": "1.26.4", "torch": "2.9.1+cu128"}}}, "package:numpy", "info"),
+    ("extra package", {"env": {"packages": {"numpy": "2.1.0", "torch": "2.9.1+cu128", "x": "1"}}}, "package:x", "info"),
+    ("driver too old", {"nvml": {"cuda_driver_version": 11080, "driver_version": "520.61.05"}}, "torch_cuda vs driver", "break"),
+    ("arch missing", {"torch": {"arch_list": ("sm_80", "sm_86")}}, "sm_90 vs arch list", "break"),
+    ("power cap", {"gpu0": {"power_limit_mw": 450_000}}, "gpu0.power_limit_w", "slow"),
+    ("more power", {"gpu0": {"power_limit_mw": 800_000}}, "gpu0.power_limit_w", "info"),
+    ("pcie", {"gpu0": {"pcie_gen_max": 4, "pcie_gen_loaded": 4}}, "gpu0.pcie", "slow"),
+    ("clocks", {"gpu0": {"sm_clock_max_mhz": 1410}}, "gpu0.sm_clock_max_mhz", "slow"),
+    ("cores", {"host": {"cpu_affinity": 8}}, "cores", "slow"),
+    ("shm", {"host": {"shm_total": 64 * 2**20}}, "shm_mib", "slow"),
+    ("os", {"env": {"os_name": "Ubuntu 22.04"}}, "os", "info"),
+]
+
+
+@pytest.mark.parametrize(("what", "change", "field", "rank"), CASES, ids=[c[0] for c in CASES])
+def test_each_field_is_ranked(what: str, change: dict[str, Any], field: str, rank: str) -> None:
+    got = ranked(edit(base(), **change))
+    assert got.get(field) == rank, got
+
+
+def test_same_box_has_no_differences_and_exits_0() -> None:
+    d = diff(from_facts(base(), "A"), from_facts(base(), "B"))
+    assert d.differences == () and d.exit_code() == 0
+
+
+def test_versions_compare_by_pep440_not_as_strings() -> None:
+    assert ranked(edit(base(), env={"packages": {"numpy": "2.1", "torch": "2.9.1+cu128"}})) == {}  # 2.1 == 2.1.0
+    assert same_release("2.10.0", "2.10.3", 2) and not same_release("2.9.0", "2.10.0", 2)
+    d = diff(from_facts(base(), "A"), from_facts(edit(base(), env={"packages": {"numpy": "2.10.0", "torch": "2.9.1+cu128"}}), "B"))
+    assert "(B is newer)" in d.differences[0].reason  # "2.10.0" < "2.1.0" as strings
+
+
+def test_different_gpu_counts_compare_what_exists() -> None:
+    eight, _ = load_snapshot(FIXTURES / "h100-sxm-8x-healthy.json")
+    d = diff(from_facts(base(), "A"), from_facts(eight, "B"))
+    fields = {x.field for x in d.differences}
+    assert "gpu_count" in fields and "gpu0.name" in fields and not any(f.startswith("gpu7") for f in fields)
+    assert any("predates" in m for m in d.not_compared)  # B is an old snapshot without the env section
+
+
+def _report(tmp_path: Path, name: str, measurements: dict[str, Any]) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps({"schema": 1, "tool": "x", "host": "h", "machine": "live", "results": [], "measurements": measurements}))
+    return path
+
+
+def test_old_report_against_a_snapshot_says_what_cannot_be_compared(tmp_path: Path) -> None:
+    old = _report(tmp_path, "old.json", {"inventory": {"gpus": 1, "gpu_names": ["NVIDIA H200"], "torch": "2.8.0", "nccl": "2.27.5"}})
+    d = diff(load_side(str(FIXTURES / "h200-1x.json")), load_side(str(old)))
+    assert [x.field for x in d.differences] == ["torch"]
+    assert any("predates measurements.environment" in m for m in d.not_compared)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invoke", "diff", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_cli_exit_codes_and_json(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    write_snapshot(a, dump_snapshot(base(), recorded=False))
+    write_snapshot(b, dump_snapshot(edit(base(), torch={"nccl_version": "2.21.5"}), recorded=False))
+    broke = _cli(str(a), str(b), "--json", "-")
+    assert broke.returncode == 1, broke.stderr
+    doc = json.loads(broke.stdout)
+    assert doc["diff"] == 1 and doc["counts"]["break"] == 1 and doc["differences"][0]["field"] == "nccl"
+    assert "BREAK nccl" in broke.stderr
+    assert _cli(str(a), str(a)).returncode == 0
+    bad = _cli(str(a), str(tmp_path / "nope.json"))
+    assert bad.returncode == 2 and "nope.json does not exist" in bad.stderr and "Traceback" not in bad.stderr
