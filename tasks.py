@@ -443,3 +443,109 @@ def env_lock(c: Context, out: str = "", all: bool = False) -> None:
 
 ns.add_task(env_diff)
 ns.add_task(env_lock)
+
+
+# --- invoke plan (checks/plan/): which card, how many, what an epoch costs -------------------------------------
+
+
+@task(
+    name="plan",
+    help={
+        "model": "your model: MODULE:CALLABLE returning an nn.Module (built on the meta device, nothing allocated)",
+        "input_shape": "one sample's input shape for --model, e.g. 3x224x224 or 512 (token ids with --input-dtype long)",
+        "input_dtype": "float or long (token ids)",
+        "dataset": "MODULE:CALLABLE of your dataset: its first item's input gives the shape and dtype",
+        "hf_config": "a local config.json of a transformers model (nothing is downloaded)",
+        "params": "analytic model size: 7B, 1.3e9, 350M (with --layers --hidden --heads --seq --vocab)",
+        "layers": "transformer layers (analytic form)",
+        "hidden": "hidden size (analytic form)",
+        "heads": "attention heads (analytic form)",
+        "seq": "sequence length (analytic form; overrides --hf-config's max_position_embeddings)",
+        "vocab": "vocabulary size (analytic form): the logits",
+        "method": "full, lora or qlora",
+        "optimizer": "adamw, sgd or adam8bit",
+        "precision": "mixed (16-bit compute, fp32 master), bf16 (all 16-bit) or fp32",
+        "lora_rank": "LoRA rank (default preflight.plan.lora_rank)",
+        "batch_size": "micro-batch per GPU that must fit (default 1)",
+        "gpus": "GPUs per option (default: the fewest that fit)",
+        "sharding": "auto, ddp, zero1, zero2, zero3 or fsdp",
+        "checkpointing": "activation checkpointing of the model's blocks",
+        "attention": "flash (fused kernels, as on a GPU) or as-written",
+        "from_report": "a verify JSON report of this model: step time and cost per card",
+        "epoch_samples": "samples in one epoch (the cost per epoch; else per million samples)",
+        "machine": "a snapshot FILE whose GPU stands for this box",
+        "json": "also write the plan as JSON to PATH ('-' for stdout)",
+    },
+)
+def plan(
+    c: Context,
+    model: str = "",
+    input_shape: str = "",
+    input_dtype: str = "float",
+    dataset: str = "",
+    hf_config: str = "",
+    params: str = "",
+    layers: int = 0,
+    hidden: int = 0,
+    heads: int = 0,
+    seq: int = 0,
+    vocab: int = 0,
+    method: str = "full",
+    optimizer: str = "adamw",
+    precision: str = "mixed",
+    lora_rank: int = 0,
+    batch_size: int = 1,
+    gpus: int = 0,
+    sharding: str = "auto",
+    checkpointing: bool = False,
+    attention: str = "flash",
+    from_report: str = "",
+    epoch_samples: int = 0,
+    machine: str = "",
+    json: str = "",
+) -> None:
+    """Say which card, how many and what an epoch costs for a model: memory term by term, per card class."""
+    from checks.plan.box import this_box
+    from checks.plan.render import render_plan
+    from checks.plan.request import PlanRequest
+    from checks.plan.run import plan as make_plan
+
+    request = PlanRequest(
+        config=settings(c),
+        model=model,
+        input_shape=input_shape,
+        input_dtype=input_dtype,
+        dataset=dataset,
+        hf_config=hf_config,
+        params=params,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        seq=seq,
+        vocab=vocab,
+        method=method,
+        optimizer=optimizer,
+        precision=precision,
+        lora_rank=lora_rank,
+        batch_size=batch_size,
+        gpus=gpus,
+        sharding=sharding,
+        checkpointing=checkpointing,
+        attention=attention,
+        from_report=from_report,
+        epoch_samples=epoch_samples,
+        machine=machine,
+        json=json,
+    )
+    if json and json != "-":
+        _check_output_path(json)
+    box, ram = this_box(Path(machine) if machine else None)
+    with interruptible():
+        result = make_plan(request, box=box, ram_bytes=ram)
+    (sys.stderr if json == "-" else sys.stdout).write(render_plan(result))
+    if json:
+        payload = jsonlib.dumps(result.to_json(), indent=2) + "\n"
+        sys.stdout.write(payload) if json == "-" else write_atomic(Path(json), payload)
+
+
+ns.add_task(plan)

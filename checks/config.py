@@ -240,6 +240,20 @@ class EnvConfig:
 
 
 @dataclass(frozen=True)
+class PlanConfig:
+    """``invoke plan``: prices per card class and the fixed memory terms."""
+
+    prices: dict[str, float]
+    lora_rank: int
+    cuda_context_mib: int
+    nccl_mib: int
+    fragmentation_fraction: float
+    nvml_total_fraction: float
+    max_gpus: int
+    measure_timeout_s: float
+
+
+@dataclass(frozen=True)
 class PreflightConfig:
     report: ReportConfig
     probe: ProbeConfig
@@ -255,6 +269,7 @@ class PreflightConfig:
     hosts: HostsConfig
     verify: VerifyConfig
     env: EnvConfig
+    plan: PlanConfig
 
 
 def load_defaults() -> dict[str, Any]:
@@ -297,6 +312,12 @@ def _fitting(value: Any, defaults: dict[str, Any]) -> list[str]:
     return list(defaults)
 
 
+def _numbers(mapping: dict[str, Any], path: str) -> None:
+    for key, value in mapping.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise PreflightError(f"configuration key {path}.{key} must be a number, got {value!r}")
+
+
 def validate(merged: dict[str, Any], defaults: dict[str, Any], prefix: str = "preflight") -> None:
     """Raise ``PreflightError`` for the first unknown key or wrongly typed value in ``merged``."""
     for key, value in merged.items():
@@ -309,7 +330,10 @@ def validate(merged: dict[str, Any], defaults: dict[str, Any], prefix: str = "pr
         if isinstance(default, dict):
             if not isinstance(value, dict):
                 raise PreflightError(f"configuration key {path} must be a section, got {value!r}")
-            validate(value, default, path)
+            if default:
+                validate(value, default, path)
+            else:  # an open mapping (plan.prices): any name, numbers only
+                _numbers(value, path)
         elif not _type_ok(default, value):
             raise PreflightError(
                 f"configuration key {path} must be {_type_name(default)}, got {value!r}",

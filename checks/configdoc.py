@@ -162,7 +162,7 @@ def _leaves(values: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[
     found: list[tuple[str, ...]] = []
     for key, value in values.items():
         path = (*prefix, str(key))
-        found += _leaves(value, path) if isinstance(value, dict) else [path]
+        found += _leaves(value, path) if isinstance(value, dict) and value else [path]  # {}: an open mapping
     return found
 
 
