@@ -112,6 +112,7 @@ def _finish(report: Report | FleetReport, json_path: str, strict: bool) -> None:
         "hosts": "bootstrap these hosts over SSH instead: h1,h2 or user@host:port (~/.ssh/config applies)",
         "hosts_file": "bootstrap the hosts listed in FILE (one per line; DeepSpeed's 'host slots=N' works)",
         "lock": "also check this box against a lock FILE (invoke lock): every pin installed at its version",
+        "install": "with --hosts: install the dependencies into a virtualenv next to each host's checkout first",
     }
 )
 def bootstrap(
@@ -124,12 +125,15 @@ def bootstrap(
     hosts: str = "",
     hosts_file: str = "",
     lock: str = "",
+    install: bool = False,
 ) -> None:
     """Check this machine right after renting it: driver, CUDA, torch, GPUs, CPU/RAM/shm, disks, benchmarks."""
     cfg = settings(c)
     _check_output_path(json)
     if not bench:
         cfg = dataclasses.replace(cfg, bench=dataclasses.replace(cfg.bench, enabled=False))
+    if install:
+        cfg = dataclasses.replace(cfg, hosts=dataclasses.replace(cfg.hosts, install=True))
     specs, source = select_hosts(hosts, hosts_file, os.environ, cfg.hosts.slurm and not machine)
     if specs and machine:
         raise PreflightError("--machine judges a snapshot; it cannot be combined with --hosts or --hosts-file")

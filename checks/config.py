@@ -169,6 +169,8 @@ class HostsConfig:
     parallel: int
     slurm: bool
     outlier_fraction: float
+    install: bool
+    wheelhouse: str
 
 
 @dataclass(frozen=True)

@@ -327,6 +327,7 @@ class HostOutcome:
     seconds: float
     exit_code: int | None = None
     shipped: str | None = None  # rsync | tar
+    installed: str | None = None  # --install: where the dependencies are and what was put there
 
 
 @dataclass(frozen=True)

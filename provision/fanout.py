@@ -28,6 +28,7 @@ from provision.hosts import HostSpec
 from provision.remote import Prepared, RemoteError, Session, Stopped, connect, remote_path
 from provision.remote_net import measure_allreduce, measure_links
 from provision.ship import prepare_script, ship
+from provision.venv import ensure_venv, requirements
 
 Notify = Callable[[str], None]
 
@@ -80,7 +81,7 @@ def _failure(done: Any, python: str, directory: str) -> str:
     if missing:
         return (
             f"the remote Python lacks gpu-preflight's dependencies (No module named '{missing.group(1)}'): "
-            f"run `cd {directory} && {python} -m pip install .` there"
+            f"run `cd {directory} && {python} -m pip install .` there, or bootstrap with --install"
         )
     if done.code == 2:
         return f"bootstrap refused to run: {last}"
@@ -120,6 +121,10 @@ def bootstrap_host(
         shipped = ship(
             session, root, prepared.directory, prepared.rsync, (cfg.hosts.connect_timeout_s, cfg.hosts.dead_after_s)
         )
+        installed = None
+        if cfg.hosts.install:
+            venv = ensure_venv(session, prepared.directory, prepared.python, requirements(root), cfg.hosts.wheelhouse)
+            prepared, installed = dataclasses.replace(prepared, python=shlex.quote(venv.python)), venv.summary
         code, report = run_bootstrap(session, prepared, cfg, dry_run)
     except RemoteError as exc:
         return HostOutcome(spec.name, "fail", str(exc), None, round(time.monotonic() - start, 2)), prepared
@@ -128,7 +133,7 @@ def bootstrap_host(
     except Exception as exc:  # noqa: BLE001 - one host's trouble is its fail row, never the others' abort
         reason = f"died mid-run: {type(exc).__name__}: {exc}"
         return HostOutcome(spec.name, "fail", reason, None, round(time.monotonic() - start, 2)), prepared
-    outcome = HostOutcome(spec.name, "ok", None, report, round(time.monotonic() - start, 2), code, shipped)
+    outcome = HostOutcome(spec.name, "ok", None, report, round(time.monotonic() - start, 2), code, shipped, installed)
     return outcome, prepared
 
 

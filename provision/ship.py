@@ -139,7 +139,8 @@ def tarball(root: Path) -> bytes:
 def untar(session: Session, root: Path, absolute_dir: str) -> None:
     """Replace the checkout on the host with a tar stream sent through the SSH session (no rsync there)."""
     d = shlex.quote(absolute_dir)
-    script = f"cd {d} && find . -mindepth 1 -maxdepth 1 ! -name {MARKER} -exec rm -rf {{}} + && tar -xzf -"
+    keep = f"! -name {MARKER} ! -name .venv"  # the marker, and --install's virtualenv (provision/venv.py)
+    script = f"cd {d} && find . -mindepth 1 -maxdepth 1 {keep} -exec rm -rf {{}} + && tar -xzf -"
     done = session.run(script, SHIP_TIMEOUT_S, stdin=tarball(root))
     if done.code != 0:
         raise RemoteError(f"copying the checkout (tar) failed: {done.err.strip()[-200:]}")

@@ -70,7 +70,9 @@ def host_results(o: HostOutcome) -> list[Tagged]:
         reason = o.reason or "no report"
         return [(o.name, fail("host-bootstrap", f"{o.name}: {reason}", _fail_hint(reason)))]
     head = ok(
-        "host-bootstrap", f"bootstrap ran in {o.seconds:.1f} s (exit {o.exit_code}), checkout copied by {o.shipped}"
+        "host-bootstrap",
+        f"bootstrap ran in {o.seconds:.1f} s (exit {o.exit_code}), checkout copied by {o.shipped}"
+        + (f"; {o.installed}" if o.installed else ""),
     )
     return [(o.name, head), *((o.name, result_from_json(r)) for r in o.report.get("results", []))]
 

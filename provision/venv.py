@@ -1,0 +1,92 @@
+"""``bootstrap --hosts ... --install`` (``hosts.install``): a virtualenv next to the remote checkout, with its
+dependencies, made with the host's own Python and pip.
+
+The virtualenv is ``<checkout>/.venv`` (rsync's exclude list and the tar path both leave it in place), created
+``--system-site-packages`` so the box's own torch, built for its driver, stays the one that is imported, and
+``--without-pip``: the box's pip (seen through the system site) installs into it, and ``ensurepip`` is the
+fallback only where the box has no pip. The install is idempotent: a stamp in the virtualenv holds the hash of
+what was asked for, and a second run with the same list does nothing. With ``hosts.wheelhouse`` (a folder of the
+checkout, shipped with it) pip installs ``--no-index --find-links`` from it: for boxes without a package index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from provision.remote import RemoteError, Session
+
+VENV = ".venv"
+STAMP = ".gpu-preflight-deps"
+INSTALL_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class Installed:
+    """Where the dependencies are and what this run put there."""
+
+    python: str  # absolute path of the virtualenv's Python
+    summary: str  # one line for the report
+
+
+def install_script(directory: str, python: str, requirements: tuple[str, ...], wheelhouse: str = "") -> str:
+    """Write the POSIX script that makes the virtualenv and installs ``requirements`` with the box's pip."""
+    d, v = shlex.quote(directory), shlex.quote(f"{directory}/{VENV}")
+    stamp = hashlib.sha256("\n".join((*requirements, wheelhouse)).encode()).hexdigest()[:16]
+    source = f"--no-index --find-links {shlex.quote(f'{directory}/{wheelhouse}')} " if wheelhouse else ""
+    pip = f"{v}/bin/python -m pip install --disable-pip-version-check --no-input --progress-bar off {source}"
+    return "; ".join(
+        [
+            f"cd {d} || exit 5",
+            f'if [ "$(cat {v}/{STAMP} 2>/dev/null)" = {stamp} ] && [ -x {v}/bin/python ]; then echo ready; exit 0; fi',
+            f"[ -x {v}/bin/python ] || {python} -m venv --system-site-packages --without-pip {v} >&2 "
+            "|| { echo novenv; exit 6; }",
+            f"{v}/bin/python -m pip --version >/dev/null 2>&1 || {v}/bin/python -m ensurepip --default-pip >&2 "
+            "|| { echo nopip; exit 7; }",
+            f"{pip}{' '.join(shlex.quote(r) for r in requirements)} >&2 || {{ echo pipfailed; exit 8; }}",
+            f"echo {stamp} > {v}/{STAMP}",
+            "echo installed",
+        ]
+    )
+
+
+def ensure_venv(
+    session: Session, directory: str, python: str, requirements: tuple[str, ...], wheelhouse: str = ""
+) -> Installed:
+    """Make ``<directory>/.venv`` hold ``requirements``; return its Python and what was done, for the report."""
+    done = session.run(install_script(directory, python, requirements, wheelhouse), INSTALL_TIMEOUT_S, track=True)
+    venv = f"{directory}/{VENV}"
+    word = done.out.strip().splitlines()[-1] if done.out.strip() else ""
+    if word == "ready":
+        return Installed(f"{venv}/bin/python", f"dependencies already in {venv}")
+    if word == "installed":
+        return Installed(f"{venv}/bin/python", f"installed into {venv} ({_what(done.err, wheelhouse)})")
+    last = _last(done.err)
+    if word == "novenv":
+        raise RemoteError(f"cannot create {venv} with {python}: {last} (apt-get install python3-venv there)")
+    if word == "nopip":
+        raise RemoteError(f"no pip for {python} there: {last} (apt-get install python3-pip there)")
+    where = f"from {directory}/{wheelhouse}" if wheelhouse else "from the box's package index"
+    raise RemoteError(f"pip could not install the dependencies into {venv} {where}: {last}")
+
+
+def _what(pip_output: str, wheelhouse: str) -> str:
+    """Name what pip installed (its 'Successfully installed' line) and where from."""
+    found = [line for line in pip_output.splitlines() if line.startswith("Successfully installed ")]
+    names = found[-1].removeprefix("Successfully installed ") if found else "nothing new: all were present"
+    return f"{names}; with the box's pip{', --no-index from ' + wheelhouse if wheelhouse else ''}"
+
+
+def _last(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][-300:] if lines else "no message"
+
+
+def requirements(root: Path) -> tuple[str, ...]:
+    """The checkout's dependencies, as ``pyproject.toml`` lists them (torch is deliberately not among them)."""
+    import tomllib
+
+    with (root / "pyproject.toml").open("rb") as fh:
+        return tuple(tomllib.load(fh)["project"]["dependencies"])
