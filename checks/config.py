@@ -230,6 +230,12 @@ class VerifyConfig:
     gpu_util_busy_pct: float
     starved_sample_fraction: float
     watch_seconds: int
+    nproc: int
+    ddp_windows: int
+    ddp_window_steps: int
+    ddp_solo_steps: int
+    ddp_timeout_s: float
+    straggler_share: float
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,8 @@ def _cpu(root: Path) -> tuple[str | None, tuple[str, ...]]:
         text = (root / "proc" / "cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None, ()
-    model, flags = None, set()
+    model: str | None = None
+    flags: set[str] = set()
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
@@ -175,7 +176,7 @@ def variables(env: Mapping[str, str]) -> dict[str, str]:
 def requirement_closure(roots: Iterable[str]) -> dict[str, str]:
     """The installed distributions ``roots`` name and everything they require (markers of this interpreter;
     extras not followed), as normalized name -> version. Names that are not installed are left out."""
-    marker_env = default_environment()
+    marker_env = {k: str(v) for k, v in default_environment().items()} | {"extra": ""}
     by_name = {normalize(d.metadata["Name"] or ""): d for d in metadata.distributions()}
     todo, seen = [normalize(r) for r in roots], {}
     while todo:
@@ -189,6 +190,6 @@ def requirement_closure(roots: Iterable[str]) -> dict[str, str]:
                 req = Requirement(line)
             except InvalidRequirement:
                 continue
-            if req.marker is None or req.marker.evaluate({**marker_env, "extra": ""}):
+            if req.marker is None or req.marker.evaluate(marker_env):
                 todo.append(normalize(req.name))
     return dict(sorted(seen.items()))

@@ -12,6 +12,10 @@ GPU utilisation is never a verdict on its own (§3 item 2). Verdict ids (the ``d
 - ``near-oom``: peak reserved memory near the card's size, fragmentation, or an OOM at the asked batch (V9/V10).
 - ``throttled``: SM clock well below its maximum with power or thermal reasons (V11).
 - ``cpu-contended``: other processes keep the usable cores busy during the run (a caveat on every figure).
+- ``comm-bound``: several processes: the gradient exchange the step waits for (synchronised minus ``no_sync``
+  step) takes share_warn of the step or more; evidence: gradient bytes, the busbw it implies, the fixes ranked.
+- ``straggler``: several processes: one rank's own step (its ``no_sync`` steps) is ``straggler_share`` slower
+  than the others' median; everyone waits for it at every all-reduce.
 - ``compute-bound``: forward + backward + optimizer dominate: healthy; only now does a bigger GPU help (V5).
 - ``cant-tell``: no single cause clears its threshold, or the run did not produce enough to judge.
 """
@@ -24,10 +28,18 @@ from typing import Any
 from checks.config import VerifyConfig
 from checks.machine.gpu import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
 from checks.verify import advice as fixes
+from checks.verify import distributed
 
-TIME_VERDICTS = ("data-bound", "cpu-starved", "h2d-bound", "launch-bound", "checkpoint-bound")
+TIME_VERDICTS = ("data-bound", "cpu-starved", "h2d-bound", "launch-bound", "checkpoint-bound", "comm-bound")
 _THROTTLE_BITS = SW_POWER_CAP | HW_SLOWDOWN | SW_THERMAL | HW_THERMAL | HW_POWER_BRAKE
-_RANK = {"near-oom": 1, "throttled": 2, "compute-bound": 3, "cpu-contended": 4, "cant-tell": 5}  # time: 0, by share
+_RANK = {
+    "near-oom": 1,
+    "straggler": 2,
+    "throttled": 2,
+    "compute-bound": 3,
+    "cpu-contended": 4,
+    "cant-tell": 5,
+}  # time: 0, by share
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,7 @@ class Signals:
     loader_alone: dict[str, Any] | None = None  # checks.verify.smoke.candidates.loader_alone: the DataLoader alone
     loader_advice: dict[str, Any] | None = None  # checks.verify.advice.loader_advice over loader_alone's candidates
     data_cost: dict[str, Any] | None = None  # checks.verify.smoke.candidates.data_cost: a sample's time, split
+    ddp: dict[str, Any] | None = None  # measurements.ddp (checks.verify.distributed.figures); None: one process
 
 
 def diagnose(s: Signals, cfg: VerifyConfig) -> list[Verdict]:
@@ -91,8 +104,8 @@ def diagnose(s: Signals, cfg: VerifyConfig) -> list[Verdict]:
         return [
             Verdict("cant-tell", "info", "low", f"only {s.steps} measured step(s): too few to judge", "run more steps")
         ]
-    found = [v for rule in (_data, _h2d, _checkpoint, _launch) if (v := rule(s, cfg)) is not None]
-    found += [v for rule in (_memory, _throttle, _contended) if (v := rule(s, cfg)) is not None]
+    found = [v for rule in (_data, _h2d, _checkpoint, _launch, _comm) if (v := rule(s, cfg)) is not None]
+    found += [v for rule in (_memory, _throttle, _contended, _straggler) if (v := rule(s, cfg)) is not None]
     if not any(v.id in TIME_VERDICTS for v in found):
         found.append(_compute_or_abstain(s, cfg))
     return sorted(found, key=lambda v: (_RANK.get(v.id, 0), -v.share))
@@ -308,6 +321,34 @@ def _contended(s: Signals, cfg: VerifyConfig) -> Verdict | None:
     summary = f"the usable cores were {_pct(busy)} busy, the training processes used {_pct(mine)} of them"
     fix = "other processes take the CPU (top): stop them, or rent cores that are yours; every figure here is slowed by them"
     return Verdict("cpu-contended", "warn", "medium", summary, fix, 0.0, {"machine_cpu": busy, "tree_cpu": mine})
+
+
+def _comm(s: Signals, cfg: VerifyConfig) -> Verdict | None:
+    """Several processes: the exchange the step waits for takes share_warn of it (TraceML's 10%, as V1/V2)."""
+    d = s.ddp or {}
+    share = d.get("comm_share")
+    if share is None or share < cfg.share_warn:
+        return None
+    severity, confidence = _severity(share, s, cfg, cfg.share_warn)
+    summary, fix = distributed.comm_text(d, cfg.share_warn)
+    ev = {k: d.get(k) for k in ("world_size", "backend", "comm_exposed_ms", "grad_bytes", "busbw_gbs", "ab")}
+    return Verdict("comm-bound", severity, confidence, summary, fix, share, ev)
+
+
+def _straggler(s: Signals, cfg: VerifyConfig) -> Verdict | None:
+    """Several processes: one rank's own step is straggler_share slower than the others' (TraceML's score)."""
+    found = distributed.straggler((s.ddp or {}).get("per_rank") or [], cfg)
+    if found is None:
+        return None
+    summary = (
+        f"rank {found['rank']} takes {1000 * found['own_s']:.1f} ms per step on its own, the others "
+        f"{1000 * found['others_s']:.1f} ms ({_pct(found['score'])} slower): every all-reduce waits for it"
+    )
+    fix = (
+        f"look at rank {found['rank']}'s GPU in invoke bootstrap (gpu-power, gpu-throttle, gpu-pcie, another "
+        "tenant) and its data shard; on the CPU, what else runs on its cores"
+    )
+    return Verdict("straggler", "warn", "medium", summary, fix, found["score"], found)
 
 
 def _throttle(s: Signals, cfg: VerifyConfig) -> Verdict | None:

@@ -15,6 +15,7 @@ from typing import Any
 from checks.config import VerifyConfig
 from checks.machine import datasheet
 from checks.result import Result, fail, ok, skip, warn
+from checks.verify import distributed
 from checks.verify.advice import loader_advice
 from checks.verify.cost import cost, describe
 from checks.verify.diagnosis import Signals, Verdict, diagnose, upgrade_bound
@@ -28,7 +29,9 @@ TIME_VERDICT_STATUS = {"compute-bound": "ok"}
 
 
 def samples_per_step(r: dict[str, Any]) -> int:
-    return int(r.get("batch_size") or 0) * int(r.get("accum") or 1)
+    """Samples one optimizer step trains on, over every rank (each rank trains ``batch_size`` x ``accum``)."""
+    ranks = int((r.get("ddp") or {}).get("world_size") or 1)
+    return int(r.get("batch_size") or 0) * int(r.get("accum") or 1) * ranks
 
 
 def tokens_per_sample(r: dict[str, Any]) -> int:
@@ -99,7 +102,14 @@ def signals(p: Plan, o: Outcome, cfg: VerifyConfig, figures: dict[str, Any]) -> 
         loader_alone=_probed(r, "loader_alone"),
         loader_advice=loader_advice(_probed(r, "loader_alone"), cfg.advice_min_gain),
         data_cost=_probed(r, "data_cost"),
+        ddp=_ddp(r),
     )
+
+
+def _ddp(r: dict[str, Any]) -> dict[str, Any] | None:
+    """``measurements.ddp`` (checks/verify/distributed.py), None for one process."""
+    ddp = r.get("ddp")
+    return distributed.figures(r, samples_per_step(r) // int(ddp["world_size"])) if ddp else None
 
 
 def _probed(r: dict[str, Any], key: str) -> dict[str, Any] | None:
@@ -164,6 +174,9 @@ def judge(p: Plan, o: Outcome, cfg: VerifyConfig) -> tuple[list[Result], dict[st
     verdicts = diagnose(s, cfg) if s is not None else []
     results += _diagnosis(verdicts, figs, r, s, m)
     results += [_sampler(p, o, m), _cost(p, r, figs, m), compile_result(r, figs), sweep_result(r)]
+    if r.get("ddp"):
+        m["ddp"] = _ddp(r)
+        results.append(distributed.ddp_result(m["ddp"]))
     keys = ("flops_per_step", "memory", "kernels", "checkpoint", "oom", "ab", "sweep", "loader_alone", "timeline")
     m |= {k: r[k] for k in keys if r.get(k)}
     m |= _advice(s, r)

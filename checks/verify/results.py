@@ -61,9 +61,10 @@ def _loop(o: Outcome, r: dict[str, Any], cfg: VerifyConfig, figs: dict[str, Any]
     if o.child.failure in ("timeout", "stalled"):
         limit = cfg.timeout_s if o.child.failure == "timeout" else cfg.stall_timeout_s
         what = "did not finish" if o.child.failure == "timeout" else "stopped reporting progress"
+        who = "the training child" if o.child.rank is None else f"rank {o.child.rank} (every rank was stopped)"
         return fail(
             "verify-loop",
-            f"the training child {what} within {limit:g} s and was killed",
+            f"{who} {what} within {limit:g} s and was killed",
             f"a hung CUDA call or a stuck DataLoader worker? last output: {log}",
         )
     if r.get("oom"):

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from checks.verify.smoke import candidates, extras
+from checks.verify.smoke import candidates, ddp, extras
 from checks.verify.smoke.ckpt import (
     Recording,
     Replay,
@@ -77,6 +77,9 @@ class Smoke:
         flops, note = extras.count_flops(b.trainer, batch)
         self.result.update(flops_per_step=flops, flops_note=note)
         self.done("flops")
+        if self.spec.get("ddp"):
+            b.wrap = lambda m: ddp.wrap(m, b.device)
+            b.trainer.model = b.wrap(b.trainer.model)
         if not self.train():
             return
         if b.cuda:
@@ -84,6 +87,8 @@ class Smoke:
         self.result["memory"] = extras.memory(b.cuda)
         if self.spec.get("checkpoint"):
             self.timed("checkpoint", self.round_trip)
+        if self.spec.get("ddp"):
+            self.distributed()
         if self.spec.get("ab"):
             self.timed("ab", lambda: extras.compile_ab(b.trainer, b.feed, self.spec["ab"]["steps"]))
         if self.spec.get("sweep"):
@@ -95,6 +100,18 @@ class Smoke:
             self.timed(
                 "data_cost", lambda: candidates.data_cost(self.local(), probe["seconds"] * candidates.COST_SHARE)
             )
+
+    def distributed(self) -> None:
+        """The no_sync A/B, then the one-process leg (last: rank 0's model leaves the others' there)."""
+        b, d = self.b, self.spec["ddp"]
+        assert b is not None
+        self.result["ddp"] = {k: d[k] for k in ("rank", "world_size", "backend")}
+        self.phase("comm")
+        self.result["ddp"]["comm_ab"] = ddp.comm_ab(b.trainer, b.feed, d["windows"], d["window_steps"])
+        self.done("comm")
+        self.phase("solo")
+        self.result["ddp"]["solo"] = ddp.solo(b.trainer, b.feed, d["solo_steps"])
+        self.done("solo")
 
     def loader_alone(self, probe: dict[str, Any]) -> dict[str, Any]:
         """Last, as it opens the data in this process: the loader's own rate at each candidate setting."""
@@ -135,6 +152,8 @@ class Smoke:
             self.steps("steps", self.spec["steps"], phase="measure")
         except Exception as exc:
             if not extras.oom_error(exc):
+                raise
+            if self.spec.get("ddp"):  # a search would run steps on this rank alone and hang the others
                 raise
             self.result["oom"] = self.out_of_memory(exc)
             return False
@@ -205,7 +224,12 @@ class Smoke:
         }
         if b.cuda:
             torch.cuda.synchronize()
-        saved = save_atomic(payload, Path(spec["dir"]))
+        distributed = bool(self.spec.get("ddp"))
+        if distributed:  # rank 0 saves every rank's RNG state; each rank restores its own
+            payload["rng_per_rank"] = ddp.gather(payload["rng"])
+        saved = save_atomic(payload, Path(spec["dir"])) if ddp.rank() == 0 else None
+        saved = ddp.share(saved) if distributed else saved
+        assert saved is not None
         del payload
         with deterministic():
             recording = Recording(b.feed)
@@ -213,13 +237,15 @@ class Smoke:
             b.feed.close()
             restored, load_s = load(saved.path, b.device)
             fresh = b.fresh_trainer(restored)
-            set_rng_state(restored["rng"])
+            set_rng_state(restored["rng_per_rank"][ddp.rank()] if "rng_per_rank" in restored else restored["rng"])
             pos = restored["sampler"]
             feed = b.feed_factory(b.batch_size, epoch=pos["epoch"], start=pos["batch"])
             replay = Replay(feed, recording.kept)
             again = [r.loss for r in self.leg(fresh, replay, spec["resume_steps"])]
         b.trainer, b.feed = fresh, feed  # later phases go on from the resumed state (one model in memory)
-        os.unlink(saved.path)
+        ddp.barrier()  # every rank has loaded it
+        if ddp.rank() == 0:
+            os.unlink(saved.path)
         verdict = compare(on, again, spec["rtol"])
         data = same_batches(recording.kept, replay.drawn) | {"workers": int(b.loader.get("num_workers") or 0)}
         cost = {"save_s": saved.seconds, "bytes": saved.bytes, "dir": spec["dir"], "load_s": load_s}
@@ -244,6 +270,10 @@ def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
     smoke = Smoke(spec, Events(spec["events"]))
     try:
+        if spec.get("ddp"):
+            smoke.phase("init")
+            ddp.start(spec["ddp"])
+            smoke.done("init")
         smoke.run()
     except KeyboardInterrupt:
         smoke.result["interrupted"] = True
@@ -254,6 +284,8 @@ def main(argv: list[str]) -> int:
         text = f"{type(exc).__name__}: {str(exc).splitlines()[0][:400] if str(exc) else ''}"
         smoke.result.update(error=f"{text} ({Path(where.filename).name}:{where.lineno})", error_kind="crash")
         traceback.print_exc()
+    if spec.get("ddp") and smoke.result["error"] is None and not smoke.result["interrupted"]:
+        ddp.stop()  # after a failure a peer may be gone: the process exits without the collective teardown
     out = Path(spec["result"])
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(smoke.result, default=str), encoding="utf-8")

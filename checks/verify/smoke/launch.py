@@ -36,6 +36,7 @@ class ChildRun:
     interrupted: bool = False
     log_tail: str = ""
     seconds: float = 0.0
+    rank: int | None = None  # several processes: the rank that failed or hung, when one can be named
 
 
 class _Tail:

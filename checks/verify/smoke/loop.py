@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
-from checks.verify.smoke.data import EpochBatches
+from checks.verify.smoke.data import EpochBatches, StagedDataError
 
 
 class HostClock:
@@ -62,9 +62,20 @@ class Feed:
     """A DataLoader over ``EpochBatches`` that starts a new epoch when one ends and knows its position."""
 
     def __init__(
-        self, dataset: Any, batch_size: int, seed: int, loader: dict[str, Any], epoch: int = 0, start: int = 0
+        self,
+        dataset: Any,
+        batch_size: int,
+        seed: int,
+        loader: dict[str, Any],
+        epoch: int = 0,
+        start: int = 0,
+        shard: tuple[int, int] | None = None,  # (rank, world size): this rank's part of every epoch
     ):
-        self.batches = EpochBatches(len(dataset), batch_size, seed, epoch, start)
+        self.batches: Any = (
+            EpochBatches(len(dataset), batch_size, seed, epoch, start)
+            if shard is None
+            else ShardedBatches(len(dataset), batch_size, seed, epoch, start, shard)
+        )
         self.seed, self.epoch, self.consumed = seed, epoch, start
         generator = torch.Generator()
         generator.manual_seed(seed)  # worker base seeds come from here, not from the global RNG a checkpoint restores
@@ -91,6 +102,40 @@ class Feed:
     def close(self) -> None:
         """Drop the iterator, which shuts its workers down."""
         self._it = None
+
+
+class ShardedBatches:
+    """A ``batch_sampler``: this rank's part of a seeded epoch order, cut into batches, startable mid-epoch."""
+
+    def __init__(self, samples: int, batch_size: int, seed: int, epoch: int, start: int, shard: tuple[int, int]):
+        rank_, world = shard
+        positions: Any = range(samples)  # the sampler only takes the length
+        self.sampler: DistributedSampler[int] = DistributedSampler(
+            positions, world, rank_, shuffle=True, seed=seed, drop_last=True
+        )
+        self.batch_size, self.start = batch_size, start
+        self.epoch = epoch
+        if len(self) == 0:
+            raise StagedDataError(
+                f"the dataset holds {samples} samples: fewer than one batch of {batch_size} for each of {world} ranks"
+            )
+
+    @property
+    def epoch(self) -> int:
+        return int(self.sampler.epoch)
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self.sampler.set_epoch(value)  # the step the seed article (§4.4) says is forgotten on a resume
+
+    def __len__(self) -> int:
+        return len(self.sampler) // self.batch_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = list(self.sampler)
+        first, self.start = self.start, 0
+        for b in range(first, len(self)):
+            yield order[b * self.batch_size : (b + 1) * self.batch_size]
 
 
 def loader_kwargs(settings: dict[str, Any], cuda: bool) -> dict[str, Any]:

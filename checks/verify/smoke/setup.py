@@ -50,6 +50,8 @@ class Build:
     feed: Feed
     batch_size: int
     loader: dict[str, Any]
+    shard: tuple[int, int] | None = None  # (rank, world size) under DDP
+    wrap: Callable[[torch.nn.Module], torch.nn.Module] = lambda m: m  # DDP's wrapper once the run is distributed
 
     @property
     def cuda(self) -> bool:
@@ -60,12 +62,13 @@ class Build:
         return self.dataset if self.spec["dataset"] else make_dataset(DataSpec(**self.data), self.spec["seed"])
 
     def feed_factory(self, batch: int, epoch: int = 0, start: int = 0) -> Feed:
-        return Feed(self.dataset, batch, self.spec["seed"], self.loader, epoch, start)
+        return Feed(self.dataset, batch, self.spec["seed"], self.loader, epoch, start, self.shard)
 
     def fresh_trainer(self, restored: dict[str, Any]) -> Trainer:
         """A new model and optimizer loaded from a checkpoint (``module.`` prefixes stripped)."""
         model = self.make_model().to(self.device)
         model.load_state_dict(strip_prefixes(restored["model"]))
+        model = self.wrap(model)
         optimizer = make_optimizer(model, self.spec["lr"])
         optimizer.load_state_dict(restored["optimizer"])
         scaler = make_scaler() if self.trainer.scaler is not None else None
@@ -230,5 +233,7 @@ def build(spec: dict[str, Any]) -> Build:
     trainer.scaler = make_scaler() if scaled else None
     batch = spec["batch_size"] or (spec["batch_size_gpu"] if device.type == "cuda" else spec["batch_size_cpu"])
     loader = loader_kwargs(spec["loader"], device.type == "cuda")
-    feed = Feed(dataset, batch, spec["seed"], loader)
-    return Build(spec, device, dataset, data, make_model, precision, trainer, feed, batch, loader)
+    ddp = spec.get("ddp")
+    shard = (int(ddp["rank"]), int(ddp["world_size"])) if ddp else None
+    feed = Feed(dataset, batch, spec["seed"], loader, shard=shard)
+    return Build(spec, device, dataset, data, make_model, precision, trainer, feed, batch, loader, shard)

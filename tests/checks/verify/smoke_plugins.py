@@ -405,3 +405,61 @@ def token_model() -> Any:
 def photos_from(root: str, augment: bool = True) -> PhotoFolder:
     """A dataset factory that needs arguments: verify calls --dataset with none, so this is a usage error."""
     return PhotoFolder(root, augment)
+
+
+# --- several processes (verify --nproc): planted per rank through torch.distributed's rank ---
+
+WIDE_FLOATS = 8_000_000  # 32 MB of fp32 gradients per step for a forward that costs a few milliseconds
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _planted(per_forward: Any, extra: int = 0) -> Any:
+    """The tiny model, calling ``per_forward(calls)`` before each forward; ``extra`` more parameters that only
+    add their gradient bytes (their sum times zero joins the logits)."""
+    import torch
+    from torch import nn
+
+    class Planted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(SIDE * SIDE * 3, 4)
+            self.extra = nn.Parameter(torch.zeros(extra)) if extra else None
+            self.calls = 0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            per_forward(self.calls)
+            out = self.fc(x.flatten(1).float() / 255)
+            return out + self.extra.sum() * 0 if self.extra is not None else out
+
+    return Planted()
+
+
+def wide_model() -> Any:
+    """Many gradient bytes, little compute: the exchange, not the math, is the step (comm-bound)."""
+    return _planted(lambda calls: None, WIDE_FLOATS)
+
+
+def straggler_model() -> Any:
+    """Rank 1 spends 40 ms more on every forward than the others: a throttled GPU among good ones."""
+    return _planted(lambda calls: time.sleep(0.04) if _rank() == 1 else None)
+
+
+def crashing_model() -> Any:
+    """Rank 1 raises on its 4th forward (in warm-up or the measured steps): the others must be stopped."""
+
+    def boom(calls: int) -> None:
+        if _rank() == 1 and calls == 4:
+            raise RuntimeError("planted failure on rank 1")
+
+    return _planted(boom)
+
+
+def hanging_model() -> Any:
+    """Rank 1 blocks for an hour on its 4th forward: the others wait in the all-reduce; the run must stall out."""
+    return _planted(lambda calls: time.sleep(3600) if _rank() == 1 and calls == 4 else None)

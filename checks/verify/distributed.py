@@ -1,0 +1,203 @@
+"""``invoke verify --nproc N``: how many processes, the child's DDP block, and the figures of a DDP run.
+
+Plan: one process per GPU torch sees (NCCL), or on a machine without one up to the usable cores (gloo, the cores
+shared out as threads, as torchrun's OMP_NUM_THREADS does); ``--nproc 1`` is the one-process run. Judge: the
+``measurements.ddp`` block (contract below) from every rank's result; the verdicts are in ``diagnosis.py``.
+
+``measurements.ddp``: ``world_size``, ``backend``, ``comm_exposed_ms`` (synchronised minus ``no_sync`` median
+forward+backward of the slowest rank: the exchange the step waits for), ``comm_share`` (of the median step),
+``scaling_efficiency`` (samples/s of N ranks over N x rank 0's alone), ``grad_bytes`` (all-reduced per step),
+``busbw_gbs`` (grad_bytes x 2(N-1)/N over the exposed time: what the exchange moved at least that fast; an
+upper bound on the link's busbw when some of it overlapped the backward), ``ab`` (windows, steps, both medians
+and their spread), ``per_rank`` ([{rank, median_s, own_s, sync_s, data_wait_share, error}]: own_s is the
+rank's ``no_sync`` median, its speed without waiting for the others).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from checks.config import VerifyConfig
+from checks.errors import PreflightError
+from checks.facts import MachineFacts
+from checks.result import Result, ok, skip
+from checks.verify.smoke.figures import breakdown, step_total
+
+
+def processes(nproc: int, cfg: VerifyConfig, facts: MachineFacts) -> int:
+    """The number of ranks for ``--nproc`` (0: the configured count; configured 0: every GPU when two or more)."""
+    wanted = nproc or cfg.nproc
+    if wanted < 0:
+        raise PreflightError(f"--nproc must be 1 or more, got {wanted}", hint="--nproc 2 trains on two ranks")
+    gpus = 0 if cfg.device == "cpu" else facts.torch.device_count
+    if wanted == 0:
+        return gpus if gpus >= 2 else 1
+    if gpus and wanted > gpus:
+        raise PreflightError(
+            f"--nproc {wanted}: torch sees {gpus} GPU(s) here; use at most {gpus} (one process per GPU)",
+            hint="or --device cpu to run the ranks on the CPU with gloo",
+        )
+    cores = int(facts.host.usable_cores)
+    if not gpus and wanted > max(1, cores):
+        raise PreflightError(
+            f"--nproc {wanted}: without a GPU each rank needs a core and {cores} are usable here; use at most {cores}"
+        )
+    return wanted
+
+
+def spec_block(world: int, cfg: VerifyConfig, facts: MachineFacts) -> dict[str, Any] | None:
+    """The child's ``ddp`` spec (ranks and the store are added per rank by the launcher); None for one process."""
+    if world < 2:
+        return None
+    gpus = 0 if cfg.device == "cpu" else facts.torch.device_count
+    return {
+        "world_size": world,
+        "backend": "nccl" if gpus else "gloo",
+        "threads": 0 if gpus else max(1, int(facts.host.usable_cores) // world),
+        "windows": cfg.ddp_windows,
+        "window_steps": cfg.ddp_window_steps,
+        "solo_steps": cfg.ddp_solo_steps,
+        "timeout_s": cfg.ddp_timeout_s,
+    }
+
+
+def describe(block: dict[str, Any], cores: float) -> str:
+    """The line verify says before it starts (on the CPU: how the cores are shared)."""
+    where = (
+        "NCCL, one GPU each"
+        if block["backend"] == "nccl"
+        else f"gloo on the CPU, {block['threads']} thread(s) each of {cores:g} usable cores"
+    )
+    return f"verify: {block['world_size']} processes, DistributedDataParallel ({where})"
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def per_rank(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each rank's measured step median, its own speed (no_sync median), synchronised median and data wait."""
+    out = []
+    for r in ranks:
+        ab = (r.get("ddp") or {}).get("comm_ab") or {}
+        steps = r.get("steps") or []
+        row: dict[str, Any] = {"rank": r["rank"], "median_s": _median([step_total(s) for s in steps])}
+        row |= {"own_s": ab.get("no_sync_median_s"), "sync_s": ab.get("sync_median_s")}
+        row |= {"data_wait_share": round(breakdown(steps)["data_wait"], 4) if steps else None, "error": r.get("error")}
+        out.append(row)
+    return out
+
+
+def figures(r: dict[str, Any], samples_per_step: int) -> dict[str, Any] | None:
+    """``measurements.ddp`` from the combined result (None for a one-process run)."""
+    own = r.get("ddp")
+    if not own:
+        return None
+    rows = per_rank(r.get("ranks") or [])
+    world = int(own["world_size"])
+    m: dict[str, Any] = {"world_size": world, "backend": own["backend"], "per_rank": rows}
+    ab, solo = own.get("comm_ab") or {}, own.get("solo") or {}
+    timed = [x for x in rows if x["own_s"] is not None and x["sync_s"] is not None]
+    step = _median([x["median_s"] for x in rows if x["median_s"]])
+    slowest = max(timed, key=lambda x: x["own_s"]) if timed else None
+    exposed = max(0.0, slowest["sync_s"] - slowest["own_s"]) if slowest else None
+    grad = ab.get("grad_bytes")
+    m |= {"grad_bytes": grad, "comm_exposed_ms": None if exposed is None else round(1000 * exposed, 3)}
+    m["comm_share"] = round(exposed / step, 4) if exposed is not None and step else None
+    m["busbw_gbs"] = round(grad * 2 * (world - 1) / world / exposed / 1e9, 3) if grad and exposed else None
+    alone = solo.get("median_s")
+    m["scaling_efficiency"] = round(alone / step, 4) if alone and step else None
+    m["samples_per_s"] = world * samples_per_step / step if step else None
+    m["samples_per_s_one"] = samples_per_step / alone if alone else None
+    m["ab"] = _ab(ab)
+    return m
+
+
+def _ab(ab: dict[str, Any]) -> dict[str, Any] | None:
+    """The A/B's own figures: its windows and the spread of each leg (the noise the exposed time sits in)."""
+    if not ab:
+        return None
+    out = {k: ab.get(k) for k in ("windows", "window_steps", "sync_median_s", "no_sync_median_s")}
+    for leg in ("sync_s", "no_sync_s"):
+        xs = ab.get(leg) or []
+        out[f"{leg[:-2]}_spread_s"] = round(statistics.pstdev(xs), 7) if len(xs) > 1 else None
+    return out
+
+
+def accumulation(comm_share: float, target: float, most: int = 16) -> int | None:
+    """The smallest k so that syncing every k micro-steps brings the exposed share under ``target``."""
+    for k in range(2, most + 1):
+        c = comm_share / k
+        if c / (1 - comm_share + c) < target:
+            return k
+    return None if comm_share >= 1 else most
+
+
+def straggler(rows: list[dict[str, Any]], cfg: VerifyConfig) -> dict[str, Any] | None:
+    """The one rank whose own step is ``straggler_share`` above the others' median (None when none or unsure)."""
+    timed = [x for x in rows if x.get("own_s")]
+    if len(timed) < 2:
+        return None
+    worst = max(timed, key=lambda x: x["own_s"])
+    others = statistics.median(x["own_s"] for x in timed if x is not worst)
+    score = worst["own_s"] / others - 1 if others > 0 else math.inf
+    if score < cfg.straggler_share:
+        return None
+    return {"rank": worst["rank"], "own_s": worst["own_s"], "others_s": others, "score": round(score, 3)}
+
+
+def comm_text(d: dict[str, Any], target: float) -> tuple[str, str]:
+    """The comm-bound summary and its fixes, ranked by the step time each would save on these numbers."""
+    share, ms, grad = d["comm_share"], d["comm_exposed_ms"], d.get("grad_bytes") or 0
+    bw = f", at least {d['busbw_gbs']:g} GB/s busbw" if d.get("busbw_gbs") else ""
+    summary = (
+        f"{d['world_size']} ranks ({d['backend']}) wait {ms:.1f} ms per step for the gradient exchange, "
+        f"{100 * share:.0f}% of the step ({grad / 1e6:.1f} MB all-reduced per step{bw})"
+    )
+    k = accumulation(share, target)
+    ranked = []
+    if k:
+        saved = share * (1 - 1 / k)
+        ranked.append(
+            (
+                saved,
+                f"sync every {k} micro-steps (forward+backward under model.no_sync() for the others): -{100 * saved:.0f}% step time",
+            )
+        )
+    ranked.append(
+        (
+            share / 2,
+            f"bf16 gradients: model.register_comm_hook(None, bf16_compress_hook) (torch.distributed.algorithms.ddp_comm_hooks.default_hooks) halves the bytes: about -{100 * share / 2:.0f}%",
+        )
+    )
+    ranked.append(
+        (
+            0.0,
+            "DistributedDataParallel(bucket_cap_mb=...): larger buckets overlap more of the exchange with the backward (not measured here)",
+        )
+    )
+    link = (
+        "one box whose GPUs share NVLink (ring busbw ~230 GB/s on 8x A100 SXM, ~370 on 8x H100; PCIe-only boxes ~20-35: communication-and-planning.md) instead of PCIe or two boxes"
+        if d["backend"] == "nccl"
+        else "on GPUs the exchange goes over NVLink, PCIe or the network instead: run verify --nproc on the GPU box"
+    )
+    ranked.append((0.0, link))
+    fixes = [text for _, text in sorted(ranked, key=lambda x: -x[0])]
+    return summary, "; ".join(f"{i + 1}) {t}" for i, t in enumerate(fixes))
+
+
+def ddp_result(d: dict[str, Any] | None) -> Result:
+    """``verify-ddp``: the exchange, the scaling and each rank's own step, in one line (verdicts judge them)."""
+    if not d or d.get("comm_exposed_ms") is None:
+        return skip("verify-ddp", "the run ended before the no_sync A/B")
+    eff = d.get("scaling_efficiency")
+    scaling = f"scaling efficiency {100 * eff:.0f}%" if eff is not None else "no one-process leg"
+    ranks = ", ".join(f"rank {x['rank']} {1000 * x['own_s']:.1f}" for x in d["per_rank"] if x.get("own_s") is not None)
+    summary = (
+        f"{d['world_size']} ranks ({d['backend']}): exposed communication {d['comm_exposed_ms']:.1f} ms per step "
+        f"({100 * (d['comm_share'] or 0):.0f}% of the step, {(d['grad_bytes'] or 0) / 1e6:.1f} MB of gradients); "
+        f"{scaling}; own step ms (no_sync): {ranks}"
+    )
+    return ok("verify-ddp", summary, value=d["comm_share"])

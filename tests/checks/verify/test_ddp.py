@@ -1,0 +1,201 @@
+"""verify --nproc: DistributedDataParallel with gloo, two real processes on this CPU machine.
+
+The slow tests run verify's pipeline below the CLI (plan -> the ranks under the sampler -> judge) with planted
+models from ``smoke_plugins`` (rank 1 slowed, crashing or hanging; a model of many gradient bytes). The fast ones
+judge the planning and the figures as pure functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checks.config import PreflightConfig, make_config
+from checks.errors import PreflightError
+from checks.facts import MachineFacts, NvmlFacts, TorchFacts
+from checks.probe.host import read_host
+from checks.result import Result
+from checks.verify import distributed
+from checks.verify.plan import Options, Outcome, plan, run
+from checks.verify.report import judge
+from checks.verify.smoke.ddp_launch import free_port
+from tests.checks.verify import smoke_plugins
+
+REPO = Path(__file__).resolve().parents[3]
+PLUGINS = "tests.checks.verify.smoke_plugins"
+CFG = make_config().verify
+
+
+def config(**verify: Any) -> PreflightConfig:
+    cfg = make_config()
+    small = {"steps": 8, "warmup": 2, "image_size": 16, "sample_interval_s": 0.1, "ddp_windows": 2}
+    small |= {"ddp_window_steps": 3, "ddp_solo_steps": 4, "stall_timeout_s": 60.0, "timeout_s": 240.0}
+    return dataclasses.replace(cfg, verify=dataclasses.replace(cfg.verify, **(small | verify)))
+
+
+def cpu_box(cores: float = 2.0, gpus: int = 0) -> MachineFacts:
+    host = dataclasses.replace(read_host(), cpu_affinity=int(cores), cpu_logical=int(cores), cgroup_cpu_quota=None)
+    return MachineFacts(NvmlFacts(error="not read", error_kind="other"), TorchFacts(device_count=gpus), host)
+
+
+def ddp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cfg: PreflightConfig, **options: Any
+) -> tuple[Outcome, dict[str, Result], dict[str, Any], list[int]]:
+    """Run verify --nproc 2 below the CLI; return the outcome, results by id, measurements and rank 0's pid (the
+    ranks' process group)."""
+    import checks.verify.plan as plan_module
+
+    monkeypatch.chdir(REPO)
+    groups: list[int] = []
+    launch = plan_module.run_ddp
+
+    def recording(spec: Any, timeout_s: float, stall_s: float, on_event: Any, on_start: Any) -> Any:
+        return launch(spec, timeout_s, stall_s, on_event, lambda pid: (groups.append(pid), on_start(pid)))
+
+    monkeypatch.setattr(plan_module, "run_ddp", recording)
+    opts = Options(json=str(tmp_path / "r.json"), nproc=2, workers=0, dataset=f"{PLUGINS}:patterned", **options)
+    with ExitStack() as stack:
+        p, _ = plan(opts, cfg, lambda: cpu_box(), stack)
+        outcome = run(p, cfg, lambda e: None)
+        results, measurements, _ = judge(p, outcome, cfg.verify)
+    return outcome, {r.id: r for r in results}, measurements, groups
+
+
+def no_process_in_group(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.slow
+def test_two_ranks_measure_the_exchange_and_judge_it_comm_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outcome, results, m, _ = ddp(tmp_path, monkeypatch, config(), model=f"{PLUGINS}:wide_model")
+    d = m["ddp"]
+    assert (d["world_size"], d["backend"]) == (2, "gloo")
+    model = smoke_plugins.wide_model()
+    assert d["grad_bytes"] == sum(p.numel() * 4 for p in model.parameters())  # fp32: exactly what DDP reduces
+    assert [r["rank"] for r in d["per_rank"]] == [0, 1]
+    assert all(r["own_s"] > 0 and r["sync_s"] > 0 and r["median_s"] > 0 for r in d["per_rank"])
+    assert len(outcome.child.result["ddp"]["comm_ab"]["no_sync_s"]) == 2 * 3  # 2 windows x 3 steps each leg
+    assert d["comm_exposed_ms"] > 0 and d["comm_share"] >= CFG.share_warn, d
+    assert 0 < d["scaling_efficiency"] < 1.5
+    assert results["diagnosis"].value == "comm-bound", results["diagnosis"].summary
+    verdict = m["diagnosis"]["verdicts"][0]
+    assert verdict["evidence"]["grad_bytes"] == d["grad_bytes"] and "32.0 MB" in verdict["summary"]
+    assert verdict["fix"].startswith("1) sync every"), verdict["fix"]  # the largest measured saving first
+    assert results["verify-ddp"].status.value == "ok"
+    # the checkpoint round trip under DDP: rank 0 saved, every rank restored, the same batches replayed
+    assert results["verify-checkpoint"].status.value == "ok", results["verify-checkpoint"].summary
+    assert results["verify-data-resume"].status.value == "ok", results["verify-data-resume"].summary
+
+
+@pytest.mark.slow
+def test_a_slow_rank_is_named_as_the_straggler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, m, _ = ddp(tmp_path, monkeypatch, config(), model=f"{PLUGINS}:straggler_model")
+    ids = [v["id"] for v in m["diagnosis"]["verdicts"]]
+    assert "straggler" in ids, m["diagnosis"]
+    found = next(v for v in m["diagnosis"]["verdicts"] if v["id"] == "straggler")
+    assert found["evidence"]["rank"] == 1 and found["summary"].startswith("rank 1 ")
+    rows = {r["rank"]: r for r in m["ddp"]["per_rank"]}
+    assert rows[1]["own_s"] - rows[0]["own_s"] > 0.02  # the planted 40 ms, less scheduling noise
+
+
+@pytest.mark.slow
+def test_a_crashing_rank_stops_every_rank_and_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    outcome, results, _, groups = ddp(tmp_path, monkeypatch, config(), model=f"{PLUGINS}:crashing_model")
+    loop = results["verify-loop"]
+    assert outcome.child.failure == "crashed" and outcome.child.rank == 1
+    assert loop.status.value == "fail" and "rank 1: RuntimeError: planted failure on rank 1" in loop.summary
+    assert "planted failure on rank 1" in (loop.hint or "")  # the rank's own last output
+    assert outcome.child.seconds < 60  # stopped at once, not after the collective timeout
+    assert groups and no_process_in_group(groups[0])
+
+
+@pytest.mark.slow
+def test_a_hanging_rank_stalls_out_and_leaves_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = config(stall_timeout_s=8.0)
+    outcome, results, _, groups = ddp(tmp_path, monkeypatch, cfg, model=f"{PLUGINS}:hanging_model")
+    assert outcome.child.failure == "stalled"
+    assert results["verify-loop"].status.value == "fail" and "stopped reporting" in results["verify-loop"].summary
+    assert groups and no_process_in_group(groups[0])  # every rank and worker of the group is gone
+
+
+# --- planning and figures (pure) ---
+
+
+def test_nproc_defaults_to_every_gpu_when_there_are_two_or_more() -> None:
+    assert distributed.processes(0, CFG, cpu_box(gpus=4)) == 4
+    assert distributed.processes(0, CFG, cpu_box(gpus=1)) == 1
+    assert distributed.processes(0, CFG, cpu_box(gpus=0)) == 1
+    assert distributed.processes(1, CFG, cpu_box(gpus=4)) == 1
+    assert distributed.spec_block(1, CFG, cpu_box(gpus=4)) is None  # --nproc 1: the one-process run
+
+
+@pytest.mark.parametrize(
+    ("nproc", "box", "words"),
+    [
+        (5, cpu_box(gpus=4), "--nproc 5: torch sees 4 GPU(s) here; use at most 4"),
+        (3, cpu_box(cores=2.0), "--nproc 3: without a GPU each rank needs a core and 2 are usable here"),
+        (-1, cpu_box(), "--nproc must be 1 or more, got -1"),
+    ],
+)
+def test_bad_nproc_is_one_line_naming_the_limit(nproc: int, box: MachineFacts, words: str) -> None:
+    with pytest.raises(PreflightError) as err:
+        distributed.processes(nproc, CFG, box)
+    assert words in str(err.value)
+
+
+def test_the_cpu_ranks_share_the_cores_and_gpu_ranks_use_nccl() -> None:
+    cpu = distributed.spec_block(2, CFG, cpu_box(cores=4.0))
+    gpu = distributed.spec_block(2, CFG, cpu_box(gpus=2))
+    assert cpu is not None and gpu is not None
+    assert (cpu["backend"], cpu["threads"]) == ("gloo", 2)
+    assert gpu["backend"] == "nccl"
+    assert "gloo on the CPU, 2 thread(s) each of 4 usable cores" in distributed.describe(cpu, 4.0)
+
+
+def rank_result(rank: int, step: float, own: float, sync: float) -> dict[str, Any]:
+    steps = [{"data_wait": 0.0, "h2d": 0.0, "forward": step / 2, "backward": step / 2, "optimizer": 0.0}] * 3
+    ab = {"no_sync_median_s": own, "sync_median_s": sync}
+    return {"rank": rank, "steps": steps, "ddp": {"comm_ab": ab}, "error": None}
+
+
+def test_figures_take_the_exchange_from_the_slowest_rank_and_the_scaling_from_the_solo_leg() -> None:
+    ranks = [rank_result(0, 0.100, 0.050, 0.090), rank_result(1, 0.100, 0.060, 0.090)]
+    ab = {"grad_bytes": 100_000_000, "windows": 2, "window_steps": 3, "sync_s": [0.09], "no_sync_s": [0.05]}
+    r = {"ddp": {"world_size": 2, "backend": "gloo", "comm_ab": ab, "solo": {"median_s": 0.08}}, "ranks": ranks}
+    d = distributed.figures(r, 16)
+    assert d is not None
+    assert d["comm_exposed_ms"] == pytest.approx(30.0)  # rank 1: 90 - 60, not rank 0's 40 (it also waits for 1)
+    assert d["comm_share"] == pytest.approx(0.3)
+    assert d["scaling_efficiency"] == pytest.approx(0.8)  # 2 x 16 / 0.1 over 2 x (16 / 0.08)
+    assert d["busbw_gbs"] == pytest.approx(100e6 * 2 * 1 / 2 / 0.030 / 1e9, rel=1e-3)
+
+
+def test_sync_every_k_is_the_smallest_k_under_the_target() -> None:
+    assert distributed.accumulation(0.30, 0.10) == 4  # 0.075 / 0.775 = 9.7%; k=3: 0.1 / 0.8 = 12.5%
+    assert distributed.accumulation(0.05, 0.10) == 2
+
+
+def test_a_straggler_needs_the_configured_gap() -> None:
+    rows = [{"rank": 0, "own_s": 0.050}, {"rank": 1, "own_s": 0.051}, {"rank": 2, "own_s": 0.080}]
+    found = distributed.straggler(rows, CFG)
+    assert found is not None and found["rank"] == 2 and found["score"] == pytest.approx(0.58, abs=0.01)
+    assert distributed.straggler(rows[:2], CFG) is None
+
+
+def test_free_port_is_bindable() -> None:
+    import socket
+
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
