@@ -82,10 +82,30 @@ class BenchConfig:
 
 
 @dataclass(frozen=True)
+class TopologyConfig:
+    """GPU to GPU inside one box: the p2p copy matrix and the local all-reduce (issue 10)."""
+
+    p2p: bool
+    p2p_mib: int
+    p2p_warmup: int
+    p2p_repeats: int
+    p2p_timeout_s: float
+    p2p_warn_fraction: float
+    p2p_fail_fraction: float
+    allreduce: bool
+    allreduce_max_mib: int
+    allreduce_budget_s: float
+    allreduce_timeout_s: float
+    allreduce_warn_fraction: float
+    allreduce_fail_fraction: float
+
+
+@dataclass(frozen=True)
 class AllocConfig:
     apply: bool
     value: str
     rc_files: tuple[str, ...]
+    without_gpu: bool
 
 
 @dataclass(frozen=True)
@@ -270,6 +290,7 @@ class PreflightConfig:
     host: HostConfig
     dataloader: DataLoaderConfig
     bench: BenchConfig
+    topology: TopologyConfig
     alloc_conf: AllocConfig
     stage: StageConfig
     disk: DiskConfig

@@ -205,6 +205,9 @@ class MachineFacts:
     alloc: AllocFacts | None = None
     disks: DiskFacts | None = None  # mounts and measured locations (bootstrap's disk measurements)
     net: NetFacts | None = None  # downloads from configured URLs
+    topology: TopologyFacts | None = None  # GPU-to-GPU paths, NUMA, interfaces (issue 10); None in older snapshots
+    p2p: P2PFacts | None = None  # measured device-to-device copy bandwidth per GPU pair
+    allreduce_local: LocalAllreduceFacts | None = None  # NCCL all-reduce over this box's GPUs
     env: EnvFacts | None = None  # OS, toolkit, packages, variables (checks/probe/env.py); None in older snapshots
 
 
@@ -368,3 +371,77 @@ class EnvFacts:
     cuda_home: str | None = None
     packages: dict[str, str] = field(default_factory=dict)
     variables: dict[str, str] = field(default_factory=dict)
+
+
+# --- GPU to GPU inside one box (issue 10; read by checks/probe/nvml.py read_topology, judged by checks/machine/topology.py)
+
+
+@dataclass(frozen=True)
+class GpuLocality:
+    """Where one GPU sits: its NUMA node, the CPUs local to it, and where its active NVLinks end."""
+
+    index: int
+    bus_id: str | None = None
+    numa_node: int | None = None  # None: the firmware gives none (single socket, many VMs) or not readable
+    cpus: tuple[int, ...] = ()  # CPUs local to the GPU (nvmlDeviceGetCpuAffinity); empty: not answered
+    nvlink_peers: tuple[str, ...] = ()  # remote PCI bus id of each active NVLink that ends at another GPU
+    nvlink_switch_links: int = 0  # active NVLinks that end at an NVSwitch (HGX/DGX baseboards)
+
+
+@dataclass(frozen=True)
+class GpuPair:
+    """Two GPUs (NVML indices, a < b): the common PCIe ancestor, NVLinks between them and NVML's P2P status.
+
+    P2P status letters are ``nvidia-smi topo -p2p``'s: OK, CNS (chipset not supported), GNS (GPU not
+    supported), TNS (topology not supported), DR (disabled by regkey), NS (not supported), U (unknown).
+    """
+
+    a: int
+    b: int
+    level: int | None = None  # nvmlDeviceGetTopologyCommonAncestor: 0, 10 PIX, 20 PXB, 30 PHB, 40 NODE, 50 SYS
+    nvlinks: int = 0  # NV#: links joining the pair directly, or through NVSwitches (the fewer of the two GPUs')
+    p2p_read: str | None = None
+    p2p_write: str | None = None
+    p2p_atomics: str | None = None
+    p2p_nvlink: str | None = None
+
+
+@dataclass(frozen=True)
+class TopologyFacts:
+    """The box's GPU topology and the host's network interfaces (for NCCL_SOCKET_IFNAME)."""
+
+    gpus: tuple[GpuLocality, ...] = ()
+    pairs: tuple[GpuPair, ...] = ()
+    interfaces: tuple[str, ...] | None = None  # None: not read
+    error: str | None = None  # NVML could not be used
+
+
+@dataclass(frozen=True)
+class P2PBandwidth:
+    """Device-to-device copy from ``src`` to ``dst`` (NVML indices), GB/s (1e9), median of repeats."""
+
+    src: int
+    dst: int
+    gb_s: float | None = None
+    peer_access: bool | None = None  # torch.cuda.can_device_access_peer: False means staged through host memory
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class P2PFacts:
+    """The copy-bandwidth matrix of checks/probe/scripts/p2p_bench.py, or why it did not run."""
+
+    pairs: tuple[P2PBandwidth, ...] = ()
+    mib: int | None = None  # copy size
+    skipped: str | None = None
+    recorded: bool = False
+
+
+@dataclass(frozen=True)
+class LocalAllreduceFacts:
+    """All-reduce over this box's GPUs, one process per GPU (checks/probe/scripts/allreduce.py), or why not."""
+
+    rows: tuple[AllreduceFacts, ...] = ()
+    skipped: str | None = None
+    error: str | None = None  # the run failed: the child's last words
+    recorded: bool = False

@@ -23,7 +23,9 @@ def _label(status: Status, colour: bool) -> str:
 
 def render_result(r: Result, colour: bool, width: int) -> list[str]:
     name = r.id + (f"[{r.subject}]" if r.subject else "")
-    lines = [f"  {_label(r.status, colour)} {name:<{width}} {r.summary}"]
+    first, *more = r.summary.split("\n")  # a multi-line summary (a matrix) continues under its first line
+    lines = [f"  {_label(r.status, colour)} {name:<{width}} {first}"]
+    lines += [f"  {'':5} {'':<{width}} {line}" for line in more]
     if r.status is not Status.OK and r.hint:
         lines.append(f"  {'':5} {'':<{width}} hint: {r.hint}")
     return lines

@@ -9,9 +9,11 @@ from typing import Any
 
 from checks.config import PreflightConfig
 from checks.facts import MachineFacts
+from checks.machine.collective import collective_measurements
 from checks.machine.disk import disk_measurements
 from checks.machine.network import net_measurements
 from checks.machine.resources import loader_advice
+from checks.machine.topology import topology_measurements
 from checks.snapshot import to_jsonable
 
 
@@ -81,6 +83,10 @@ def measurements(facts: MachineFacts, cfg: PreflightConfig, notes: list[str]) ->
     }
     if links:
         out["pcie_under_load"] = links
+    topology = topology_measurements(facts)
+    if topology:
+        out["topology"] = topology
+    out.update(collective_measurements(facts))  # p2p, allreduce_local
     if notes:
         out["alloc_conf_changes"] = notes
     out.update(host_measurements(facts))  # disks, mounts, downloads, inventory

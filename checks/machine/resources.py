@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from checks.config import PreflightConfig
 from checks.facts import MachineFacts
+from checks.machine.topology import numa_reason
 from checks.result import Result, fail, ok, warn
 
 GIB, MIB = 1024**3, 1024**2
@@ -184,7 +185,8 @@ def dataloader_advice(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     """Recommend num_workers, pin_memory, persistent_workers and prefetch_factor for this box."""
     a = loader_advice(m, cfg)
     settings = ", ".join(f"{k}={v}" for k, v in a.as_dict().items())
-    summary = f"DataLoader({settings}): " + "; ".join(a.reasons)
+    numa = numa_reason(m)  # several NUMA nodes: where each rank's workers belong
+    summary = f"DataLoader({settings}): " + "; ".join(a.reasons) + (f"; {numa}" if numa else "")
     if a.num_workers == 0 and _gpu_count(m) > 0:
         hint = "no core to spare for workers: loading runs inside the training loop; pre-decode the data once into uint8 arrays"
         return [warn("dataloader-advice", summary, hint, value=a.as_dict())]

@@ -11,7 +11,7 @@ from pathlib import Path
 from checks.config import PreflightConfig
 from checks.errors import PreflightError
 from checks.facts import MachineFacts
-from checks.machine import alloc, bench, compat, disk, gpu, network, resources
+from checks.machine import alloc, bench, collective, compat, disk, gpu, nccl_env, network, resources, topology
 from checks.probe import LocalProbe, Probe, disk_cache
 from checks.result import Result, Status, timed
 from checks.snapshot import dump_snapshot, write_snapshot
@@ -36,12 +36,16 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("gpu-processes", gpu.gpu_processes),
     ("gpu-persistence", gpu.gpu_persistence),
     ("gpu-compute-mode", gpu.gpu_compute_mode),
+    ("gpu-topology", topology.gpu_topology),
     ("cpu-cores", resources.cpu_cores),
     ("ram", resources.ram),
     ("shm", resources.shm),
     ("ulimits", resources.ulimits),
+    ("nccl-env", nccl_env.nccl_env),
     ("dataloader-advice", resources.dataloader_advice),
     ("gpu-bench", bench.gpu_bench),
+    ("gpu-p2p", collective.gpu_p2p),
+    ("gpu-allreduce", collective.gpu_allreduce),
     ("disk-mounts", disk.disk_mounts),
     ("disk-speed", disk.disk_speed),
     ("disk-data", disk.disk_data),

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Protocol
 
 from checks.config import PreflightConfig
-from checks.facts import AllocFacts, BenchFacts, DiskFacts, MachineFacts, NetFacts
+from checks.facts import AllocFacts, BenchFacts, DiskFacts, LocalAllreduceFacts, MachineFacts, NetFacts, P2PFacts
+from checks.probe.collective import measure_collective, read_box_topology
 from checks.probe.disk import measure_disks
 from checks.probe.env import read_env
 from checks.probe.host import read_host
@@ -59,10 +60,10 @@ class LocalProbe:
         host = read_host()
         torch = read_torch(timeout=self.torch_timeout_s)
         env = read_env(nvcc_timeout_s=self.nvcc_timeout_s)
-        return MachineFacts(nvml=nvml, torch=torch, host=host, env=env)
+        return MachineFacts(nvml=nvml, torch=torch, host=host, env=env, topology=read_box_topology())
 
     def measure(self, facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
-        facts = _disks_and_net(facts, cfg)
+        facts = measure_collective(_disks_and_net(facts, cfg), cfg)  # p2p matrix, local all-reduce
         reason = _bench_precondition(facts, cfg)
         if reason:
             return dataclasses.replace(facts, bench=BenchFacts(skipped=reason))
@@ -131,7 +132,9 @@ class SnapshotProbe:
         self.label = f"snapshot {path.name}" + (" (recorded)" if self.header.get("recorded") else "")
 
     def machine(self) -> MachineFacts:
-        return dataclasses.replace(self.facts, bench=None, alloc=None, disks=None, net=None)
+        return dataclasses.replace(
+            self.facts, bench=None, alloc=None, disks=None, net=None, p2p=None, allreduce_local=None
+        )
 
     def measure(self, facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
         recorded = self.facts.bench
@@ -141,7 +144,20 @@ class SnapshotProbe:
             bench = BenchFacts(skipped="replayed snapshot: GPU micro-benchmarks need the live machine")
         else:
             bench = dataclasses.replace(recorded, recorded=True)
-        return dataclasses.replace(facts, bench=bench, disks=self._disks(), net=self._net())
+        measured = dataclasses.replace(facts, bench=bench, disks=self._disks(), net=self._net())
+        return self._collective(measured, cfg)
+
+    def _collective(self, facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
+        """The recorded p2p matrix and local all-reduce (replayed as recorded), or why there are none."""
+        why = "disabled (preflight.bench.enabled: false, or --no-bench)" if not cfg.bench.enabled else None
+        p2p, allreduce = self.facts.p2p, self.facts.allreduce_local
+        return dataclasses.replace(
+            facts,
+            p2p=P2PFacts(skipped=why) if why or p2p is None else dataclasses.replace(p2p, recorded=True),
+            allreduce_local=LocalAllreduceFacts(skipped=why)
+            if why or allreduce is None
+            else dataclasses.replace(allreduce, recorded=True),
+        )
 
     def _disks(self) -> DiskFacts:
         if self.facts.disks is None:

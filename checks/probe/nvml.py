@@ -11,10 +11,12 @@ Units are NVML's (bytes, mW, MHz, °C). Exception classes and constants come fro
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
+from itertools import combinations
 from typing import Any
 
-from checks.facts import GpuFacts, GpuProcess, NvmlFacts, RemappedRows
+from checks.facts import GpuFacts, GpuLocality, GpuPair, GpuProcess, NvmlFacts, RemappedRows, TopologyFacts
 
 # Errors meaning "this field is not answered on this GPU / driver / binding": the field becomes None.
 # NotFound: empty MIG slots and unresolvable PIDs; ArgumentVersionMismatch: a driver too old for a
@@ -369,3 +371,94 @@ class PcieLinkSampler:
     def peak(self) -> dict[int, tuple[int | None, int | None]]:
         """Return GPU index -> (highest generation seen, highest width seen); None where never answered."""
         return dict(self._peak)
+
+
+# --- topology (issue 10; ref/communication-and-planning.md §1) ------------------------------------------------
+
+# NVML_P2P_STATUS_* value -> nvidia-smi topo -p2p letter (ref/communication-and-planning.md §1.2).
+P2P_LETTERS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
+# NVML_P2P_CAPS_INDEX_*: READ is the tuple (0,) in nvidia-ml-py 13.615.71 (a stray comma) and ctypes refuses it,
+# so the integers are spelled out here (ref/communication-and-planning.md §1.3 "Tuple bug").
+_P2P_INDICES = {"p2p_read": 0, "p2p_write": 1, "p2p_nvlink": 2, "p2p_atomics": 3}
+_NVLINK_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
+_MASK_BITS = 64  # CPU and node masks come as c_ulonglong words
+
+
+def read_topology(nvml: Any | None = None, cpu_count: int | None = None) -> TopologyFacts:
+    """Read every GPU's NUMA node, local CPUs and NVLink ends, and every pair's path and P2P status.
+
+    Command line equivalent: nvidia-smi topo -m; nvidia-smi topo -p2p rwan
+    """
+    nvml, failure = start_nvml(nvml)
+    if failure is not None:
+        return TopologyFacts(error=failure.error)
+    try:
+        return _read_topology(Query(nvml), cpu_count or os.cpu_count() or 1)
+    finally:
+        stop_nvml(nvml)
+
+
+def _read_topology(q: Query, cpu_count: int) -> TopologyFacts:
+    handles: dict[int, Any] = {}
+    with contextlib.suppress(Unanswered):
+        for index in range(q("nvmlDeviceGetCount") or 0):
+            with contextlib.suppress(Unanswered):
+                handles[index] = q.handle(index)
+    gpus = {i: _locality(q, i, h, cpu_count) for i, h in handles.items()}
+    pairs = tuple(_pair(q, gpus[a], gpus[b], handles[a], handles[b]) for a, b in combinations(sorted(handles), 2))
+    return TopologyFacts(gpus=tuple(gpus.values()), pairs=pairs)
+
+
+def _bits(mask: Any) -> tuple[int, ...]:
+    """The set bits of an NVML mask (ctypes array of 64-bit words), lowest first."""
+    return tuple(w * _MASK_BITS + b for w, word in enumerate(mask) for b in range(_MASK_BITS) if int(word) >> b & 1)
+
+
+def _numa_node(q: Query, handle: Any) -> int | None:
+    """The NUMA node nearest the GPU: its memory affinity on x86; nvmlDeviceGetNumaNodeId where the GPU is a
+    node itself (Grace). ref/communication-and-planning.md §0 item 3."""
+    nodes = q("nvmlDeviceGetMemoryAffinity", handle, 4, q.nvml.NVML_AFFINITY_SCOPE_NODE)
+    found = _bits(nodes) if nodes is not None else ()
+    if len(found) == 1:
+        return found[0]
+    node = q("nvmlDeviceGetNumaNodeId", handle)
+    return int(node) if node is not None else None
+
+
+def _locality(q: Query, index: int, handle: Any, cpu_count: int) -> GpuLocality:
+    """nvidia-smi topo -m's "CPU Affinity" and "NUMA Affinity" columns, and nvidia-smi nvlink -R."""
+    try:
+        pci = q("nvmlDeviceGetPciInfo", handle)
+        cpus = q("nvmlDeviceGetCpuAffinity", handle, (cpu_count + _MASK_BITS - 1) // _MASK_BITS)
+        peers, switch = [], 0
+        for link in range(q.nvml.NVML_NVLINK_MAX_LINKS):
+            if q("nvmlDeviceGetNvLinkState", handle, link) != _ENABLED:
+                continue
+            if q("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link) == _NVLINK_SWITCH:
+                switch += 1
+            elif (remote := q("nvmlDeviceGetNvLinkRemotePciInfo", handle, link)) is not None:
+                peers.append(_text(remote.busId))
+        return GpuLocality(
+            index=index,
+            bus_id=None if pci is None else _text(pci.busId),
+            numa_node=_numa_node(q, handle),
+            cpus=() if cpus is None else _bits(cpus),
+            nvlink_peers=tuple(peers),
+            nvlink_switch_links=switch,
+        )
+    except Unanswered:
+        return GpuLocality(index=index)
+
+
+def _pair(q: Query, a: GpuLocality, b: GpuLocality, ha: Any, hb: Any) -> GpuPair:
+    """One cell of nvidia-smi topo -m and of topo -p2p: NV# counts the links whose far end is the peer
+    [derived, ref/communication-and-planning.md §1.2], or through NVSwitches the fewer of the two GPUs' links."""
+    direct = sum(peer == b.bus_id for peer in a.nvlink_peers) if b.bus_id else 0
+    switched = min(a.nvlink_switch_links, b.nvlink_switch_links)
+    try:
+        level = q("nvmlDeviceGetTopologyCommonAncestor", ha, hb)
+        status = {name: q("nvmlDeviceGetP2PStatus", ha, hb, idx) for name, idx in _P2P_INDICES.items()}
+    except Unanswered:
+        level, status = None, {}
+    letters = {name: None if v is None else P2P_LETTERS.get(int(v), f"status-{v}") for name, v in status.items()}
+    return GpuPair(a=a.index, b=b.index, level=level, nvlinks=direct or switched, **letters)

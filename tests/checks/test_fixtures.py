@@ -37,6 +37,8 @@ MACHINE_IDS = (
     "driver", "torch-build", "cuda-compat", "torch-libs", "cpu-cores", "ram", "shm", "ulimits",
     "dataloader-advice",
 )  # fmt: skip
+# Checks of a box with two or more GPUs (issue 10); machine-wide, subject None.
+BOX_IDS = ("gpu-topology", "gpu-p2p", "gpu-allreduce", "nccl-env")
 HEALTHY = ("h100-sxm-8x-healthy.json", "h200-1x.json")
 
 Expectation = tuple[str, str | None, Status]  # (check id, subject: "gpu0" or None, status)
@@ -155,6 +157,26 @@ EXPECTED: dict[str, list[Expectation]] = {
     "pcie-no-nvlink-bridge.json": [
         *each(("gpu-inventory", *PER_GPU_IDS), 2, OK),
         *machine(OK, *MACHINE_IDS),
+    ],
+    # GPU to GPU inside one box (issue 10): topology from the fake pynvml of tests/checks/topology_machines.py,
+    # recorded p2p matrices and local all-reduce sweeps.
+    "h100-sxm-8x-nvlink.json": [
+        *machine(OK, *MACHINE_IDS, *BOX_IDS),
+        *each(("gpu-inventory", *PER_GPU_IDS, *BENCH_IDS), 8, OK),
+    ],
+    "a100-pcie-8x-two-sockets.json": [
+        ("gpu-topology", None, WARN),
+        ("gpu-allreduce", None, FAIL),
+        *machine(OK, *MACHINE_IDS, "gpu-p2p", "nccl-env"),
+        *each(("gpu-inventory", "gpu-nvlink", "gpu-pcie"), 8, OK),
+    ],
+    "rtx4090-4x-no-p2p.json": [
+        *machine(OK, *MACHINE_IDS, *BOX_IDS),
+        *each(("gpu-inventory", "gpu-power", "gpu-nvlink"), 4, OK),
+    ],
+    "h100-pcie-2x-bridge.json": [
+        *machine(OK, *MACHINE_IDS, *BOX_IDS),
+        *each(("gpu-inventory", "gpu-nvlink", "gpu-pcie"), 2, OK),
     ],
 }
 
