@@ -146,9 +146,10 @@ def model_size(r: PlanRequest, setup: Setup, ram_bytes: int | None) -> ModelSize
         size = transformer(shape, None, flash, setup.dtype_bytes, f"from {path.name} fields")
         why = "is not installed" if importlib.util.find_spec("transformers") is None else "build is not wired in yet"
         return replace(size, notes=(*size.notes, f"transformers {why}: sizes from the config's fields"))
+    count = parse_count(r.params)
     shape = Shape(r.layers, r.hidden, r.heads, r.seq, r.vocab, name=f"{r.params} transformer")
     check_shape(shape)
-    return transformer(shape, parse_count(r.params), flash, setup.dtype_bytes, "analytic (--params and shapes)")
+    return transformer(shape, count, flash, setup.dtype_bytes, "analytic (--params and shapes)")
 
 
 def check_prices(prices: dict[str, float]) -> dict[str, float]:

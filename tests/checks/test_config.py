@@ -14,7 +14,7 @@ from checks.errors import ExitStatus, PreflightError
 def _leaf_keys(tree: dict, prefix: str = "") -> set[str]:
     out: set[str] = set()
     for k, v in tree.items():
-        out |= _leaf_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k}
+        out |= _leaf_keys(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {prefix + k}
     return out
 
 
