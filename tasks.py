@@ -315,6 +315,7 @@ def _show_judged(judged: Judged) -> None:
         "dataset": "your own dataset: MODULE:CALLABLE returning a map-style Dataset of (input, target)",
         "model": "your own model: MODULE:CALLABLE returning an nn.Module",
         "device": "auto, cuda or cpu (default preflight.verify.device)",
+        "nproc": "processes, DistributedDataParallel (default: every visible GPU when two or more; CPU: gloo)",
     }
 )
 def verify(
@@ -334,6 +335,7 @@ def verify(
     dataset: str = "",
     model: str = "",
     device: str = "",
+    nproc: int = 0,
 ) -> None:
     """Train a few dozen steps as the real run will and say where step time goes: verdict, fix, cost."""
     from checks.verify import run as run_verify
@@ -356,6 +358,7 @@ def verify(
         dataset=dataset,
         model=model,
         device=device,
+        nproc=nproc,
     )
     with interruptible():
         judged = run_verify.verify(run_verify.VerifyRequest(config=cfg, options=options), say=_say)

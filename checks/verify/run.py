@@ -17,6 +17,7 @@ from checks.result import Report
 from checks.verify import plan as v
 from checks.verify import watch as w
 from checks.verify.diagnosis import Verdict
+from checks.verify.distributed import describe as describe_ddp
 
 Say = Callable[[str], None]
 
@@ -59,6 +60,8 @@ def verify(request: VerifyRequest, say: Say) -> Judged:
     with ExitStack() as stack:
         p, facts = v.plan(request.options, cfg, LocalProbe(cfg.probe.torch_timeout_s).machine, stack)
         gate = v.gate(facts, cfg, p.spec["device"])
+        if p.spec.get("ddp"):
+            say(describe_ddp(p.spec["ddp"], p.usable_cores))
         outcome = v.run(p, cfg, lambda e: _say(say, v.progress(e)))
         v.raise_usage(outcome)
         results, measurements, verdicts = judge(p, outcome, cfg.verify)

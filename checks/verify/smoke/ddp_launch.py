@@ -183,6 +183,8 @@ def combine(run: ChildRun, results: list[dict[str, Any] | None], logs: list[str]
     if not base:
         run.result = None
         return
+    if run.interrupted:  # a rank whose peer stopped first fails its all-reduce: that is the Ctrl-C, not a fault
+        base.update(interrupted=True, error=None, error_kind=None)
     base["ranks"] = [
         {
             "rank": r,

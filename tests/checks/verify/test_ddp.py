@@ -199,3 +199,59 @@ def test_free_port_is_bindable() -> None:
     port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_rank_writes_the_partial_report_and_exits_130(tmp_path: Path) -> None:
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from tests.test_tasks import by_id, child_env
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = child_env(home) | {
+        "INVOKE_PREFLIGHT_VERIFY_IMAGE_SIZE": "16",
+        "INVOKE_PREFLIGHT_VERIFY_BATCH_SIZE_CPU": "16",
+        "INVOKE_PREFLIGHT_VERIFY_WARMUP": "1",
+    }
+    argv = [sys.executable, "-m", "invoke", "verify", "--nproc", "2", "--steps", "400", "--workers", "0"]
+    argv += ["--json", str(tmp_path / "r.json")]
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen, deadline, family = "", time.monotonic() + 120, set()
+    assert proc.stderr is not None
+    while "measure step 10/" not in seen and time.monotonic() < deadline:
+        seen += proc.stderr.readline()
+        family |= {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+    assert "2 processes, DistributedDataParallel (gloo on the CPU" in seen, seen
+    proc.send_signal(signal.SIGINT)  # what a terminal sends to the foreground process
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, seen + err
+    report = json.loads((tmp_path / "r.json").read_text())
+    loop = by_id(report)["verify-loop"]
+    assert loop["status"] == "warn" and loop["summary"].startswith("interrupted"), loop
+    assert 10 <= report["measurements"]["step_time"]["steps"] < 400
+    time.sleep(0.5)
+    assert len(family) >= 2  # both ranks were seen, and none is left
+    assert not [p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+
+@pytest.mark.slow
+def test_nproc_beyond_the_cores_exits_2_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.test_tasks import child_env
+
+    home = tmp_path / "home"
+    home.mkdir()
+    argv = [sys.executable, "-m", "invoke", "verify", "--nproc", "999", "--json", str(tmp_path / "r.json")]
+    done = subprocess.run(argv, cwd=REPO, env=child_env(home), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "--nproc 999:" in done.stderr and "use at most" in done.stderr
+    assert "Traceback" not in done.stderr
