@@ -167,26 +167,64 @@ def diff(change: Change) -> str:
     return "".join(difflib.unified_diff(before, after, f"{change.path} (now)", f"{change.path} (after)"))
 
 
+def no_nvidia_gpu(facts: MachineFacts) -> str | None:
+    """Why this machine has no NVIDIA GPU for the CUDA allocator to run on, or None when it has one.
+
+    No driver library at all, or NVML up and seeing no GPU. A driver that is installed but broken (not loaded,
+    a version mismatch) still has a GPU behind it: the setting is written for when it is fixed.
+    """
+    if facts.nvml.error_kind == "library-not-found":
+        return "no NVIDIA GPU here (no driver library, see driver)"
+    if facts.nvml.error is None and not facts.nvml.gpus:
+        return "no NVIDIA GPU here (NVML sees none)"
+    return None
+
+
+def export_line(value: str, variables: tuple[str, ...]) -> str:
+    """One line that sets the variables in the shell it is pasted into."""
+    return "export " + " ".join(f"{var}={shlex.quote(value)}" for var in variables)
+
+
+def current_shell(changes: list[Change], value: str, variables: tuple[str, ...]) -> str:
+    """What the shell the user is in needs after a write: it read its start-up files before it ("" when none)."""
+    if not changes:
+        return ""
+    return (
+        f"this shell does not have it yet (new shells do): run `{export_line(value, variables)}`"
+        f" or `source {changes[0].path}`"
+    )
+
+
 def alloc_step(
-    probe: Probe, facts: MachineFacts, cfg: PreflightConfig, *, dry_run: bool, apply: bool
-) -> tuple[AllocFacts, list[str]]:
+    probe: Probe, facts: MachineFacts, cfg: PreflightConfig, *, dry_run: bool, apply: bool, without_gpu: bool = False
+) -> tuple[AllocFacts, list[str], str]:
     """Write the allocator setting and read it back; what it does depends on the run.
 
     A replayed snapshot writes nothing (the probe says why it cannot read back); a live run without an importable
-    torch skips; ``apply`` false only reads back; a dry run writes nothing and returns the diffs as its notes.
-    Returns the read-back facts and the notes the report keeps (the diffs, or the files written).
+    torch skips, and so does a machine without an NVIDIA GPU unless ``without_gpu``; ``apply`` false only reads
+    back; a dry run writes nothing and returns the diffs as its notes. Returns the read-back facts, the notes the
+    report keeps (the diffs, or the files written), and after a write the line saying what to run in the shell
+    the user is in ("" otherwise).
     """
     value, variables = choose_value(cfg.alloc_conf.value, facts.torch.version), variables_for(facts.torch.version)
     if not probe.live:
-        return probe.alloc(value, variables, cfg), []
+        return probe.alloc(value, variables, cfg), [], ""
     if facts.torch.error:
-        return AllocFacts(wanted=value, variable=variables[0], skipped="torch is not importable (see torch-build)"), []
+        return (
+            AllocFacts(wanted=value, variable=variables[0], skipped="torch is not importable (see torch-build)"),
+            [],
+            "",
+        )
+    if apply and not without_gpu and (reason := no_nvidia_gpu(facts)):
+        why = f"{reason}: no CUDA allocator to set, nothing written (preflight.alloc_conf.without_gpu: true or `invoke alloc-conf` writes it)"
+        return AllocFacts(wanted=value, variable=variables[0], skipped=why), [], ""
     if not apply:
-        return dataclasses.replace(probe.alloc(value, variables, cfg), applied=False), []
+        return dataclasses.replace(probe.alloc(value, variables, cfg), applied=False), [], ""
     changes = ensure_alloc_conf(rc_paths(cfg.alloc_conf), value, variables, dry_run=dry_run)
     if dry_run:
         skipped = AllocFacts(
             wanted=value, variable=variables[0], skipped="dry run: nothing written, nothing to read back"
         )
-        return skipped, [diff(ch) for ch in changes]
-    return probe.alloc(value, variables, cfg), [f"wrote allocator settings to {ch.path}" for ch in changes]
+        return skipped, [diff(ch) for ch in changes], ""
+    written = [f"wrote allocator settings to {ch.path}" for ch in changes]
+    return probe.alloc(value, variables, cfg), written, current_shell(changes, value, variables)

@@ -232,6 +232,9 @@ def home(tmp_path: Path) -> Path:
     return path
 
 
+FORCE_ALLOC = {"INVOKE_PREFLIGHT_ALLOC_CONF_WITHOUT_GPU": "1"}
+
+
 @dataclass(frozen=True)
 class Live:
     """Two live ``bootstrap --json -`` runs in one fresh HOME, and the shell files after the first."""
@@ -245,9 +248,9 @@ class Live:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Live:
     home = tmp_path_factory.mktemp("live-home")
-    first = invoke(home, "bootstrap", "--json", "-")
+    first = invoke(home, "bootstrap", "--json", "-", env=FORCE_ALLOC)  # this box has no GPU: the write is forced
     files = rc_bytes(home)
-    second = invoke(home, "bootstrap", "--json", "-")
+    second = invoke(home, "bootstrap", "--json", "-", env=FORCE_ALLOC)
     return Live(home, first, second, files)
 
 
@@ -357,6 +360,26 @@ def test_live_human_text_goes_to_stderr(live: Live) -> None:
     assert ANSI not in err + live.first.out
 
 
+def test_live_bootstrap_says_what_the_current_shell_needs_and_that_line_works(live: Live) -> None:
+    line = next(x for x in live.first.err.splitlines() if x.startswith("this shell does not have it yet"))
+    export = re.search(r"run `(export [^`]+)` or `source (\S+)`", line)
+    assert export and export.group(2) == str(live.home / ".bashrc"), line
+    for command in (export.group(1), f"source {export.group(2)}"):  # pasted into a shell without the setting
+        env = child_env(live.home)
+        shown = subprocess.run(["bash", "--norc", "--noprofile", "-c", f"{command}; echo $PYTORCH_CUDA_ALLOC_CONF"],
+                               env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert shown.strip() == "expandable_segments:True", (command, shown)
+    assert "this shell" not in live.second.err  # nothing written the second time: nothing to say
+
+
+def test_live_bootstrap_without_a_gpu_writes_no_cuda_setting(home: Path) -> None:
+    run = invoke(home, "bootstrap", "--no-bench", "--json", "-")
+    assert rc_bytes(home) == {".bashrc": None, ".profile": None}, run.why()
+    alloc = by_id(run.report())["alloc-conf"]
+    assert alloc["status"] == "skip" and alloc["summary"].startswith("no NVIDIA GPU here (no driver library"), alloc
+    assert "preflight.alloc_conf.without_gpu: true" in alloc["summary"] and "wrote" not in run.err
+
+
 # --- 2. idempotence, --dry-run, alloc-conf --undo -----------------------------------------------------------
 
 
@@ -373,7 +396,7 @@ def test_dry_run_writes_nothing_and_prints_the_diff(home: Path) -> None:
     bashrc = home / ".bashrc"
     bashrc.write_text("# my settings\nexport EDITOR=vim\n", encoding="utf-8")
     before = rc_bytes(home)
-    run = invoke(home, "bootstrap", "--dry-run", "--json", "-")
+    run = invoke(home, "bootstrap", "--dry-run", "--json", "-", env=FORCE_ALLOC)
     assert run.code == 1, run.why()
     assert rc_bytes(home) == before
     assert not (home / ".profile").exists()

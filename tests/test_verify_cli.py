@@ -152,6 +152,50 @@ def test_device_cpu_with_a_cuda_torch_and_no_driver_is_not_gated_by_the_driver(
     assert not [r for r in report["results"] if r["status"] == "fail"], run.why()
 
 
+ENV_PROBE = """
+import os
+from pathlib import Path
+
+from tests.checks.verify.smoke_plugins import patterned
+
+
+def seen():
+    names = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+    Path(os.environ["ENV_PROBE_OUT"]).write_text(repr({n: os.environ.get(n) for n in names}))
+    return patterned()
+"""
+
+
+@pytest.mark.parametrize("yours", ["", "max_split_size_mb:128"])
+def test_the_training_child_runs_with_the_allocator_setting_bootstrap_writes(
+    here: Here, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, yours: str
+) -> None:
+    (tmp_path / "envprobe.py").write_text(ENV_PROBE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(REPO))
+    env = {"INVOKE_PREFLIGHT_ALLOC_CONF_WITHOUT_GPU": "1", "ENV_PROBE_OUT": str(tmp_path / "seen.txt")}
+    env |= {"PYTORCH_CUDA_ALLOC_CONF": yours} if yours else {}
+    run, report = verify(here, home, tmp_path, "--dataset", "envprobe:seen", "--workers", "0", env=env)
+    assert run.code == 0, run.why()
+    seen = eval((tmp_path / "seen.txt").read_text())  # what the child's environment held
+    loop = by_id(report)["verify-loop"]["summary"]
+    if yours:  # the user's own export is what their run gets from this shell
+        assert seen["PYTORCH_CUDA_ALLOC_CONF"] == yours and "PYTORCH_CUDA_ALLOC_CONF from your environment" in loop
+    else:
+        assert seen["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True", seen
+        assert "allocator: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in loop and "new shells" in loop
+
+
+def test_without_a_gpu_the_child_gets_no_allocator_setting_and_the_loop_says_why(
+    here: Here, home: Path, tmp_path: Path
+) -> None:
+    run, report = verify(here, home, tmp_path, "--workers", "0")
+    assert run.code == 0, run.why()
+    assert by_id(report)["verify-loop"]["summary"].endswith(
+        "; allocator: none (no NVIDIA GPU here (no driver library, see driver))"
+    )
+
+
 def test_an_unwritable_checkpoint_directory_exits_2(here: Here, home: Path, tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     run, _ = verify(here, home, tmp_path, "--ckpt-dir", str(tmp_path / "file" / "ckpt"))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from checks.config import PreflightConfig
+from checks.facts import MachineFacts
 from checks.machine.measurements import measurements
 from checks.machine.runner import CHECKS, Check, measure, run_checks
 from checks.probe import LocalProbe, Probe, SnapshotProbe
@@ -68,7 +69,9 @@ def bootstrap(request: BootstrapRequest) -> Bootstrapped:
     cfg = request.config
     probe = probe_for(request.machine, cfg)
     facts = measure(probe, probe.machine(), cfg)
-    alloc, notes = alloc_env.alloc_step(probe, facts, cfg, dry_run=request.dry_run, apply=cfg.alloc_conf.apply)
+    alloc, notes, shell = alloc_env.alloc_step(
+        probe, facts, cfg, dry_run=request.dry_run, apply=cfg.alloc_conf.apply, without_gpu=cfg.alloc_conf.without_gpu
+    )
     facts = dataclasses.replace(facts, alloc=alloc)
     results = run_checks(facts, cfg, CHECKS + request.extra_checks)
     report = Report(
@@ -77,7 +80,7 @@ def bootstrap(request: BootstrapRequest) -> Bootstrapped:
         results=tuple(results),
         measurements=measurements(facts, cfg, notes),
     )
-    return Bootstrapped(report=report, notes=tuple(notes))
+    return Bootstrapped(report=report, notes=(*notes, *filter(None, [shell])))
 
 
 def alloc_conf(request: AllocConfRequest) -> AllocConfDone:
@@ -89,7 +92,29 @@ def alloc_conf(request: AllocConfRequest) -> AllocConfDone:
         return AllocConfDone(paths=tuple(paths), changes=tuple(changes), notes=(), report=None)
     probe = LocalProbe(cfg.probe.torch_timeout_s, cfg.env.nvcc_timeout_s)
     facts = probe.machine()
-    alloc, notes = alloc_env.alloc_step(probe, facts, cfg, dry_run=request.dry_run, apply=True)
+    alloc, notes, shell = alloc_env.alloc_step(probe, facts, cfg, dry_run=request.dry_run, apply=True, without_gpu=True)
     results = run_checks(dataclasses.replace(facts, alloc=alloc), cfg, checks=ALLOC_ONLY)
     report = Report(host=facts.host.hostname, machine=probe.label, results=tuple(results))
-    return AllocConfDone(paths=tuple(paths), changes=(), notes=tuple(notes), report=report)
+    return AllocConfDone(paths=tuple(paths), changes=(), notes=(*notes, *filter(None, [shell])), report=report)
+
+
+@dataclass(frozen=True)
+class AllocEnv:
+    """The allocator variables bootstrap writes for new shells on this machine (empty: none, and ``reason`` why)."""
+
+    variables: dict[str, str]
+    reason: str = ""
+
+    def describe(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.variables.items()) or f"none ({self.reason})"
+
+
+def allocator_env(facts: MachineFacts, cfg: PreflightConfig) -> AllocEnv:
+    """What ``alloc_step`` would write here: verify's training child runs with it, as the real run will."""
+    if not cfg.alloc_conf.apply:
+        return AllocEnv({}, "preflight.alloc_conf.apply is false")
+    if not cfg.alloc_conf.without_gpu and (reason := alloc_env.no_nvidia_gpu(facts)):
+        return AllocEnv({}, reason)
+    version = facts.torch.version
+    value = alloc_env.choose_value(cfg.alloc_conf.value, version)
+    return AllocEnv({var: value for var in alloc_env.variables_for(version)})

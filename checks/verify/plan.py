@@ -8,18 +8,20 @@ staged directory, an unwritable checkpoint directory or report path, an unknown 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import tempfile
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from checks.config import PreflightConfig, VerifyConfig
 from checks.errors import PreflightError
 from checks.facts import AllocFacts, BenchFacts, MachineFacts
+from checks.machine.bootstrap import AllocEnv, allocator_env
 from checks.machine.resources import loader_advice
 from checks.machine.runner import run_checks
 from checks.probe.sample import GpuReader, HostReader
@@ -74,6 +76,7 @@ class Plan:
     ckpt_every: int
     ckpt_temporary: bool
     price_per_hour: float
+    alloc: AllocEnv = field(default_factory=lambda: AllocEnv({}, "not planned"))  # what the child gets (bootstrap's)
 
 
 def effective(cfg: VerifyConfig, opts: Options) -> VerifyConfig:
@@ -199,7 +202,8 @@ def plan(
         spec["sweep"] = sweep | {"knee": cfg.knee_fraction}
     cores = facts.host.usable_cores
     every, price = cfg.checkpoint_every_steps, cfg.price_per_hour
-    return Plan(spec, data, loader, cores, json_path, csv_path, png_path, every, temporary, price), facts
+    alloc = allocator_env(facts, config)
+    return Plan(spec, data, loader, cores, json_path, csv_path, png_path, every, temporary, price, alloc), facts
 
 
 def cpu_machine(facts: MachineFacts) -> bool:
@@ -269,7 +273,7 @@ def run(p: Plan, config: PreflightConfig, on_event: Callable[[dict[str, Any]], N
         host.pid = pid
 
     with Sampler(cfg.sample_interval_s, gpu, host) as sampler:
-        launch = run_ddp if p.spec.get("ddp") else run_smoke
+        launch = run_ddp if p.spec.get("ddp") else functools.partial(run_smoke, extra_env=p.alloc.variables)
         child = launch(p.spec, cfg.timeout_s, cfg.stall_timeout_s, event, started)
     return Outcome(child, sampler.trace, found.get("index"), gpu.error)
 

@@ -27,7 +27,7 @@ def loop_results(p: Plan, o: Outcome, cfg: VerifyConfig, figs: dict[str, Any] | 
     """``verify-data``, ``verify-loop`` and ``verify-throughput``."""
     r = o.child.result or {}
     out = [ok("verify-data", _data_line(p, r), value=(r.get("data") or (p.data.as_dict() if p.data else None)))]
-    out.append(_loop(o, r, cfg, figs))
+    out.append(_loop(p, o, r, cfg, figs))
     if figs is None or not figs.get("samples_per_s"):
         out.append(skip("verify-throughput", "no measured step"))
         return out
@@ -56,7 +56,18 @@ def _throughput(figs: dict[str, Any], cfg: VerifyConfig) -> Result:
     return ok("verify-throughput", summary, value=round(rate, 3))
 
 
-def _loop(o: Outcome, r: dict[str, Any], cfg: VerifyConfig, figs: dict[str, Any] | None) -> Result:
+def _allocator(p: Plan, o: Outcome) -> str:
+    """The allocator setting the child trained with: bootstrap's (as new shells get it) or the user's own."""
+    if not p.alloc.variables:
+        return p.alloc.describe()
+    if p.spec.get("ddp"):  # checks/verify/smoke/ddp_launch.py starts the ranks with this environment as it is
+        return "this environment's (the ranks do not get bootstrap's setting yet)"
+    kept = [f"{k} from your environment" for k in o.child.env_kept]
+    given = [f"{k}={v}" for k, v in p.alloc.variables.items() if k not in o.child.env_kept]
+    return ", ".join(given + kept) + (" (as bootstrap writes it for new shells)" if given else "")
+
+
+def _loop(p: Plan, o: Outcome, r: dict[str, Any], cfg: VerifyConfig, figs: dict[str, Any] | None) -> Result:
     log = (o.child.log_tail.strip().splitlines() or ["no output"])[-1][:300]
     if o.child.failure in ("timeout", "stalled"):
         limit = cfg.timeout_s if o.child.failure == "timeout" else cfg.stall_timeout_s
@@ -87,6 +98,7 @@ def _loop(o: Outcome, r: dict[str, Any], cfg: VerifyConfig, figs: dict[str, Any]
         f"{' x ' + str(r.get('accum')) if (r.get('accum') or 1) > 1 else ''}, {r.get('precision')} on {device.get('name')}: "
         f"median {1000 * figs['median_s']:.1f} ms, p95 {1000 * figs['p95_s']:.1f} ms per step"
     )
+    summary += f"; allocator: {_allocator(p, o)}"
     if o.child.interrupted or r.get("interrupted"):
         return warn(
             "verify-loop", f"interrupted: {summary}", "the figures cover the steps before Ctrl-C", value=figs["steps"]

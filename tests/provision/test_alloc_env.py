@@ -1,17 +1,22 @@
 from __future__ import annotations
 
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from checks.facts import HostFacts, MachineFacts, NvmlFacts, TorchFacts
 from provision.alloc_env import (
     BEGIN,
     CREATED,
     END,
     choose_value,
+    current_shell,
     ensure_alloc_conf,
     ensure_alloc_conf_removed,
+    export_line,
+    no_nvidia_gpu,
     render_block,
     variables_for,
 )
@@ -146,3 +151,29 @@ def test_a_block_from_an_older_version_is_still_removed(tmp_path: Path) -> None:
     rc.write_text(old)
     (change,) = ensure_alloc_conf_removed([rc])
     assert not change.delete and rc.read_text() == ""
+
+
+@pytest.mark.parametrize(
+    ("nvml", "reason"),
+    [
+        (NvmlFacts(error="NVML Shared Library Not Found", error_kind="library-not-found"), "no driver library"),
+        (NvmlFacts(driver_version="570.124.06"), "NVML sees none"),
+        (NvmlFacts(error="Driver Not Loaded", error_kind="driver-not-loaded"), None),  # a GPU behind a broken driver
+    ],
+    ids=["no-driver", "no-gpu", "broken-driver"],
+)
+def test_no_nvidia_gpu_only_where_the_cuda_allocator_cannot_run(nvml: NvmlFacts, reason: str | None) -> None:
+    found = no_nvidia_gpu(MachineFacts(nvml=nvml, torch=TorchFacts(), host=HostFacts()))
+    assert (found is None) if reason is None else (reason in (found or ""))
+
+
+def test_the_current_shell_line_sets_the_value_when_pasted(tmp_path: Path) -> None:
+    value = "expandable_segments:True,garbage_collection_threshold:0.6"
+    changes = ensure_alloc_conf([tmp_path / ".bashrc"], value, BOTH)
+    line = current_shell(changes, value, BOTH)
+    command = line.split("run `", 1)[1].split("`", 1)[0]
+    assert command == export_line(value, BOTH) and f"source {tmp_path / '.bashrc'}" in line
+    out = subprocess.run(["bash", "--norc", "-c", f"{command}; echo $PYTORCH_CUDA_ALLOC_CONF $PYTORCH_ALLOC_CONF"],
+                         env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert out.split() == [value, value]
+    assert current_shell([], value, BOTH) == ""  # nothing written: nothing to say

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ class ChildRun:
     log_tail: str = ""
     seconds: float = 0.0
     rank: int | None = None  # several processes: the rank that failed or hung, when one can be named
+    env_kept: tuple[str, ...] = ()  # ``extra_env`` names the caller's environment had set already (theirs was kept)
 
 
 class _Tail:
@@ -69,13 +70,19 @@ def run_smoke(
     on_event: Callable[[dict[str, Any]], None] = lambda e: None,
     on_start: Callable[[int], None] = lambda pid: None,
     python: str = sys.executable,
+    extra_env: Mapping[str, str] | None = None,
 ) -> ChildRun:
-    """Run the child on ``spec``; return its result (None when it wrote none) and how it ended."""
+    """Run the child on ``spec``; return its result (None when it wrote none) and how it ended.
+
+    ``extra_env`` (the allocator setting bootstrap writes for new shells) goes into the child's environment
+    unless this environment sets the variable already: a value the user exported is what their run gets.
+    """
     with tempfile.TemporaryDirectory(prefix="gpu-preflight-verify-") as tmp:
         work = Path(tmp)
         spec = {**spec, "events": str(work / "events.jsonl"), "result": str(work / "result.json")}
         (work / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        extra = dict(extra_env or {})
+        env = {**extra, **os.environ, "PYTHONUNBUFFERED": "1"}
         start = time.monotonic()
         with (work / "child.log").open("w", encoding="utf-8") as log:
             proc = subprocess.Popen(
@@ -87,7 +94,7 @@ def run_smoke(
                 start_new_session=True,
             )
         on_start(proc.pid)
-        run = ChildRun(result=None)
+        run = ChildRun(result=None, env_kept=tuple(k for k in extra if k in os.environ))
         try:
             _watch(proc, _Tail(work / "events.jsonl"), run, timeout_s, stall_s, on_event)
         finally:
