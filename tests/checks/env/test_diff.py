@@ -50,7 +50,12 @@ CASES = [
     ("missing package", {"env": {"packages": {"torch": "2.9.1+cu128"}}}, "package:numpy", "break"),
     ("package version", {"env": {"packages": {"numpy": "1.26.4", "torch": "2.9.1+cu128"}}}, "package:numpy", "info"),
     ("extra package", {"env": {"packages": {"numpy": "2.1.0", "torch": "2.9.1+cu128", "x": "1"}}}, "package:x", "info"),
-    ("driver too old", {"nvml": {"cuda_driver_version": 11080, "driver_version": "520.61.05"}}, "torch_cuda vs driver", "break"),
+    (
+        "driver too old",
+        {"nvml": {"cuda_driver_version": 11080, "driver_version": "520.61.05"}},
+        "torch_cuda vs driver",
+        "break",
+    ),
     ("arch missing", {"torch": {"arch_list": ("sm_80", "sm_86")}}, "sm_90 vs arch list", "break"),
     ("power cap", {"gpu0": {"power_limit_mw": 450_000}}, "gpu0.power_limit_w", "slow"),
     ("more power", {"gpu0": {"power_limit_mw": 800_000}}, "gpu0.power_limit_w", "info"),
@@ -76,7 +81,10 @@ def test_same_box_has_no_differences_and_exits_0() -> None:
 def test_versions_compare_by_pep440_not_as_strings() -> None:
     assert ranked(edit(base(), env={"packages": {"numpy": "2.1", "torch": "2.9.1+cu128"}})) == {}  # 2.1 == 2.1.0
     assert same_release("2.10.0", "2.10.3", 2) and not same_release("2.9.0", "2.10.0", 2)
-    d = diff(from_facts(base(), "A"), from_facts(edit(base(), env={"packages": {"numpy": "2.10.0", "torch": "2.9.1+cu128"}}), "B"))
+    d = diff(
+        from_facts(base(), "A"),
+        from_facts(edit(base(), env={"packages": {"numpy": "2.10.0", "torch": "2.9.1+cu128"}}), "B"),
+    )
     assert "(B is newer)" in d.differences[0].reason  # "2.10.0" < "2.1.0" as strings
 
 
@@ -90,19 +98,29 @@ def test_different_gpu_counts_compare_what_exists() -> None:
 
 def _report(tmp_path: Path, name: str, measurements: dict[str, Any]) -> Path:
     path = tmp_path / name
-    path.write_text(json.dumps({"schema": 1, "tool": "x", "host": "h", "machine": "live", "results": [], "measurements": measurements}))
+    path.write_text(
+        json.dumps(
+            {"schema": 1, "tool": "x", "host": "h", "machine": "live", "results": [], "measurements": measurements}
+        )
+    )
     return path
 
 
 def test_old_report_against_a_snapshot_says_what_cannot_be_compared(tmp_path: Path) -> None:
-    old = _report(tmp_path, "old.json", {"inventory": {"gpus": 1, "gpu_names": ["NVIDIA H200"], "torch": "2.8.0", "nccl": "2.27.5"}})
+    old = _report(
+        tmp_path,
+        "old.json",
+        {"inventory": {"gpus": 1, "gpu_names": ["NVIDIA H200"], "torch": "2.8.0", "nccl": "2.27.5"}},
+    )
     d = diff(load_side(str(FIXTURES / "h200-1x.json")), load_side(str(old)))
     assert [x.field for x in d.differences] == ["torch"]
     assert any("predates measurements.environment" in m for m in d.not_compared)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invoke", "diff", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", "diff", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.slow
