@@ -43,13 +43,13 @@ class Folder(Patterned):
         self.transform = transform
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        time.sleep(0.001)  # the read
+        Spin(1.0)(None)  # the read (a wall-clock spin like the transforms, so a busy box stretches all alike)
         img, label = self.image(int(i))
         return self.transform(img), label
 
 
 def test_a_compose_pipeline_is_timed_step_by_step_and_put_back() -> None:
-    steps = [Jitter(1.0), Blur(3.0)]
+    steps = [Jitter(2.0), Blur(6.0)]
     originals = list(steps)
     pipeline = Compose(steps)
     cost = data_cost(Folder(pipeline), 0.3)
