@@ -157,6 +157,12 @@ def write_yaml(path: Path, text: str) -> Path:
     return path
 
 
+def default_sigint() -> None:
+    """``preexec_fn`` for a child a test sends SIGINT: a suite started as a background job (``pytest &``) runs with
+    SIGINT ignored, which children inherit and Python then leaves ignored; a terminal's child has the default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def pid_gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -804,6 +810,7 @@ def test_ctrl_c_exits_130_with_one_line(home: Path, tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, like a foreground job on a terminal
+        preexec_fn=default_sigint,
     )
     try:
         deadline = time.monotonic() + 30

@@ -16,7 +16,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.test_tasks import REPO, Here, Run, assert_usage_error, by_id, child_env, in_process
+from tests.test_tasks import REPO, Here, Run, assert_usage_error, by_id, child_env, default_sigint, in_process
 
 pytestmark = pytest.mark.slow
 
@@ -231,7 +231,8 @@ def test_nan_loss_and_a_missed_throughput_floor_fail_the_gate(here: Here, home: 
 def test_ctrl_c_writes_the_partial_report_and_leaves_no_process(home: Path, tmp_path: Path) -> None:
     env = child_env(home) | small(tmp_path)
     argv = [sys.executable, "-m", "invoke", "verify", "--steps", "400", "--json", str(tmp_path / "r.json")]
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)  # fmt: skip
     seen, deadline, family = "", time.monotonic() + 90, set()
     assert proc.stderr is not None
     while "measure step 10/" not in seen and time.monotonic() < deadline:

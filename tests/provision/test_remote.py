@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from tests.netns import Cluster, cluster, python_for_hosts, unavailable
+from tests.test_tasks import default_sigint
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 
@@ -246,7 +247,8 @@ def test_no_python_and_missing_dependencies_are_named(ctl: Controller) -> None:
 def test_ctrl_c_stops_remote_processes_and_removes_their_files(ctl: Controller) -> None:
     hosts = ctl.cluster.hosts[1:3]
     proc = subprocess.Popen(ctl.argv("--hosts", "h2,h3", disk=True), cwd=REPO, env=ctl.env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=default_sigint)  # fmt: skip
     try:
         deadline = time.monotonic() + 90
         while not all(_scratch(h.home) for h in hosts):  # both remote bootstraps are writing disk test files
