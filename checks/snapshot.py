@@ -15,7 +15,10 @@ Format (``"snapshot": 1``)::
         "host":  {...HostFacts},
         "bench": {...BenchFacts} | null,   # optional recorded GPU micro-benchmarks
         "alloc": {...AllocFacts} | null,   # optional recorded allocator read-back
-        "env":   {...EnvFacts} | null      # OS, glibc, nvcc, CPU flags, packages, variables; null in older files
+        "env":   {...EnvFacts} | null,     # OS, glibc, nvcc, CPU flags, packages, variables; null in older files
+        "topology": {...TopologyFacts} | null,  # GPU pairs' paths, P2P status, NUMA, interfaces; null in older files
+        "p2p": {...P2PFacts} | null,             # optional recorded device-to-device copy matrix
+        "allreduce_local": {...LocalAllreduceFacts} | null  # optional recorded all-reduce over the box's GPUs
       }
     }
 

@@ -6,7 +6,8 @@
 # From a fresh clone, in under 8 minutes: a virtualenv that keeps the box's own torch (or gets a CUDA torch), the
 # tool's dependencies, then snapshot --bench (kept as tests/fixtures/machines/recorded-<gpu>-<n>x.json), bootstrap,
 # the gpu-marked tests, verify (image and text model, staged photos, --sweep, --ab) and, with two or more GPUs,
-# the NCCL all-reduce. Each step has its own timeout and the run a total budget; a step that fails or times out is
+# the local NCCL all-reduce and the p2p copy matrix (bootstrap judges both too: gpu-allreduce, gpu-p2p). Each
+# step has its own timeout and the run a total budget; a step that fails or times out is
 # recorded and the next one runs. OUT_DIR gets every report, CSV, PNG and log, plus summary.json and summary.md
 # (tests/gpu/summarise.py): each step with its exit code and seconds, and every benchmark figure as a fraction of
 # its datasheet value. --dry-run lists the steps (command and timeout) and runs nothing.
@@ -47,13 +48,16 @@ if [ -n "$WHEELS" ]; then
 else
     DEPS='python -m pip install --progress-bar off --timeout 20 --retries 1 . pytest'
 fi
+# On a box with 2+ GPUs snapshot --bench and bootstrap also run gpu-p2p and gpu-allreduce (issue 10): a short
+# all-reduce budget keeps them inside their step's timeout (1 GiB takes milliseconds on NVLink, the sweep is short).
+TOPOLOGY_BUDGET='INVOKE_PREFLIGHT_TOPOLOGY_ALLREDUCE_BUDGET_S=15'
 PLAN=(
     "venv|90|always|\"\$ACCEPTANCE_PYTHON\" tests/gpu/prepare.py venv \"\$VENV\""
     "torch|300|always|python tests/gpu/prepare.py torch --index \"\$TORCH_INDEX\""
     "deps|180|always|$DEPS"
-    "snapshot|120|always|python -m invoke snapshot --bench --out \"\$OUT/snapshot.json\" --description \"\$GPU_COUNT x \$GPU_NAME, recorded by tests/gpu/acceptance.sh (invoke snapshot --bench)\""
+    "snapshot|120|always|$TOPOLOGY_BUDGET python -m invoke snapshot --bench --out \"\$OUT/snapshot.json\" --description \"\$GPU_COUNT x \$GPU_NAME, recorded by tests/gpu/acceptance.sh (invoke snapshot --bench)\""
     "fixture|30|always|python tests/gpu/summarise.py fixture \"\$OUT/snapshot.json\" tests/fixtures/machines \"\$OUT/fixtures\""
-    "bootstrap|150|always|python -m invoke bootstrap --json \"\$OUT/bootstrap.json\""
+    "bootstrap|150|always|$TOPOLOGY_BUDGET python -m invoke bootstrap --json \"\$OUT/bootstrap.json\""
     "gpu-tests|150|always|python -m pytest -m gpu tests/gpu -rs -p no:cacheprovider --junitxml=\"\$OUT/gpu-tests.xml\""
     "verify-image|150|always|$VERIFY --json \"\$OUT/verify/image.json\""
     "verify-text|150|always|INVOKE_PREFLIGHT_VERIFY_DATA_KIND=tokens $VERIFY --json \"\$OUT/verify/text.json\""
@@ -61,6 +65,7 @@ PLAN=(
     "stage-data|120|always|python -m invoke stage-data --source \"\$WORK/photos\" --dest \"\$WORK/staged\" --size 64 && cp \"\$WORK/staged/manifest.json\" \"\$OUT/stage-manifest.json\""
     "verify-data|150|always|$VERIFY --data \"\$WORK/staged\" --batch-size 64 --steps 20 --json \"\$OUT/verify/data.json\""
     "allreduce|120|gpus>=2|cd \"\$WORK\" && python -m torch.distributed.run --standalone --nproc-per-node=\$GPU_COUNT --max-restarts=0 \"$REPO/checks/probe/scripts/allreduce.py\" --backend nccl --max-mib 1024 --budget-s 30 --timeout-s 90 > \"\$OUT/allreduce.json\""
+    "p2p|90|gpus>=2|cd \"\$WORK\" && python \"$REPO/checks/probe/scripts/p2p_bench.py\" '{\"mib\": 256, \"warmup\": 2, \"repeats\": 5}' > \"\$OUT/p2p.json\""
     "verify-sweep|180|always|INVOKE_PREFLIGHT_VERIFY_SWEEP_MAX_BATCH=2048 INVOKE_PREFLIGHT_VERIFY_SWEEP_STEPS=4 $VERIFY --sweep --steps 20 --json \"\$OUT/verify/sweep.json\""
     "verify-ab|240|always|$VERIFY --ab --steps 20 --json \"\$OUT/verify/ab.json\""
 )

@@ -24,7 +24,7 @@ SCRIPT = REPO / "tests" / "gpu" / "acceptance.sh"
 MACHINES = REPO / "tests" / "fixtures" / "machines"
 STEPS = (
     "venv", "torch", "deps", "snapshot", "fixture", "bootstrap", "gpu-tests", "verify-image", "verify-text",
-    "photos", "stage-data", "verify-data", "allreduce", "verify-sweep", "verify-ab", "summary",
+    "photos", "stage-data", "verify-data", "allreduce", "p2p", "verify-sweep", "verify-ab", "summary",
 )  # fmt: skip
 # What each step must run (issue 15's list), as it appears in its command.
 MUST_RUN = {
@@ -37,6 +37,7 @@ MUST_RUN = {
     "stage-data": "invoke stage-data --source",
     "verify-data": "verify --data",
     "allreduce": 'checks/probe/scripts/allreduce.py" --backend nccl',
+    "p2p": 'checks/probe/scripts/p2p_bench.py" \'{"mib": 256',
     "verify-sweep": "verify --sweep",
     "verify-ab": "verify --ab",
 }
@@ -66,7 +67,7 @@ def test_dry_run_lists_every_step_and_runs_nothing(tmp_path: Path) -> None:
         assert f"{name} " in line and "timeout" in line and line.split()[2].rstrip("s").isdigit(), line
     for name, needle in MUST_RUN.items():
         assert needle in lines[name], (name, lines[name])
-    assert "gpus>=2" in lines["allreduce"]
+    assert "gpus>=2" in lines["allreduce"] and "gpus>=2" in lines["p2p"]
     assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()
 
 
