@@ -57,7 +57,8 @@ def render_plan(p: PlanResult) -> str:
     if fitting:
         o = fitting[0]
         terms = ", ".join(f"{k.replace('_', ' ')} {_gb(v)}" for k in TERMS if (v := getattr(o.memory, k)))
-        lines.append(f"  per GPU on {o.spec.model} ({o.gpus} x {o.sharding}): {terms}; total {_gb(o.memory.total)}")
+        how = f"{o.gpus} x {o.sharding}" if o.gpus > 1 else "1 GPU"
+        lines.append(f"  per GPU on {o.spec.model} ({how}): {terms}; total {_gb(o.memory.total)}")
     head = f"  {'card':<16}  {'GB':>5}  {'fits':<12}  {'per GPU':>10}  {'max batch':>9}"
     if p.times:
         unit = "epoch $" if any("epoch_cost" in t for t in p.times.values()) else "$ / 1M"
@@ -86,4 +87,7 @@ def summary(p: PlanResult) -> str:
         )
         return f"cheapest that fits: {o.gpus} x {o.spec.model} ({o.sharding}), {cost}"
     o = fitting[0]
-    return f"fits on {o.gpus} x {o.spec.model} ({o.sharding}), micro-batch up to {o.largest_batch}; {len(fitting)} card classes fit"
+    how = f" ({o.sharding})" if o.gpus > 1 else ""
+    return (
+        f"fits on {o.gpus} x {o.spec.model}{how}, micro-batch up to {o.largest_batch}; {len(fitting)} card classes fit"
+    )

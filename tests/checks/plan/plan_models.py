@@ -64,6 +64,11 @@ def gpt_block() -> Block:
     return Block(GPT_HIDDEN, GPT_HEADS)
 
 
+def gpt_block_sdpa() -> Block:
+    """The same block calling scaled_dot_product_attention (plan measures it as a fused kernel saves)."""
+    return Block(GPT_HIDDEN, GPT_HEADS, "sdpa")
+
+
 # ResNet-50-like: bottleneck stages [3, 4, 6, 3], widths 64..512 x 4, as torchvision's resnet50.
 class Bottleneck(nn.Module):
     def __init__(self, cin: int, width: int, stride: int) -> None:
