@@ -61,7 +61,7 @@ def test_a_compose_pipeline_is_timed_step_by_step_and_put_back() -> None:
 
 
 def test_a_single_transform_or_none_is_timed_whole() -> None:
-    single = Folder(Blur(2.0))
+    single = Folder(Blur(4.0))
     cost = data_cost(single, 0.2)
     assert cost["method"] == "transform" and [p["name"] for p in cost["parts"]] == ["Blur", "read + decode"]
     assert isinstance(single.transform, Blur)
