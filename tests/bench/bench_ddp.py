@@ -41,7 +41,7 @@ STEPS = 3  # window_steps: the default
 def one_run(model: str, windows: int) -> dict[str, Any]:
     """One verify --nproc 2 child run (no sampler); the DDP figures and the A/B phase's wall time."""
     cfg = make_config()
-    small = {"steps": 6, "warmup": 2, "image_size": 16, "batch_size_cpu": 16, "ddp_windows": windows}
+    small: dict[str, Any] = {"steps": 6, "warmup": 2, "image_size": 16, "batch_size_cpu": 16, "ddp_windows": windows}
     cfg = dataclasses.replace(cfg, verify=dataclasses.replace(cfg.verify, **small, ddp_window_steps=STEPS))
     facts = MachineFacts(NvmlFacts(error="not read", error_kind="other"), TorchFacts(), read_host())
     opts = Options(json="/dev/null", nproc=2, workers=0, dataset=f"{PLUGINS}:patterned", model=f"{PLUGINS}:{model}")
