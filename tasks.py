@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
@@ -59,11 +59,13 @@ def _say(line: str) -> None:
     sys.stderr.write(line + "\n")
 
 
-def _emit(report: Report | FleetReport, json_path: str) -> None:
-    """Human text to stdout (stderr when JSON goes to stdout); JSON to a file or stdout."""
+def _emit(report: Report | FleetReport, json_path: str, **shown: Any) -> None:
+    """Human text to stdout (stderr when JSON goes to stdout); JSON to a file or stdout. ``shown``: which rows
+    the text gives in full (render_text's every_row, background, focus)."""
     text_stream = sys.stderr if json_path == "-" else sys.stdout
     colour = use_colour(text_stream, os.environ)
-    text_stream.write(render_fleet(report, colour) if isinstance(report, FleetReport) else render_text(report, colour))
+    text = render_fleet(report, colour) if isinstance(report, FleetReport) else render_text(report, colour, **shown)
+    text_stream.write(text)
     if not json_path:
         return
     payload = jsonlib.dumps(report.to_json(), indent=2) + "\n"
@@ -94,9 +96,9 @@ def _check_output_path(json_path: str) -> None:
         raise PreflightError(f"cannot write the JSON report to {path}", hint="pick a writable --json path")
 
 
-def _finish(report: Report | FleetReport, json_path: str, strict: bool) -> None:
+def _finish(report: Report | FleetReport, json_path: str, strict: bool, every_row: bool = False) -> None:
     """Print the report (and its JSON), then exit with the report's code."""
-    _emit(report, json_path)
+    _emit(report, json_path, **({"every_row": True} if every_row and isinstance(report, Report) else {}))
     code = report.exit_code(strict=strict)
     if code:
         raise Exit(code=code)
@@ -113,6 +115,7 @@ def _finish(report: Report | FleetReport, json_path: str, strict: bool) -> None:
         "hosts_file": "bootstrap the hosts listed in FILE (one per line; DeepSpeed's 'host slots=N' works)",
         "lock": "also check this box against a lock FILE (invoke lock): every pin installed at its version",
         "install": "with --hosts: install the dependencies into a virtualenv next to each host's checkout first",
+        "all": "print every row: each skip too (by default skips sharing a reason are one line)",
     }
 )
 def bootstrap(
@@ -126,6 +129,7 @@ def bootstrap(
     hosts_file: str = "",
     lock: str = "",
     install: bool = False,
+    all: bool = False,
 ) -> None:
     """Check this machine right after renting it: driver, CUDA, torch, GPUs, CPU/RAM/shm, disks, benchmarks."""
     cfg = settings(c)
@@ -152,7 +156,7 @@ def bootstrap(
         done = bootstrap_run.bootstrap(request)
     for note in done.notes:  # the diffs end in a newline already
         sys.stderr.write(note if note.endswith("\n") else note + "\n")
-    _finish(done.report, json, strict)
+    _finish(done.report, json, strict, every_row=all)
 
 
 @task(
@@ -286,11 +290,14 @@ def stage_data(
     print(options.summary(outcome, time.monotonic() - start))
 
 
-def _show_judged(judged: Judged) -> None:
-    """Print verify's or watch's report and verdicts and the files written; exit 130 when Ctrl-C cut it short."""
+def _show_judged(judged: Judged, every_row: bool = False) -> None:
+    """Print verify's or watch's report and verdicts and the files written; exit 130 when Ctrl-C cut it short.
+
+    bootstrap's own rows (the gate) show only when they need a look, unless ``every_row``."""
     from checks.verify.results import render_verdicts
 
-    _emit(judged.report, judged.json_path)
+    shown = {"every_row": every_row, "background": judged.background, "focus": judged.focus}
+    _emit(judged.report, judged.json_path, **shown)
     (sys.stderr if judged.json_path == "-" else sys.stdout).write(render_verdicts(list(judged.verdicts)))
     for note in judged.notes:
         _say(note)
@@ -316,6 +323,7 @@ def _show_judged(judged: Judged) -> None:
         "model": "your own model: MODULE:CALLABLE returning an nn.Module",
         "device": "auto, cuda or cpu (default preflight.verify.device)",
         "nproc": "processes, DistributedDataParallel (default: every visible GPU when two or more; CPU: gloo)",
+        "all": "print every row, bootstrap's ok and skipped checks too (by default only those that need a look)",
     }
 )
 def verify(
@@ -336,6 +344,7 @@ def verify(
     model: str = "",
     device: str = "",
     nproc: int = 0,
+    all: bool = False,
 ) -> None:
     """Train a few dozen steps as the real run will and say where step time goes: verdict, fix, cost."""
     from checks.verify import run as run_verify
@@ -362,7 +371,7 @@ def verify(
     )
     with interruptible():
         judged = run_verify.verify(run_verify.VerifyRequest(config=cfg, options=options), say=_say)
-    _show_judged(judged)
+    _show_judged(judged, every_row=all)
     code = judged.report.exit_code(strict=cfg.report.strict)
     if code:
         raise Exit(code=code)

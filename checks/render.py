@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import TextIO
 
 from checks.result import Report, Result, Status
 
 _COLOURS = {Status.OK: "32", Status.WARN: "33", Status.FAIL: "31", Status.SKIP: "2", Status.ERROR: "35"}
-_ORDER = (Status.FAIL, Status.ERROR, Status.WARN)
+SKIP_GROUP_MIN = 3  # skips sharing one reason that are written as one line
 
 
 def use_colour(stream: TextIO, environ: Mapping[str, str]) -> bool:
@@ -31,27 +32,87 @@ def render_result(r: Result, colour: bool, width: int) -> list[str]:
     return lines
 
 
-def render_text(report: Report, colour: bool = False) -> str:
-    """One line per result, a hint under each non-ok one, a tally and one call to action."""
-    width = max((len(r.id) + (len(r.subject) + 2 if r.subject else 0) for r in report.results), default=10)
+def render_text(
+    report: Report,
+    colour: bool = False,
+    *,
+    every_row: bool = False,
+    background: frozenset[str] = frozenset(),
+    focus: str | None = None,
+) -> str:
+    """One line per result, a hint under each non-ok one, a tally and one call to action.
+
+    Unless ``every_row``: skips that share their reason are one line ("18 skipped: no NVIDIA GPU visible"), and
+    the ok and skipped rows of the ``background`` ids (bootstrap's checks inside verify) are one count line, so
+    the rows that need the reader stand out. ``focus`` is the row the call to action names once nothing failed
+    (verify's diagnosis).
+    """
+    shown = [r for r in report.results if every_row or not _quiet(r, background)]
+    width = max((len(r.id) + (len(r.subject) + 2 if r.subject else 0) for r in shown), default=10)
     lines = [f"gpu-preflight: {report.host} ({report.machine})"]
     env = report.measurements.get("environment") or {}
     if env.get("summary"):  # bootstrap's one-line environment (checks/machine/measurements.py)
         lines.append(f"  environment: {env['summary']}")
-    for r in report.results:
-        lines += render_result(r, colour, width)
+    quiet = [r for r in report.results if r not in shown]
+    if quiet:
+        tally = ", ".join(f"{n} {s}" for s, n in sorted(Counter(r.status.value for r in quiet).items()))
+        lines.append(f"  bootstrap's checks: {tally} (--all lists them); the rows below need a look")
+    lines += _rows(shown, colour, width, every_row)
     counts = report.counts()
     lines.append("")
     lines.append(" · ".join(f"{n} {s}" for s, n in counts.items()))
-    lines.append(call_to_action(report))
+    lines.append(call_to_action(report, focus))
     return "\n".join(lines) + "\n"
 
 
-def call_to_action(report: Report) -> str:
-    """The single most important next step."""
-    for status in _ORDER:
-        first = next((r for r in report.results if r.status is status), None)
-        if first is not None:
-            where = f" on {first.subject}" if first.subject else ""
-            return f"next: fix {first.id}{where}: {first.hint or first.summary}"
-    return "next: nothing to fix; this box is ready to train"
+def _quiet(r: Result, background: frozenset[str]) -> bool:
+    return r.id in background and r.status in (Status.OK, Status.SKIP)
+
+
+def _rows(results: list[Result], colour: bool, width: int, every_row: bool) -> list[str]:
+    """Each result's lines; without ``every_row``, a reason shared by several skips is written once, where the
+    first of them stands."""
+    by_reason: dict[str, list[Result]] = {}
+    for r in results:
+        if r.status is Status.SKIP:
+            by_reason.setdefault(r.summary, []).append(r)
+    lines: list[str] = []
+    for r in results:
+        group = by_reason.get(r.summary, []) if r.status is Status.SKIP and not every_row else []
+        if len(group) < SKIP_GROUP_MIN:
+            lines += render_result(r, colour, width)
+        elif r is group[0]:
+            ids = ", ".join(g.id + (f"[{g.subject}]" if g.subject else "") for g in group)
+            lines.append(f"  {_label(Status.SKIP, colour)} {f'{len(group)} skipped':<{width}} {r.summary}: {ids}")
+    return lines
+
+
+def call_to_action(report: Report, focus: str | None = None) -> str:
+    """The single most important next step: a failure first (what unblocks the rest), then ``focus``, then a
+    warning."""
+    fails = [r for r in report.results if r.status in (Status.FAIL, Status.ERROR)]
+    first = _unblocking(fails) if fails else None
+    if first is None and focus is not None:
+        first = next((r for r in report.results if r.id == focus and r.status is not Status.SKIP), None)
+    if first is None:
+        first = next((r for r in report.results if r.status is Status.WARN), None)
+    if first is None:
+        return "next: nothing to fix; this box is ready to train"
+    where = f" on {first.subject}" if first.subject else ""
+    verb = "fix " if first.status is not Status.OK else ""
+    return f"next: {verb}{first.id}{where}: {first.hint or first.summary}"
+
+
+def _unblocking(fails: list[Result]) -> Result:
+    """The failure to fix first. A box with no NVIDIA driver library at all is usually a CPU box (or a container
+    given no GPU): the driver matters only where there is a GPU, so a missing torch is the step that unblocks
+    the tool there."""
+    no_driver = any(
+        r.id == "driver" and isinstance(r.value, dict) and r.value.get("error_kind") == "library-not-found"
+        for r in fails
+    )
+    if no_driver:
+        torch = next((r for r in fails if r.id == "torch-build"), None)
+        if torch is not None:
+            return torch
+    return next((r for r in fails if r.status is Status.FAIL), fails[0])

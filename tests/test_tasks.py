@@ -838,7 +838,7 @@ def test_list_shows_every_task_with_its_docstring(home: Path) -> None:
     assert run.code == 0, run.why()
     flat = "".join(run.out.split())  # --list wraps long help lines, also after a hyphen
     names = sorted(tasks.ns.task_names)
-    assert names == ["alloc-conf", "bootstrap", "snapshot", "stage-data", "verify", "watch"]
+    assert names == ["alloc-conf", "bootstrap", "diff", "lock", "plan", "snapshot", "stage-data", "verify", "watch"]
     for name in names:
         line = (tasks.ns[name].__doc__ or "").splitlines()[0]
         assert line and name + "".join(line.split()) in flat, (name, run.out)

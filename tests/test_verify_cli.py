@@ -78,6 +78,16 @@ def test_verify_on_synthetic_data_writes_report_csv_and_png(here: Here, home: Pa
     assert (tmp_path / "r.png").read_bytes()[:8] == PNG_MAGIC
     assert "diagnosis (primary first):" in run.out and "wrote " in run.err
     assert "Traceback" not in run.err
+    # bootstrap's ok and skipped rows are one count line; the call to action is the verdict's
+    assert "bootstrap's checks:" in run.out and "gpu-power" not in run.out
+    failed = [r for r in report["results"] if r["status"] in ("fail", "error")]
+    assert failed or f"next: diagnosis: {results['diagnosis']['hint']}" in run.out
+
+
+def test_verify_all_prints_every_bootstrap_row(here: Here, home: Path, tmp_path: Path) -> None:
+    run, _ = verify(here, home, tmp_path, "--all")
+    assert run.code == 0, run.why()
+    assert "gpu-power" in run.out and "bootstrap's checks:" not in run.out
 
 
 def test_verify_on_staged_images_prices_the_epoch(here: Here, home: Path, tmp_path: Path) -> None:

@@ -28,7 +28,8 @@ def driver(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     nv = m.nvml
     if nv.error:
         hint = _DRIVER_HINTS.get(nv.error_kind or "", "see the NVML message; `nvidia-smi` shows the same")
-        return [fail("driver", nv.error, hint, expected="NVIDIA driver with NVML")]
+        kind = {"error_kind": nv.error_kind}  # "library-not-found": no driver at all (a CPU box, or no GPUs passed in)
+        return [fail("driver", nv.error, hint, value=kind, expected="NVIDIA driver with NVML")]
     cuda = driver_cuda(nv.cuda_driver_version)
     cuda_text = f"CUDA {cuda[0]}.{cuda[1]}" if cuda else "CUDA version unknown"
     summary = f"driver {nv.driver_version}, supports up to {cuda_text}, {len(nv.gpus)} GPU(s)"

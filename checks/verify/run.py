@@ -50,6 +50,8 @@ class Judged:
     json_path: str  # "-": stdout
     notes: tuple[str, ...]  # files that could not be written, then the files written
     interrupted: bool
+    background: frozenset[str] = frozenset()  # bootstrap's ids (the gate): their ok/skip rows print as one count
+    focus: str | None = None  # the row the call to action names once nothing failed
 
 
 def verify(request: VerifyRequest, say: Say) -> Judged:
@@ -82,6 +84,8 @@ def verify(request: VerifyRequest, say: Say) -> Judged:
         json_path=p.json_path,
         notes=notes,
         interrupted=outcome.child.interrupted,
+        background=frozenset(r.id for r in gate),
+        focus="diagnosis",
     )
 
 
@@ -103,7 +107,12 @@ def watch(request: WatchRequest, say: Say) -> Judged:
     report = Report(host=host, machine="live", results=tuple(results), measurements=measurements)
     notes = (*problems, f"wrote {json_path}, {csv}, {png}")
     return Judged(
-        report=report, verdicts=tuple(found), json_path=json_path, notes=notes, interrupted=watched.interrupted
+        report=report,
+        verdicts=tuple(found),
+        json_path=json_path,
+        notes=notes,
+        interrupted=watched.interrupted,
+        focus="diagnosis",
     )
 
 

@@ -74,3 +74,52 @@ def test_call_to_action_points_at_the_first_failure_before_warnings() -> None:
     assert call_to_action(report) == "next: fix shm: docker run --shm-size=16g"
     assert call_to_action(Report("h", "live", RESULTS)).startswith("next: fix gpu-power on gpu0")
     assert "ready" in call_to_action(Report("h", "live", (RESULTS[0],)))
+
+
+NO_GPU = "no NVIDIA GPU visible (see driver)"
+GPU_IDS = ("gpu-power", "gpu-pcie", "gpu-ecc", "gpu-mig")
+
+
+def no_gpu_box(torch_missing: bool) -> Report:
+    driver = fail("driver", "NVML could not load", "install the driver", value={"error_kind": "library-not-found"})
+    torch = (
+        fail("torch-build", "torch is not installed in this Python", "pip install torch --index-url https://x/cpu")
+        if torch_missing
+        else ok("torch-build", "torch 2.13.0+cpu")
+    )
+    skips = [skip(i, NO_GPU) for i in GPU_IDS]
+    return Report("box", "live", (driver, *skips, torch, skip("gpu-p2p", "fewer than two GPUs"), ok("ram", "24 GiB")))
+
+
+def test_skips_sharing_a_reason_are_one_line_and_every_row_brings_them_back() -> None:
+    report = no_gpu_box(torch_missing=False)
+    text = render_text(report)
+    grouped = [line for line in text.splitlines() if NO_GPU in line]
+    assert len(grouped) == 1 and "4 skipped" in grouped[0] and all(i in grouped[0] for i in GPU_IDS)
+    assert "gpu-p2p" in text and "fewer than two GPUs" in text  # a reason of its own keeps its row
+    full = render_text(report, every_row=True)
+    assert sum(NO_GPU in line for line in full.splitlines()) == len(GPU_IDS)
+
+
+def test_background_rows_are_counted_unless_they_need_a_look() -> None:
+    report = Report(
+        "box",
+        "live",
+        (ok("ram", "24 GiB"), skip("gpu-pcie", NO_GPU), warn("ulimits", "open files 20000", "raise it"),
+         ok("diagnosis", "compute-bound: the math takes 95%", hint="bf16 autocast")),
+    )  # fmt: skip
+    text = render_text(report, background=frozenset({"ram", "gpu-pcie", "ulimits"}), focus="diagnosis")
+    assert "1 ok, 1 skip" in text and "24 GiB" not in text and NO_GPU not in text
+    assert "ulimits" in text and "open files 20000" in text  # bootstrap's warn still shows
+    assert text.rstrip().endswith("next: diagnosis: bf16 autocast")  # the verdict, not bootstrap's ulimits warn
+    assert "24 GiB" in render_text(report, every_row=True, background=frozenset({"ram"}))
+
+
+def test_a_box_without_any_driver_and_without_torch_is_told_to_install_torch_first() -> None:
+    assert call_to_action(no_gpu_box(torch_missing=True)).startswith("next: fix torch-build: pip install torch")
+    # with torch there, the driver is the failure to fix
+    assert call_to_action(no_gpu_box(torch_missing=False)).startswith("next: fix driver")
+    broken = Report(
+        "box", "live", (fail("driver", "driver/library version mismatch", "reboot"), no_gpu_box(True).results[-3])
+    )
+    assert call_to_action(broken).startswith("next: fix driver")  # a GPU box with a broken driver: driver first

@@ -9,22 +9,23 @@ import pytest
 
 from checks.env.lock import env_lock, lock_text, read_lock
 from checks.errors import PreflightError
-from checks.facts import EnvFacts
+from checks.facts import EnvFacts, MachineFacts
 from checks.result import Status
 from checks.snapshot import load_snapshot
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "machines"
 
 
-def h200(packages: dict[str, str]):  # type: ignore[no-untyped-def]
+def h200(packages: dict[str, str]) -> MachineFacts:
     facts, _ = load_snapshot(FIXTURES / "h200-1x.json")
     return dataclasses.replace(facts, env=EnvFacts(packages=packages))
 
 
 def test_written_lock_reads_back_with_torch_index_and_header(tmp_path: Path) -> None:
-    m = h200({"torch": "2.9.1+cu128", "numpy": "2.1.0"})
+    packages = {"torch": "2.9.1+cu128", "numpy": "2.1.0"}
+    m = h200(packages)
     path = tmp_path / "env.lock"
-    path.write_text(lock_text(m, dict(m.env.packages), ""))  # type: ignore[union-attr]
+    path.write_text(lock_text(m, packages, ""))
     lock = read_lock(path)
     assert [(p.name, p.version) for p in lock.pins] == [("numpy", "2.1.0"), ("torch", "2.9.1+cu128")]
     assert lock.options == ("--extra-index-url https://download.pytorch.org/whl/cu128",)
