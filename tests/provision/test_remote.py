@@ -98,7 +98,8 @@ def test_every_live_host_reports_and_the_stopped_one_is_a_clean_fail_row(fleet: 
     for name in ("h1", "h2", "h3", "h4"):
         own = [r for r in doc["results"] if r["host"] == name]
         assert {"host-bootstrap", "driver", "cpu-cores", "alloc-conf", "disk-speed"} <= {r["id"] for r in own}
-        assert next(r for r in own if r["id"] == "alloc-conf")["status"] == "ok"
+        alloc = next(r for r in own if r["id"] == "alloc-conf")  # the hosts have no GPU: nothing written there
+        assert alloc["status"] == "skip" and "nothing written" in alloc["summary"], alloc
     h5 = [r for r in doc["results"] if r["host"] == "h5"]
     assert [(r["id"], r["status"]) for r in h5] == [("host-bootstrap", "fail")]
 
