@@ -171,9 +171,14 @@ from tests.checks.verify.smoke_plugins import patterned
 
 def seen():
     names = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
-    Path(os.environ["ENV_PROBE_OUT"]).write_text(repr({n: os.environ.get(n) for n in names}))
+    Path(f"{os.environ['ENV_PROBE_OUT']}.{os.getpid()}").write_text(repr({n: os.environ.get(n) for n in names}))
     return patterned()
 """
+
+
+def seen_by(tmp_path: Path) -> list[dict[str, str | None]]:
+    """What each training process's environment held (one file per process that built the dataset)."""
+    return [eval(f.read_text()) for f in sorted(tmp_path.glob("seen.txt.*"))]
 
 
 @pytest.mark.parametrize("yours", ["", "max_split_size_mb:128"])
@@ -187,13 +192,28 @@ def test_the_training_child_runs_with_the_allocator_setting_bootstrap_writes(
     env |= {"PYTORCH_CUDA_ALLOC_CONF": yours} if yours else {}
     run, report = verify(here, home, tmp_path, "--dataset", "envprobe:seen", "--workers", "0", env=env)
     assert run.code == 0, run.why()
-    seen = eval((tmp_path / "seen.txt").read_text())  # what the child's environment held
+    (seen,) = seen_by(tmp_path)
     loop = by_id(report)["verify-loop"]["summary"]
     if yours:  # the user's own export is what their run gets from this shell
         assert seen["PYTORCH_CUDA_ALLOC_CONF"] == yours and "PYTORCH_CUDA_ALLOC_CONF from your environment" in loop
     else:
         assert seen["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True", seen
         assert "allocator: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in loop and "new shells" in loop
+
+
+def test_every_ddp_rank_runs_with_the_allocator_setting_bootstrap_writes(
+    here: Here, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "envprobe.py").write_text(ENV_PROBE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(REPO))
+    env = {"INVOKE_PREFLIGHT_ALLOC_CONF_WITHOUT_GPU": "1", "ENV_PROBE_OUT": str(tmp_path / "seen.txt")}
+    args = ("--dataset", "envprobe:seen", "--workers", "0", "--nproc", "2")
+    run, report = verify(here, home, tmp_path, *args, env=env)
+    assert run.code in (0, 1), run.why()  # the gate may judge a 4-step DDP run; the environment is the point
+    seen = seen_by(tmp_path)
+    assert len(seen) >= 2 and all(s["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True" for s in seen), seen
+    assert "new shells" in by_id(report)["verify-loop"]["summary"]
 
 
 def test_without_a_gpu_the_child_gets_no_allocator_setting_and_the_loop_says_why(

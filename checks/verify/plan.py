@@ -273,7 +273,7 @@ def run(p: Plan, config: PreflightConfig, on_event: Callable[[dict[str, Any]], N
         host.pid = pid
 
     with Sampler(cfg.sample_interval_s, gpu, host) as sampler:
-        launch = run_ddp if p.spec.get("ddp") else functools.partial(run_smoke, extra_env=p.alloc.variables)
+        launch = functools.partial(run_ddp if p.spec.get("ddp") else run_smoke, extra_env=p.alloc.variables)
         child = launch(p.spec, cfg.timeout_s, cfg.stall_timeout_s, event, started)
     return Outcome(child, sampler.trace, found.get("index"), gpu.error)
 

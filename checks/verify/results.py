@@ -60,8 +60,6 @@ def _allocator(p: Plan, o: Outcome) -> str:
     """The allocator setting the child trained with: bootstrap's (as new shells get it) or the user's own."""
     if not p.alloc.variables:
         return p.alloc.describe()
-    if p.spec.get("ddp"):  # checks/verify/smoke/ddp_launch.py starts the ranks with this environment as it is
-        return "this environment's (the ranks do not get bootstrap's setting yet)"
     kept = [f"{k} from your environment" for k in o.child.env_kept]
     given = [f"{k}={v}" for k, v in p.alloc.variables.items() if k not in o.child.env_kept]
     return ", ".join(given + kept) + (" (as bootstrap writes it for new shells)" if given else "")

@@ -19,11 +19,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from checks.verify.smoke.launch import INTERRUPT_GRACE_S, SCRIPT, ChildRun, _read_json, _Tail, _tail
+from checks.verify.smoke.launch import INTERRUPT_GRACE_S, SCRIPT, ChildRun, _read_json, _Tail, _tail, child_env
 
 _POLL_S = 0.1
 FINISH_GRACE_S = 30.0  # a rank may end this much later than another that ended cleanly (teardown, slow save)
@@ -43,18 +43,22 @@ def run_ddp(
     on_event: Callable[[dict[str, Any]], None] = lambda e: None,
     on_start: Callable[[int], None] = lambda pid: None,
     python: str = sys.executable,
+    extra_env: Mapping[str, str] | None = None,
 ) -> ChildRun:
-    """Run ``spec["ddp"]["world_size"]`` ranks; return rank 0's result with every rank's figures under ``ranks``."""
+    """Run ``spec["ddp"]["world_size"]`` ranks; return rank 0's result with every rank's figures under ``ranks``.
+
+    Every rank gets ``extra_env`` as ``run_smoke``'s child does (``child_env``)."""
     world = int(spec["ddp"]["world_size"])
     with tempfile.TemporaryDirectory(prefix="gpu-preflight-ddp-") as tmp:
         work = Path(tmp)
         port, start = free_port(), time.monotonic()
+        env, kept = child_env(extra_env)
         procs: list[subprocess.Popen[bytes]] = []
         try:
             for r in range(world):
-                procs.append(_spawn(spec, r, port, work, python, procs[0].pid if procs else None))
+                procs.append(_spawn(spec, r, port, work, python, env, procs[0].pid if procs else None))
             on_start(procs[0].pid)
-            run = ChildRun(result=None)
+            run = ChildRun(result=None, env_kept=kept)
             _watch(
                 procs,
                 [_Tail(work / f"events.{r}.jsonl") for r in range(world)],
@@ -74,7 +78,7 @@ def run_ddp(
 
 
 def _spawn(
-    spec: dict[str, Any], rank: int, port: int, work: Path, python: str, group: int | None
+    spec: dict[str, Any], rank: int, port: int, work: Path, python: str, env: dict[str, str], group: int | None
 ) -> subprocess.Popen[bytes]:
     ddp = {**spec["ddp"], "rank": rank, "addr": "127.0.0.1", "port": port}
     mine = {
@@ -85,7 +89,6 @@ def _spawn(
     }
     path = work / f"spec.{rank}.json"
     path.write_text(json.dumps(mine), encoding="utf-8")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # One group led by rank 0, in the task's session (setpgid cannot join a group of another session); not the
     # terminal's foreground group, so a Ctrl-C reaches the task alone, which forwards it.
     pgid = 0 if group is None else group

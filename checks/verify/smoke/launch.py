@@ -63,6 +63,13 @@ class _Tail:
         return out
 
 
+def child_env(extra_env: Mapping[str, str] | None) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The training child's environment: ``extra_env`` under this one (a variable the user exported wins), and
+    the names of ``extra_env`` that this environment already set."""
+    extra = dict(extra_env or {})
+    return {**extra, **os.environ, "PYTHONUNBUFFERED": "1"}, tuple(k for k in extra if k in os.environ)
+
+
 def run_smoke(
     spec: dict[str, Any],
     timeout_s: float,
@@ -81,8 +88,7 @@ def run_smoke(
         work = Path(tmp)
         spec = {**spec, "events": str(work / "events.jsonl"), "result": str(work / "result.json")}
         (work / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
-        extra = dict(extra_env or {})
-        env = {**extra, **os.environ, "PYTHONUNBUFFERED": "1"}
+        env, kept = child_env(extra_env)
         start = time.monotonic()
         with (work / "child.log").open("w", encoding="utf-8") as log:
             proc = subprocess.Popen(
@@ -94,7 +100,7 @@ def run_smoke(
                 start_new_session=True,
             )
         on_start(proc.pid)
-        run = ChildRun(result=None, env_kept=tuple(k for k in extra if k in os.environ))
+        run = ChildRun(result=None, env_kept=kept)
         try:
             _watch(proc, _Tail(work / "events.jsonl"), run, timeout_s, stall_s, on_event)
         finally:

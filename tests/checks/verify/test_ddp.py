@@ -54,12 +54,12 @@ def ddp(
     groups: list[int] = []
     launch = plan_module.run_ddp
 
-    def recording(spec: Any, timeout_s: float, stall_s: float, on_event: Any, on_start: Any) -> Any:
+    def recording(spec: Any, timeout_s: float, stall_s: float, on_event: Any, on_start: Any, **kw: Any) -> Any:
         def started(pid: int) -> None:
             groups.append(pid)
             on_start(pid)
 
-        return launch(spec, timeout_s, stall_s, on_event, started)
+        return launch(spec, timeout_s, stall_s, on_event, started, **kw)
 
     monkeypatch.setattr(plan_module, "run_ddp", recording)
     opts = Options(json=str(tmp_path / "r.json"), nproc=2, workers=0, dataset=f"{PLUGINS}:patterned", **options)
