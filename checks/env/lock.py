@@ -18,6 +18,7 @@ training imports), ``--all`` every distribution but pip's own tools (as ``pip fr
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,12 +183,14 @@ def env_lock(m: MachineFacts, lock: Lock) -> list[Result]:
     if m.env is None:
         return [skip("env-lock", "this snapshot holds no installed packages (recorded before they were): re-record it")]
     index = " ".join(o for o in lock.options if o.startswith(("--extra-index-url", "--index-url", "-i")))
+    # The pip of the Python that runs training (and this check): a bare `pip` may be another environment's.
+    pip = f"{shlex.quote(m.env.python_executable)} -m pip" if m.env.python_executable else "pip"
     out = []
     for pin in lock.pins:
         have = m.env.packages.get(pin.name)
         if have is not None and _same(have, pin.version):
             continue
-        fix = f"pip install '{pin.name}=={pin.version}'" + (f" {index}" if index and pin.name == "torch" else "")
+        fix = f"{pip} install '{pin.name}=={pin.version}'" + (f" {index}" if index and pin.name == "torch" else "")
         state = "missing" if have is None else f"{have} installed"
         out.append(fail("env-lock", f"{pin.name}: {state}, the lock pins {pin.version} (line {pin.line})",
                         f"{fix} (if pip finds no such version, the pin is gone from the index: re-lock on a box that works)",
