@@ -144,7 +144,12 @@ def bootstrap(
     strict = strict or cfg.report.strict
     if specs:
         fleet = fleet_run.FleetRequest(
-            config=cfg, hosts=tuple(specs), source=source, checkout=CHECKOUT, dry_run=dry_run
+            config=cfg,
+            hosts=tuple(specs),
+            source=source,
+            checkout=CHECKOUT,
+            dry_run=dry_run,
+            lock=_lock_text(lock, cfg),
         )
         with interruptible(), terminate_as_interrupt():  # SIGTERM/SIGHUP also stop the remote processes
             report = fleet_run.fleet(fleet, notify=lambda line: _say(f"gpu-preflight: {line}"))
@@ -407,6 +412,14 @@ def _lock_checks(path: str, cfg: PreflightConfig) -> tuple[tuple[str, Check], ..
 
     chosen = path or cfg.env.lock
     return (("env-lock", lock_check(read_lock(Path(chosen).expanduser()))),) if chosen else ()
+
+
+def _lock_text(path: str, cfg: PreflightConfig) -> str:
+    """The text of --lock FILE (else preflight.env.lock) for --hosts, checked here first; "" when none."""
+    from checks.env.lock import read_lock
+
+    chosen = Path(path or cfg.env.lock).expanduser() if path or cfg.env.lock else None
+    return read_lock(chosen).path.read_text(encoding="utf-8") if chosen else ""
 
 
 @task(

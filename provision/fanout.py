@@ -28,7 +28,7 @@ from provision.hosts import HostSpec
 from provision.remote import Prepared, RemoteError, Session, Stopped, connect, remote_path
 from provision.remote_net import measure_allreduce, measure_links
 from provision.ship import prepare_script, ship
-from provision.venv import ensure_venv, requirements
+from provision.venv import ensure_venv, install_note, requirements
 
 Notify = Callable[[str], None]
 
@@ -80,8 +80,10 @@ def _failure(done: Any, python: str, directory: str) -> str:
     missing = re.search(r"No module named '?([\w.]+)", err)
     if missing:
         return (
+            # --install first: a system Python (Debian 12, Ubuntu 23.04+) refuses `pip install` (PEP 668)
             f"the remote Python lacks gpu-preflight's dependencies (No module named '{missing.group(1)}'): "
-            f"run `cd {directory} && {python} -m pip install .` there, or bootstrap with --install"
+            f"bootstrap with --install (a virtualenv next to the checkout), or run "
+            f"`cd {directory} && {python} -m pip install .` there"
         )
     if done.code == 2:
         return f"bootstrap refused to run: {last}"
@@ -92,9 +94,16 @@ def _failure(done: Any, python: str, directory: str) -> str:
     return f"bootstrap {'left no report' if done.code == 1 else 'crashed'} (exit {done.code}): {last}"
 
 
-def run_bootstrap(session: Session, prepared: Prepared, cfg: PreflightConfig, dry_run: bool) -> tuple[int, dict]:
-    """Run bootstrap on the host; return its exit code and JSON report."""
+def run_bootstrap(
+    session: Session, prepared: Prepared, cfg: PreflightConfig, dry_run: bool, lock: str = ""
+) -> tuple[int, dict]:
+    """Run bootstrap on the host; return its exit code and JSON report. ``lock``: a lock file's text, sent to
+    the host's temporary directory and checked there (env-lock), as ``bootstrap --lock`` does on one box."""
     tmp = shlex.quote(prepared.tmp)
+    if lock:
+        session.run(f"cat > {tmp}/env.lock", 30, stdin=lock.encode())
+    remote_lock = f"{prepared.tmp}/env.lock" if lock else ""
+    cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, lock=remote_lock))  # never this box's path
     session.run(f"cat > {tmp}/config.yaml", 30, stdin=config_yaml(cfg))
     flags = " --dry-run" if dry_run else ""
     script = (
@@ -110,7 +119,13 @@ def run_bootstrap(session: Session, prepared: Prepared, cfg: PreflightConfig, dr
 
 
 def bootstrap_host(
-    spec: HostSpec, cfg: PreflightConfig, root: Path, dry_run: bool, sessions: dict[str, Session], stop: threading.Event
+    spec: HostSpec,
+    cfg: PreflightConfig,
+    root: Path,
+    dry_run: bool,
+    sessions: dict[str, Session],
+    stop: threading.Event,
+    lock: str = "",
 ) -> tuple[HostOutcome, Prepared | None]:
     """Take one host from connection to report; every failure becomes the outcome's reason."""
     start, prepared = time.monotonic(), None
@@ -125,7 +140,7 @@ def bootstrap_host(
         if cfg.hosts.install:
             venv = ensure_venv(session, prepared.directory, prepared.python, requirements(root), cfg.hosts.wheelhouse)
             prepared, installed = dataclasses.replace(prepared, python=shlex.quote(venv.python)), venv.summary
-        code, report = run_bootstrap(session, prepared, cfg, dry_run)
+        code, report = run_bootstrap(session, prepared, cfg, dry_run, lock)
     except RemoteError as exc:
         return HostOutcome(spec.name, "fail", str(exc), None, round(time.monotonic() - start, 2)), prepared
     except Stopped:
@@ -156,16 +171,18 @@ def _cleanup(sessions: dict[str, Session]) -> None:
 
 
 def run_fleet(
-    specs: list[HostSpec], cfg: PreflightConfig, root: Path, dry_run: bool, notify: Notify, source: str
+    specs: list[HostSpec], cfg: PreflightConfig, root: Path, dry_run: bool, notify: Notify, source: str, lock: str = ""
 ) -> FleetFacts:
-    """Bootstrap every host, then links and all-reduce across those that ran; clean up on every way out."""
+    """Bootstrap every host (each checked against ``lock``, a lock file's text, when given), then links and
+    all-reduce across those that ran; clean up on every way out."""
     stop, sessions = threading.Event(), dict[str, Session]()
     pool = ThreadPoolExecutor(max_workers=max(1, min(cfg.hosts.parallel, len(specs))))
     try:
-        futures = {pool.submit(bootstrap_host, s, cfg, root, dry_run, sessions, stop): s for s in specs}
+        futures = {pool.submit(bootstrap_host, s, cfg, root, dry_run, sessions, stop, lock): s for s in specs}
         results = _gather(futures)
         for outcome, _ in results:
-            notify(f"{outcome.name}: {outcome.reason or f'bootstrap done in {outcome.seconds:.0f} s'}")
+            done = f"{install_note(outcome.installed)}; " if outcome.installed else ""
+            notify(f"{outcome.name}: {outcome.reason or f'{done}bootstrap done in {outcome.seconds:.0f} s'}")
         ran = [(sessions[o.name], p) for o, p in results if o.status == "ok" and p is not None]
         links, links_skipped = measure_links(ran, cfg.network, notify)
         reports = {o.name: o.report for o, _ in results if o.report}

@@ -23,6 +23,7 @@ class FleetRequest:
     source: str
     checkout: Path  # shipped to every host
     dry_run: bool = False
+    lock: str = ""  # a lock file's text (bootstrap --lock): each host runs env-lock against it
 
 
 def fleet(request: FleetRequest, notify: Callable[[str], None]) -> FleetReport:
@@ -30,5 +31,5 @@ def fleet(request: FleetRequest, notify: Callable[[str], None]) -> FleetReport:
     from provision.fanout import run_fleet  # fabric and paramiko load only for fleet runs
 
     hosts = list(request.hosts)
-    facts = run_fleet(hosts, request.config, request.checkout, request.dry_run, notify, request.source)
+    facts = run_fleet(hosts, request.config, request.checkout, request.dry_run, notify, request.source, request.lock)
     return build_fleet_report(facts, request.config, platform.node())
