@@ -2,7 +2,8 @@
 
 break: training will not start or will hang (torch's CUDA build vs the driver, GPU arch vs the build's arch
 list, NCCL major/minor, Python minor, a package A has and B lacks); slow: it runs slower (power cap, PCIe, clocks,
-cores, memory, shm); info: everything else. Versions compare by PEP 440 (``packaging.version``), not as strings.
+NUMA placement, cores, memory, shm); info: everything else. Versions compare by PEP 440 (``packaging.version``),
+not as strings.
 
 JSON (``"diff": 1``)::
 
@@ -34,6 +35,12 @@ _SLOW = {
     "cores": "fewer usable cores feed fewer DataLoader workers (the seed article §4.2)",
     "mem_gib": "less RAM limits workers, page cache and pinned memory",
     "shm_mib": "a smaller /dev/shm limits DataLoader workers and NCCL's shared memory (ref/communication-and-planning.md)",
+    "local_cpus": "fewer CPUs on this GPU's NUMA node: its DataLoader workers and pinned copies beyond them cross the socket",
+}
+# Fields where more is slower (B having fewer is info).
+_SLOW_MORE = {
+    "cross_socket_pairs": "more GPU pairs cross the sockets without NVLink (path SYS): their P2P and all-reduce "
+    "traffic goes over UPI/QPI (NCCL models it at 10-40 GB/s), see gpu-topology",
 }
 _INFO = {
     "torch": "a different torch release: kernels, defaults and numerics can differ",
@@ -117,6 +124,8 @@ def diff(a: Side, b: Side) -> Diff:
     out += driver_fit(a, b) + arch_fit(a, b)
     out.sort(key=lambda d: RANKS.index(d.rank))
     not_compared = [f"A ({a.label}): {m}" for m in a.missing] + [f"B ({b.label}): {m}" for m in b.missing]
+    if ("cross_socket_pairs" in a.fields) != ("cross_socket_pairs" in b.fields):
+        not_compared.append("NUMA placement: only one side records GPU topology (2+ GPUs, snapshots from issue 10 on)")
     return Diff(a.label, b.label, tuple(out), tuple(not_compared))
 
 
@@ -157,6 +166,12 @@ def rank(key: str, a: Any, b: Any) -> Difference:
             "info", key, a, b, "torch is built for another CUDA; whether B's driver runs it is judged below"
         )
     leaf = key.rsplit(".", 1)[-1]
+    if leaf == "numa_node":
+        return Difference("info", key, a, b, "this GPU sits on another NUMA node: pin its rank and workers to its CPUs")
+    if leaf in _SLOW_MORE:
+        if _magnitude(b) > _magnitude(a):
+            return Difference("slow", key, a, b, _SLOW_MORE[leaf] + " (B has more)")
+        return Difference("info", key, a, b, "B has no more of them")
     if leaf in _SLOW:
         worse = _magnitude(b) < _magnitude(a)
         if worse:

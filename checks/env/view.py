@@ -54,6 +54,7 @@ def from_facts(m: MachineFacts, label: str, kind: str = "snapshot") -> Side:
         width = g.pcie_width_loaded or g.pcie_width_max
         fields[f"gpu{g.index}.pcie"] = f"gen{gen} x{width}" if gen and width else None
         fields[f"gpu{g.index}.sm_clock_max_mhz"] = g.sm_clock_max_mhz
+    fields.update(_numa(m))
     missing: tuple[str, ...] = ()
     if m.env is None:
         missing = ("packages, variables, OS, glibc, nvcc and CPU flags (the snapshot predates them)",)
@@ -63,6 +64,19 @@ def from_facts(m: MachineFacts, label: str, kind: str = "snapshot") -> Side:
         fields.update({f"var:{k}": v for k, v in m.env.variables.items()})
     ccs = tuple(g.compute_capability for g in m.nvml.gpus if g.compute_capability)
     return Side(label, fields, missing, kind, ccs, m.torch.arch_list if m.torch.version else None)
+
+
+def _numa(m: MachineFacts) -> dict[str, Any]:
+    """NUMA placement from the topology facts (boxes with 2+ GPUs; none in snapshots that predate them): each
+    GPU's node and count of local CPUs, and the GPU pairs that cross the sockets without NVLink (path SYS)."""
+    topo = m.topology
+    if topo is None or not topo.gpus:
+        return {}
+    out: dict[str, Any] = {"cross_socket_pairs": sum(1 for p in topo.pairs if not p.nvlinks and p.level == 50)}
+    for g in topo.gpus:
+        out[f"gpu{g.index}.numa_node"] = g.numa_node
+        out[f"gpu{g.index}.local_cpus"] = len(g.cpus) or None
+    return out
 
 
 def from_report(doc: dict[str, Any], label: str) -> Side:

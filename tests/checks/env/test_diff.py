@@ -136,3 +136,38 @@ def test_cli_exit_codes_and_json(tmp_path: Path) -> None:
     assert _cli(str(a), str(a)).returncode == 0
     bad = _cli(str(a), str(tmp_path / "nope.json"))
     assert bad.returncode == 2 and "nope.json does not exist" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _on_two_sockets(m: MachineFacts) -> MachineFacts:
+    """The 4-GPU box with GPUs 2 and 3 moved to NUMA node 1 (32 CPUs each) and their pairs with 0 and 1 SYS."""
+    topo = m.topology
+    assert topo is not None and len(topo.gpus) == 4
+    far = {2, 3}
+    gpus = tuple(
+        dataclasses.replace(g, numa_node=1, cpus=tuple(range(64, 96))) if g.index in far else g for g in topo.gpus
+    )
+    pairs = tuple(dataclasses.replace(p, level=50) if (p.a in far) != (p.b in far) else p for p in topo.pairs)
+    return dataclasses.replace(m, topology=dataclasses.replace(topo, gpus=gpus, pairs=pairs))
+
+
+def test_numa_placement_is_compared_and_a_split_box_is_slow() -> None:
+    one, _ = load_snapshot(FIXTURES / "rtx4090-4x-no-p2p.json")
+    split = _on_two_sockets(one)
+    d = diff(from_facts(one, "A"), from_facts(split, "B"))
+    got = {x.field: (x.rank, x.a, x.b) for x in d.differences}
+    assert got == {
+        "cross_socket_pairs": ("slow", 0, 4),
+        "gpu2.local_cpus": ("slow", 64, 32),
+        "gpu3.local_cpus": ("slow", 64, 32),
+        "gpu2.numa_node": ("info", 0, 1),
+        "gpu3.numa_node": ("info", 0, 1),
+    }
+    back = {x.field: x.rank for x in diff(from_facts(split, "A"), from_facts(one, "B")).differences}
+    assert set(back.values()) == {"info"} and "cross_socket_pairs" in back  # B is the better placed box
+
+
+def test_numa_is_not_compared_when_one_side_has_no_topology() -> None:
+    four, _ = load_snapshot(FIXTURES / "rtx4090-4x-no-p2p.json")
+    d = diff(from_facts(dataclasses.replace(four, topology=None), "A"), from_facts(four, "B"))
+    assert not any("numa" in x.field or "cross_socket" in x.field for x in d.differences)
+    assert any(m.startswith("NUMA placement: only one side") for m in d.not_compared)
