@@ -12,6 +12,7 @@ checkout, shipped with it) pip installs ``--no-index --find-links`` from it: for
 from __future__ import annotations
 
 import hashlib
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,12 @@ class Installed:
     """Where the dependencies are and what this run put there."""
 
     python: str  # absolute path of the virtualenv's Python
-    summary: str  # one line for the report
+    summary: str  # one line for the report: "<what was done, where>[ (<how>[: <name-version ...>])]"
+
+
+def install_note(summary: str) -> str:
+    """The short head of an ``Installed.summary``, what and where without how and the list (a table's note)."""
+    return summary.split(" (", 1)[0]
 
 
 def install_script(directory: str, python: str, requirements: tuple[str, ...], wheelhouse: str = "") -> str:
@@ -62,7 +68,7 @@ def ensure_venv(
     if word == "ready":
         return Installed(f"{venv}/bin/python", f"dependencies already in {venv}")
     if word == "installed":
-        return Installed(f"{venv}/bin/python", f"installed into {venv} ({_what(done.err, wheelhouse)})")
+        return Installed(f"{venv}/bin/python", _what(done.err, venv, wheelhouse))
     last = _last(done.err)
     if word == "novenv":
         raise RemoteError(f"cannot create {venv} with {python}: {last} (apt-get install python3-venv there)")
@@ -72,11 +78,26 @@ def ensure_venv(
     raise RemoteError(f"pip could not install the dependencies into {venv} {where}: {last}")
 
 
-def _what(pip_output: str, wheelhouse: str) -> str:
-    """Name what pip installed (its 'Successfully installed' line) and where from."""
+def _what(pip_output: str, venv: str, wheelhouse: str) -> str:
+    """Say what pip installed where (its 'Successfully installed' line), from where, and what the box kept."""
     found = [line for line in pip_output.splitlines() if line.startswith("Successfully installed ")]
-    names = found[-1].removeprefix("Successfully installed ") if found else "nothing new: all were present"
-    return f"{names}; with the box's pip{', --no-index from ' + wheelhouse if wheelhouse else ''}"
+    names = found[-1].removeprefix("Successfully installed ").split() if found else []
+    how = "with the box's pip" + (f", --no-index from {wheelhouse}" if wheelhouse else "")
+    kept = _kept(pip_output)
+    how += f"; kept the box's {', '.join(kept)}" if kept else ""
+    if not names:
+        return f"installed nothing new into {venv} ({how}; pip found every dependency there)"
+    return f"installed {len(names)} distributions into {venv} ({how}): {' '.join(names)}"
+
+
+def _kept(pip_output: str) -> list[str]:
+    """The box's own distributions pip found sufficient outside the virtualenv (its system site-packages)."""
+    kept = []
+    for line in pip_output.splitlines():
+        found = re.match(r"Requirement already satisfied: ([A-Za-z0-9._-]+)\S* in (\S+).*\(([^()]+)\)$", line)
+        if found and f"/{VENV}/" not in found.group(2):
+            kept.append(f"{found.group(1).lower()} {found.group(3)}")
+    return sorted(set(kept))
 
 
 def _last(text: str) -> str:

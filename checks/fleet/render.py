@@ -24,7 +24,8 @@ def hosts_table(report: FleetReport) -> list[str]:
     rows = [["host", "status", "exit", "seconds", "ok", "warn", "fail", "skip", "error", "note"]]
     for h in report.hosts():
         c = h["counts"]
-        note = h["reason"] or ""
+        # --install: the head of provision/venv.py's summary, what and where ("installed 27 distributions into ...")
+        note = h["reason"] or (h.get("installed") or "").split(" (", 1)[0]
         exit_code = "-" if h["exit_code"] is None else str(h["exit_code"])
         rows.append(
             [

@@ -6,7 +6,8 @@ JSON, schema 1: the single-host report (``checks/result.py``) extended::
     {"schema": 1, "tool": ..., "host": "<this machine>", "machine": "fleet of 4 hosts (--hosts)",
      "counts": {...all results...},
      "hosts": [{"host": "h1", "status": "ok" | "fail", "reason": null | "unreachable: ...",
-                "exit_code": 1, "seconds": 12.3, "counts": {...}}],
+                "exit_code": 1, "seconds": 12.3, "counts": {...},
+                "installed": null | "installed 27 distributions into /root/.../.venv (how; kept ...): a-1 b-2"}],
      "results": [{...a result..., "host": "h1"},       # host null: about the fleet (links, all-reduce)
                  ...],
      "measurements": {"hosts": {"h1": {...that host's measurements...}},
@@ -58,7 +59,7 @@ def _fail_hint(reason: str) -> str:
         "host key": "the host's key changed: verify it, then update ~/.ssh/known_hosts",
         "no Python": "install Python 3.10+ there, or point hosts.python (or python= in a hosts file) at it",
         "too old": "use a Python 3.10+ there (hosts.python, or python= in a hosts file)",
-        "dependencies": "install gpu-preflight's dependencies with that Python (the command is in the reason)",
+        "dependencies": "bootstrap --hosts with --install, or install the dependencies with that Python (see the reason)",
         "died mid-run": "look at the host: out of memory, rebooted, or lost its network",
     }
     return next((h for key, h in hints.items() if key in reason), "see the reason; run bootstrap there by hand")
@@ -220,6 +221,7 @@ class FleetReport:
                     "reason": o.reason,
                     "exit_code": o.exit_code,
                     "seconds": o.seconds,
+                    "installed": o.installed,
                     "counts": counts,
                 }
             )
