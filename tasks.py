@@ -113,7 +113,7 @@ def _finish(report: Report | FleetReport, json_path: str, strict: bool, every_ro
         "dry_run": "show what the allocator setting would change in the shell files, write nothing",
         "hosts": "bootstrap these hosts over SSH instead: h1,h2 or user@host:port (~/.ssh/config applies)",
         "hosts_file": "bootstrap the hosts listed in FILE (one per line; DeepSpeed's 'host slots=N' works)",
-        "lock": "also check this box against a lock FILE (invoke lock): every pin installed at its version",
+        "lock": "also check this box (with --hosts: each host) against a lock FILE (invoke lock): every pin at its version",
         "install": "with --hosts: install the dependencies into a virtualenv next to each host's checkout first",
         "all": "print every row: each skip too (by default skips sharing a reason are one line)",
     }
