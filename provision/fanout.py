@@ -94,9 +94,16 @@ def _failure(done: Any, python: str, directory: str) -> str:
     return f"bootstrap {'left no report' if done.code == 1 else 'crashed'} (exit {done.code}): {last}"
 
 
-def run_bootstrap(session: Session, prepared: Prepared, cfg: PreflightConfig, dry_run: bool) -> tuple[int, dict]:
-    """Run bootstrap on the host; return its exit code and JSON report."""
+def run_bootstrap(
+    session: Session, prepared: Prepared, cfg: PreflightConfig, dry_run: bool, lock: str = ""
+) -> tuple[int, dict]:
+    """Run bootstrap on the host; return its exit code and JSON report. ``lock``: a lock file's text, sent to
+    the host's temporary directory and checked there (env-lock), as ``bootstrap --lock`` does on one box."""
     tmp = shlex.quote(prepared.tmp)
+    if lock:
+        session.run(f"cat > {tmp}/env.lock", 30, stdin=lock.encode())
+    remote_lock = f"{prepared.tmp}/env.lock" if lock else ""
+    cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, lock=remote_lock))  # never this box's path
     session.run(f"cat > {tmp}/config.yaml", 30, stdin=config_yaml(cfg))
     flags = " --dry-run" if dry_run else ""
     script = (
@@ -112,7 +119,13 @@ def run_bootstrap(session: Session, prepared: Prepared, cfg: PreflightConfig, dr
 
 
 def bootstrap_host(
-    spec: HostSpec, cfg: PreflightConfig, root: Path, dry_run: bool, sessions: dict[str, Session], stop: threading.Event
+    spec: HostSpec,
+    cfg: PreflightConfig,
+    root: Path,
+    dry_run: bool,
+    sessions: dict[str, Session],
+    stop: threading.Event,
+    lock: str = "",
 ) -> tuple[HostOutcome, Prepared | None]:
     """Take one host from connection to report; every failure becomes the outcome's reason."""
     start, prepared = time.monotonic(), None
@@ -127,7 +140,7 @@ def bootstrap_host(
         if cfg.hosts.install:
             venv = ensure_venv(session, prepared.directory, prepared.python, requirements(root), cfg.hosts.wheelhouse)
             prepared, installed = dataclasses.replace(prepared, python=shlex.quote(venv.python)), venv.summary
-        code, report = run_bootstrap(session, prepared, cfg, dry_run)
+        code, report = run_bootstrap(session, prepared, cfg, dry_run, lock)
     except RemoteError as exc:
         return HostOutcome(spec.name, "fail", str(exc), None, round(time.monotonic() - start, 2)), prepared
     except Stopped:
@@ -158,13 +171,14 @@ def _cleanup(sessions: dict[str, Session]) -> None:
 
 
 def run_fleet(
-    specs: list[HostSpec], cfg: PreflightConfig, root: Path, dry_run: bool, notify: Notify, source: str
+    specs: list[HostSpec], cfg: PreflightConfig, root: Path, dry_run: bool, notify: Notify, source: str, lock: str = ""
 ) -> FleetFacts:
-    """Bootstrap every host, then links and all-reduce across those that ran; clean up on every way out."""
+    """Bootstrap every host (each checked against ``lock``, a lock file's text, when given), then links and
+    all-reduce across those that ran; clean up on every way out."""
     stop, sessions = threading.Event(), dict[str, Session]()
     pool = ThreadPoolExecutor(max_workers=max(1, min(cfg.hosts.parallel, len(specs))))
     try:
-        futures = {pool.submit(bootstrap_host, s, cfg, root, dry_run, sessions, stop): s for s in specs}
+        futures = {pool.submit(bootstrap_host, s, cfg, root, dry_run, sessions, stop, lock): s for s in specs}
         results = _gather(futures)
         for outcome, _ in results:
             done = f"{install_note(outcome.installed)}; " if outcome.installed else ""
