@@ -329,6 +329,8 @@ def _show_judged(judged: Judged, every_row: bool = False) -> None:
         "device": "auto, cuda or cpu (default preflight.verify.device)",
         "nproc": "processes, DistributedDataParallel (default: every visible GPU when two or more; CPU: gloo)",
         "all": "print every row, bootstrap's ok and skipped checks too (by default only those that need a look)",
+        "hosts": "train across these hosts over SSH (DDP, rank 0 on the first): h1,h2 or user@host:port",
+        "hosts_file": "train across the hosts listed in FILE (one per line; 'host slots=N' sets its ranks)",
     }
 )
 def verify(
@@ -350,6 +352,8 @@ def verify(
     device: str = "",
     nproc: int = 0,
     all: bool = False,
+    hosts: str = "",
+    hosts_file: str = "",
 ) -> None:
     """Train a few dozen steps as the real run will and say where step time goes: verdict, fix, cost."""
     from checks.verify import run as run_verify
@@ -374,8 +378,17 @@ def verify(
         device=device,
         nproc=nproc,
     )
-    with interruptible():
-        judged = run_verify.verify(run_verify.VerifyRequest(config=cfg, options=options), say=_say)
+    request = run_verify.VerifyRequest(config=cfg, options=options)
+    specs, source = select_hosts(hosts, hosts_file, os.environ, cfg.hosts.slurm)
+    if specs and nproc:
+        raise PreflightError("--nproc is per box; with --hosts each host runs one rank per GPU (slots=N caps it)")
+    with interruptible(), terminate_as_interrupt():
+        if specs:
+            from checks.verify.hosts import verify_hosts
+
+            judged = verify_hosts(request, specs, source, CHECKOUT, _say)
+        else:
+            judged = run_verify.verify(request, say=_say)
     _show_judged(judged, every_row=all)
     code = judged.report.exit_code(strict=cfg.report.strict)
     if code:

@@ -331,7 +331,8 @@ def _comm(s: Signals, cfg: VerifyConfig) -> Verdict | None:
         return None
     severity, confidence = _severity(share, s, cfg, cfg.share_warn)
     summary, fix = distributed.comm_text(d, cfg.share_warn)
-    ev = {k: d.get(k) for k in ("world_size", "backend", "comm_exposed_ms", "grad_bytes", "busbw_gbs", "ab")}
+    keys = ("world_size", "backend", "comm_exposed_ms", "grad_bytes", "busbw_gbs", "ab", "hosts", "link_mbit_s")
+    ev = {k: d.get(k) for k in keys if k in d}
     return Verdict("comm-bound", severity, confidence, summary, fix, share, ev)
 
 

@@ -10,7 +10,8 @@ forward+backward of the slowest rank: the exchange the step waits for), ``comm_s
 ``busbw_gbs`` (grad_bytes x 2(N-1)/N over the exposed time: what the exchange moved at least that fast; an
 upper bound on the link's busbw when some of it overlapped the backward), ``ab`` (windows, steps, both medians
 and their spread), ``per_rank`` ([{rank, median_s, own_s, sync_s, data_wait_share, error}]: own_s is the
-rank's ``no_sync`` median, its speed without waiting for the others).
+rank's ``no_sync`` median, its speed without waiting for the others). With ``--hosts`` also ``hosts``
+([{host, address, ranks}]) and ``link_mbit_s`` (busbw_gbs in Mbit/s: what the network between them carried).
 """
 
 from __future__ import annotations
@@ -112,6 +113,9 @@ def figures(r: dict[str, Any], samples_per_step: int) -> dict[str, Any] | None:
     m["samples_per_s"] = world * samples_per_step / step if step else None
     m["samples_per_s_one"] = samples_per_step / alone if alone else None
     m["ab"] = _ab(ab)
+    if own.get("hosts"):  # --hosts: the exchange crossed the network between them
+        m["hosts"] = own["hosts"]
+        m["link_mbit_s"] = round(m["busbw_gbs"] * 8000, 1) if m["busbw_gbs"] else None
     return m
 
 
@@ -178,8 +182,16 @@ def comm_text(d: dict[str, Any], target: float) -> tuple[str, str]:
             "DistributedDataParallel(bucket_cap_mb=...): larger buckets overlap more of the exchange with the backward (not measured here)",
         )
     )
+    hosts = d.get("hosts") or []
+    if hosts:
+        summary += f" across {len(hosts)} hosts" + (
+            f": the link carried at least {d['link_mbit_s']:,.0f} Mbit/s of busbw" if d.get("link_mbit_s") else ""
+        )
     link = (
-        "one box whose GPUs share NVLink (ring busbw ~230 GB/s on 8x A100 SXM, ~370 on 8x H100; PCIe-only boxes ~20-35: communication-and-planning.md) instead of PCIe or two boxes"
+        f"one box with all {d['world_size']} ranks instead of {len(hosts)} hosts (bootstrap --hosts measures the link "
+        "itself: net-link), or hosts joined by a faster interconnect (InfiniBand / RoCE at 100-400 Gbit/s)"
+        if hosts
+        else "one box whose GPUs share NVLink (ring busbw ~230 GB/s on 8x A100 SXM, ~370 on 8x H100; PCIe-only boxes ~20-35: communication-and-planning.md) instead of PCIe or two boxes"
         if d["backend"] == "nccl"
         else "on GPUs the exchange goes over NVLink, PCIe or the network instead: run verify --nproc on the GPU box"
     )

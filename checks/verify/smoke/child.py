@@ -230,6 +230,8 @@ class Smoke:
         saved = save_atomic(payload, Path(spec["dir"])) if ddp.rank() == 0 else None
         saved = ddp.share(saved) if distributed else saved
         assert saved is not None
+        copied = distributed and int(self.spec["ddp"].get("nodes", 1)) > 1  # other hosts cannot read rank 0's disk
+        saved = ddp.copy_file(saved, Path(spec["dir"])) if copied else saved
         del payload
         with deterministic():
             recording = Recording(b.feed)
@@ -244,7 +246,7 @@ class Smoke:
             again = [r.loss for r in self.leg(fresh, replay, spec["resume_steps"])]
         b.trainer, b.feed = fresh, feed  # later phases go on from the resumed state (one model in memory)
         ddp.barrier()  # every rank has loaded it
-        if ddp.rank() == 0:
+        if ddp.rank() == 0 or copied:  # rank 0's file, or this rank's own copy
             os.unlink(saved.path)
         verdict = compare(on, again, spec["rtol"])
         data = same_batches(recording.kept, replay.drawn) | {"workers": int(b.loader.get("num_workers") or 0)}

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import datetime
 import statistics
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ def start(ddp: dict[str, Any]) -> None:
     if ddp["backend"] == "gloo" and ddp.get("threads"):
         torch.set_num_threads(int(ddp["threads"]))  # torchrun's OMP_NUM_THREADS: the ranks share the cores
     if ddp["backend"] == "nccl":
-        torch.cuda.set_device(int(ddp["rank"]))
+        torch.cuda.set_device(int(ddp.get("local_rank", ddp["rank"])))  # the GPU index on this host
     dist.init_process_group(
         ddp["backend"],
         init_method=f"tcp://{ddp['addr']}:{ddp['port']}",
@@ -132,3 +133,14 @@ def share(obj: Any) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def copy_file(saved: Any, directory: str | Path) -> Any:
+    """Rank 0's saved checkpoint on every rank's own disk (across hosts): its bytes sent over the process group,
+    written to ``directory`` here; rank 0 keeps its own. Returns the record with this rank's path."""
+    data = share(Path(saved.path).read_bytes() if rank() == 0 else None)
+    if rank() == 0:
+        return saved
+    path = Path(directory) / f"rank{rank()}-{Path(saved.path).name}"
+    path.write_bytes(data)
+    return dataclasses.replace(saved, path=str(path))

@@ -1,7 +1,9 @@
 """Start one smoke child per rank and watch them together (parent side, no torch).
 
-torchrun's static single-node rendezvous, kept small: every rank gets its own spec (rank, world size, and the
-TCP store rank 0 hosts on a free port of 127.0.0.1), its own events file and log. All ranks share one process
+torchrun's static rendezvous, kept small: every rank gets its own spec (rank, world size, and the TCP store rank
+0 hosts: on one box a free port of 127.0.0.1; across hosts the ``Node`` the caller gives, rank 0's host address
+and a port), its own events file and log. Across hosts each host runs this for its own ranks (``Node``: the
+first global rank here and how many run here); the caller joins the hosts' results. All ranks share one process
 group, led by rank 0 and apart from the task's (the terminal's Ctrl-C does not reach it), so one ``killpg`` ends every rank and its DataLoader workers: no
 orphans. A rank that exits with an error (or without a result) stops the run at once, as the others would only
 wait for it in the next all-reduce; a rank still running long after another ended cleanly is hung. Ctrl-C goes to
@@ -20,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class Node:
+    """This host's part of a rendezvous: the store at ``addr:port`` (rank 0's host), ranks ``first`` to
+    ``first + local - 1`` started here, ``index`` of ``nodes`` hosts."""
+
+    addr: str
+    port: int
+    first: int
+    local: int
+    index: int = 0
+    nodes: int = 1
+
+
 def run_ddp(
     spec: dict[str, Any],
     timeout_s: float,
@@ -44,24 +60,27 @@ def run_ddp(
     on_start: Callable[[int], None] = lambda pid: None,
     python: str = sys.executable,
     extra_env: Mapping[str, str] | None = None,
+    node: Node | None = None,
 ) -> ChildRun:
-    """Run ``spec["ddp"]["world_size"]`` ranks; return rank 0's result with every rank's figures under ``ranks``.
+    """Run this host's ranks (all ``spec["ddp"]["world_size"]`` of them without ``node``); return the first
+    one's result (rank 0's on one box) with every local rank's figures under ``ranks``.
 
     Every rank gets ``extra_env`` as ``run_smoke``'s child does (``child_env``)."""
     world = int(spec["ddp"]["world_size"])
+    here = node or Node("127.0.0.1", free_port(), 0, world)
     with tempfile.TemporaryDirectory(prefix="gpu-preflight-ddp-") as tmp:
         work = Path(tmp)
-        port, start = free_port(), time.monotonic()
+        start = time.monotonic()
         env, kept = child_env(extra_env)
         procs: list[subprocess.Popen[bytes]] = []
         try:
-            for r in range(world):
-                procs.append(_spawn(spec, r, port, work, python, env, procs[0].pid if procs else None))
+            for r in range(here.local):
+                procs.append(_spawn(spec, here, r, work, python, env, procs[0].pid if procs else None))
             on_start(procs[0].pid)
             run = ChildRun(result=None, env_kept=kept)
             _watch(
                 procs,
-                [_Tail(work / f"events.{r}.jsonl") for r in range(world)],
+                [_Tail(work / f"events.{r}.jsonl") for r in range(here.local)],
                 work,
                 run,
                 timeout_s,
@@ -71,16 +90,18 @@ def run_ddp(
         finally:
             _kill_group(procs)
         run.seconds = time.monotonic() - start
-        results = [_read_json(work / f"result.{r}.json") for r in range(world)]
-        logs = [_tail(work / f"rank{r}.log") for r in range(world)]
-        combine(run, results, logs)
+        results = [_read_json(work / f"result.{r}.json") for r in range(here.local)]
+        logs = [_tail(work / f"rank{r}.log") for r in range(here.local)]
+        combine(run, results, logs, here.first)
         return run
 
 
 def _spawn(
-    spec: dict[str, Any], rank: int, port: int, work: Path, python: str, env: dict[str, str], group: int | None
+    spec: dict[str, Any], node: Node, rank: int, work: Path, python: str, env: dict[str, str], group: int | None
 ) -> subprocess.Popen[bytes]:
-    ddp = {**spec["ddp"], "rank": rank, "addr": "127.0.0.1", "port": port}
+    """Start local rank ``rank`` (global ``node.first + rank``)."""
+    ddp = {**spec["ddp"], "rank": node.first + rank, "local_rank": rank, "addr": node.addr, "port": node.port}
+    ddp |= {"nodes": node.nodes}
     mine = {
         **spec,
         "ddp": ddp,
@@ -173,16 +194,18 @@ def _kill_group(procs: list[subprocess.Popen[bytes]]) -> None:
         p.wait()
 
 
-def combine(run: ChildRun, results: list[dict[str, Any] | None], logs: list[str]) -> None:
-    """Rank 0's result stands for the run; every rank's steps and A/B figures go under ``ranks``; a failed rank's
-    error and log replace rank 0's (whose own error is then only the lost peer)."""
+def combine(run: ChildRun, results: list[dict[str, Any] | None], logs: list[str], first: int = 0) -> None:
+    """The first local rank's result (rank 0's on one box) stands for the run; every rank's steps and A/B figures
+    go under ``ranks`` (global numbers from ``first``); a failed rank's error and log replace rank 0's (whose own
+    error is then only the lost peer). ``run.rank`` is made global."""
     failed = run.rank
+    run.rank = None if failed is None else first + failed
     base = dict(results[0] or {}) if results[0] or failed is None else dict(results[failed] or {})
     run.log_tail = logs[failed if failed is not None else 0]
     if failed is not None:
         bad = results[failed] or {}
         what = bad.get("error") or f"{run.failure}: exit without a result"
-        base.update(error=f"rank {failed}: {what}", error_kind=bad.get("error_kind") or "crash")
+        base.update(error=f"rank {first + failed}: {what}", error_kind=bad.get("error_kind") or "crash")
     if not base:
         run.result = None
         return
@@ -190,7 +213,7 @@ def combine(run: ChildRun, results: list[dict[str, Any] | None], logs: list[str]
         base.update(interrupted=True, error=None, error_kind=None)
     base["ranks"] = [
         {
-            "rank": r,
+            "rank": first + r,
             "steps": (res or {}).get("steps") or [],
             "ddp": (res or {}).get("ddp"),
             "error": (res or {}).get("error"),

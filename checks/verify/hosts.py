@@ -1,0 +1,297 @@
+"""``invoke verify --hosts h1,h2``: the same DDP run across hosts, over the SSH fan-out of ``bootstrap --hosts``.
+
+Every host is connected, its Python checked and the checkout shipped as for bootstrap (``provision.fanout``,
+``--install`` included), then probed (``checks.verify.smoke.node probe``: GPUs, cores, and on the first host a
+free port). The ranks are planned here: NCCL with one rank per GPU where every host has GPUs and NCCL (``slots=N``
+caps a host), else gloo with one rank per host (``slots=N``: N); rank 0 is on the first host, whose address
+(as SSH reached it, or ``addr=`` from a hosts file) and free port are the static rendezvous. Each host runs its
+own ranks (``node run``); rank 0's result, with every rank's figures, is judged here as a one-box run is.
+
+A host that cannot be reached or readied is one line and exit 2 before anything runs. A host whose ranks fail
+stops the others (SIGTERM to their node, which stops its ranks); the report names the rank. Ctrl-C stops every
+host's ranks after their step and judges the partial run (exit 130).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from checks.config import PreflightConfig
+from checks.errors import PreflightError
+from checks.probe import LocalProbe
+from checks.result import Report, Result, ok
+from checks.verify import plan as v
+from checks.verify.sampler import Trace
+from checks.verify.smoke.launch import INTERRUPT_GRACE_S, ChildRun
+from provision.hosts import HostSpec
+
+Say = Callable[[str], None]
+LOST_PEER = ("connection closed", "connection reset", "broken pipe", "peer", "timed out")
+
+
+@dataclasses.dataclass
+class Host:
+    """A readied host: its session, checkout, and what it brings."""
+
+    spec: HostSpec
+    session: Any  # provision.remote.Session (fabric loads only for --hosts)
+    prepared: Any  # provision.remote.Prepared
+    probe: dict[str, Any]
+    shipped: str
+
+
+def layout(hosts: list[Host], device: str) -> tuple[str, list[int]]:
+    """The backend and the ranks per host: NCCL one per GPU where all have GPUs and NCCL, else gloo."""
+    gpus = [h.probe.get("gpus", 0) if h.probe.get("nccl") else 0 for h in hosts]
+    if device != "cpu" and all(gpus):
+        return "nccl", [min(g, h.spec.slots or g) for g, h in zip(gpus, hosts, strict=True)]
+    if device == "cuda":
+        missing = [h.spec.name for g, h in zip(gpus, hosts, strict=True) if not g]
+        raise PreflightError(f"verify --hosts --device cuda: no CUDA GPU with NCCL on {', '.join(missing)}")
+    return "gloo", [h.spec.slots or 1 for h in hosts]
+
+
+def ready(spec: HostSpec, cfg: PreflightConfig, root: Path, stop: threading.Event, sessions: dict[str, Any]) -> Host:
+    """Connect, claim the checkout directory, ship it (and install with --install), probe the host."""
+    from provision.fanout import prepare
+    from provision.remote import connect
+    from provision.ship import ship
+    from provision.venv import ensure_venv, requirements
+
+    session = connect(spec, cfg.hosts, stop)
+    sessions[spec.name] = session
+    prepared = prepare(session, cfg)
+    timeouts = (cfg.hosts.connect_timeout_s, cfg.hosts.dead_after_s)
+    shipped = ship(session, root, prepared.directory, prepared.rsync, timeouts)
+    if cfg.hosts.install:
+        venv = ensure_venv(session, prepared.directory, prepared.python, requirements(root), cfg.hosts.wheelhouse)
+        prepared = dataclasses.replace(prepared, python=shlex.quote(venv.python))
+    first = not sessions or next(iter(sessions)) == spec.name
+    found = _node(session, prepared, ["probe", *(["port"] if first else [])], 120)
+    if "error" in found or not found.get("torch"):
+        raise PreflightError(
+            f"{spec.name}: torch is not usable there: {found.get('torch_error') or found.get('error')}"
+        )
+    return Host(spec, session, prepared, found, shipped)
+
+
+def _node(session: Any, prepared: Any, args: list[str], timeout: float, stdin: bytes | None = None) -> dict[str, Any]:
+    """Run ``python -m checks.verify.smoke.node ARGS`` in the host's checkout; its last line as JSON."""
+    script = f"cd {shlex.quote(prepared.directory)} && exec env -u SLURM_JOB_NODELIST {prepared.python} -m checks.verify.smoke.node {shlex.join(args)}"
+    done = session.run(script, timeout, track=True, stdin=stdin, stoppable=False)
+    lines = done.out.strip().splitlines()
+    try:
+        return dict(json.loads(lines[-1]))
+    except (IndexError, ValueError):
+        tail = (done.err.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit {done.code}: {tail[:300]}"}
+
+
+def node_spec(spec: dict[str, Any], host: Host, block: dict[str, Any], node: dict[str, Any], cfg: Any) -> bytes:
+    """Verify's child spec for one host: its ranks, its own checkpoint directory, the checkout as the user path."""
+    mine = {**spec, "ddp": {**block, "threads": max(1, int(host.probe["cores"]) // node["local"])}}
+    mine["checkpoint"] = {**spec["checkpoint"], "dir": f"{host.prepared.tmp}/ckpt"}
+    mine |= {"user_path": host.prepared.directory, "node": node, "timeout_s": cfg.timeout_s}
+    mine["stall_s"] = cfg.stall_timeout_s
+    return json.dumps(mine).encode()
+
+
+def _run_node(host: Host, payload: bytes, timeout: float) -> dict[str, Any]:
+    tmp = shlex.quote(host.prepared.tmp)
+    host.session.run(f"mkdir -p {tmp}/ckpt && cat > {tmp}/spec.json", 30, stdin=payload, stoppable=False)
+    return _node(host.session, host.prepared, ["run", f"{host.prepared.tmp}/spec.json"], timeout)
+
+
+def _failed(got: dict[str, Any]) -> bool:
+    return bool("error" in got or got.get("failure") or (got.get("result") or {}).get("error"))
+
+
+def run_nodes(
+    hosts: list[Host], payloads: list[bytes], timeout: float, say: Say
+) -> tuple[list[dict[str, Any]], list[int], bool]:
+    """Run every host's ranks; when one host fails, stop the others; Ctrl-C stops all of them after their step.
+
+    Returns each host's run, the order in which they ended, and whether Ctrl-C cut the run short."""
+    pool = ThreadPoolExecutor(max_workers=len(hosts))
+    futures: dict[Future[dict[str, Any]], int] = {
+        pool.submit(_run_node, h, p, timeout): i for i, (h, p) in enumerate(zip(hosts, payloads, strict=True))
+    }
+    order: list[int] = []
+    interrupted = stopping = False
+    try:
+        pending = set(futures)
+        while pending:
+            try:
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            except KeyboardInterrupt:
+                if interrupted:
+                    raise
+                interrupted = stopping = True
+                say("verify: interrupted: stopping every host's ranks after their step")
+                _stop_all(hosts)
+                continue
+            for f in done:
+                order.append(futures[f])
+                if not stopping and (f.exception() or _failed(f.result())) and pending:
+                    stopping = True
+                    say(f"verify: {hosts[futures[f]].spec.name} failed: stopping the other hosts' ranks")
+                    _stop_all([hosts[futures[g]] for g in pending])
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    runs = [f.result() if not f.exception() else {"error": str(f.exception())} for f in futures]
+    return runs, order, interrupted
+
+
+def _stop_all(hosts: list[Host]) -> None:
+    threads = [threading.Thread(target=h.session.kill, daemon=True) for h in hosts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+
+
+def combine(hosts: list[Host], runs: list[dict[str, Any]], order: list[int], interrupted: bool) -> ChildRun:
+    """Rank 0's result with every host's ranks; a failure is the first host's to fail for its own reason (a
+    rank that only lost its peer on another host comes after)."""
+    base = dict(runs[0].get("result") or {})
+    ranks = [r for got in runs for r in ((got.get("result") or {}).get("ranks") or [])]
+    failing = [i for i in order if _failed(runs[i])]
+    own = [i for i in failing if not any(w in _why(runs[i]).lower() for w in LOST_PEER)]
+    culprit = next(iter(own or failing), None)
+    run = ChildRun(result=None, interrupted=interrupted, seconds=max((g.get("seconds") or 0.0) for g in runs))
+    if culprit is not None and not interrupted:
+        got = runs[culprit]
+        bad = got.get("result") or {}
+        run.failure, run.rank = got.get("failure") or "crashed", got.get("rank")
+        run.log_tail = got.get("log_tail") or got.get("error") or ""
+        where = f"on {hosts[culprit].spec.name}"
+        base = {**(base or bad), "error": f"{bad.get('error') or got.get('error') or run.failure} ({where})"}
+        base["error_kind"] = bad.get("error_kind") or "crash"
+    if interrupted and base:
+        base.update(interrupted=True, error=None, error_kind=None)
+    if base:
+        base["ranks"] = sorted(ranks, key=lambda r: r["rank"])
+        if base.get("ddp"):
+            base["ddp"] = {**base["ddp"], "hosts": _where(hosts, runs)}
+        run.result = base
+    return run
+
+
+def _why(got: dict[str, Any]) -> str:
+    return str((got.get("result") or {}).get("error") or got.get("error") or "")
+
+
+def _where(hosts: list[Host], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for h, got in zip(hosts, runs, strict=True):
+        ranks = [r["rank"] for r in ((got.get("result") or {}).get("ranks") or [])]
+        out.append({"host": h.spec.name, "address": h.session.peer_address(), "ranks": ranks})
+    return out
+
+
+def verify_hosts(request: Any, hosts: list[HostSpec], source: str, root: Path, say: Say) -> Any:
+    """Plan here, ready every host, run the ranks across them, judge rank 0's result (``checks.verify.run``)."""
+    from checks.verify.report import judge
+    from checks.verify.run import Judged
+
+    cfg, opts = request.config, request.options
+    if opts.sweep or opts.ab:
+        raise PreflightError("verify: --sweep and --ab time one process; run them without --hosts")
+    if len(hosts) < 2:
+        raise PreflightError("verify --hosts needs two or more hosts", hint="for one box: invoke verify --nproc N")
+    stop, sessions = threading.Event(), dict[str, Any]()
+    with ExitStack() as stack:
+        p, facts = v.plan(dataclasses.replace(opts, nproc=1), cfg, LocalProbe(cfg.probe.torch_timeout_s).machine, stack)
+        p = dataclasses.replace(p, spec={**p.spec, "loader_probe": None})
+        stack.callback(_close, sessions, stop)
+        say(f"verify: readying {len(hosts)} hosts from {source} (ship the checkout, probe torch)")
+        readied = _ready_all(hosts, cfg, root, stop, sessions)
+        backend, counts = layout(readied, p.spec["device"])
+        world = sum(counts)
+        block = {"world_size": world, "backend": backend, "windows": cfg.verify.ddp_windows}
+        block |= {"window_steps": cfg.verify.ddp_window_steps, "solo_steps": cfg.verify.ddp_solo_steps}
+        block["timeout_s"] = cfg.verify.ddp_timeout_s
+        addr, port = readied[0].session.peer_address(), int(readied[0].probe["port"])
+        firsts = [sum(counts[:i]) for i in range(len(counts))]
+        nodes = [
+            {"addr": addr, "port": port, "first": f, "local": n, "index": i, "nodes": len(readied)}
+            for i, (f, n) in enumerate(zip(firsts, counts, strict=True))
+        ]
+        say(f"verify: {world} ranks ({backend}) on {len(readied)} hosts, rendezvous {addr}:{port}")
+        payloads = [node_spec(p.spec, h, block, n, cfg.verify) for h, n in zip(readied, nodes, strict=True)]
+        runs, order, interrupted = run_nodes(readied, payloads, cfg.verify.timeout_s + INTERRUPT_GRACE_S + 60, say)
+        child = combine(readied, runs, order, interrupted)
+        outcome = v.Outcome(child, Trace(), None, "the sampler follows this machine only: not run with --hosts")
+        v.raise_usage(outcome)
+        p = dataclasses.replace(p, spec={**p.spec, "ddp": block})
+        results, measurements, verdicts = judge(p, outcome, cfg.verify)
+        problems = v.write_outputs(p.csv_path, p.png_path, outcome.trace, "invoke verify --hosts", None, p.usable_cores)
+    head = hosts_result(readied, counts, backend, source)
+    report = Report(host=facts.host.hostname, machine="live", results=(head, *results), measurements=measurements)
+    notes = (*problems, f"wrote {p.json_path}, {p.csv_path}, {p.png_path}")
+    return Judged(report, tuple(verdicts), p.json_path, notes, interrupted, focus="diagnosis")
+
+
+def hosts_result(hosts: list[Host], counts: list[int], backend: str, source: str) -> Result:
+    """``verify-hosts``: which host ran which ranks, and how the checkout got there."""
+    parts, first = [], 0
+    for h, n in zip(hosts, counts, strict=True):
+        parts.append(f"{h.spec.name} rank{'s' if n > 1 else ''} {first}{f'-{first + n - 1}' if n > 1 else ''}")
+        first += n
+    summary = (
+        f"{len(hosts)} hosts from {source}, {backend}: {', '.join(parts)} (checkout shipped by {hosts[0].shipped})"
+    )
+    return ok("verify-hosts", summary, value=len(hosts))
+
+
+def _ready_all(
+    hosts: list[HostSpec], cfg: PreflightConfig, root: Path, stop: threading.Event, sessions: dict[str, Any]
+) -> list[Host]:
+    """Ready every host in parallel; any that cannot be is one line (exit 2) naming each and why."""
+    from provision.remote import RemoteError, Stopped
+
+    sessions.update({s.name: None for s in hosts})  # insertion order: the first host is the rendezvous
+    with ThreadPoolExecutor(max_workers=max(1, min(cfg.hosts.parallel, len(hosts)))) as pool:
+        futures = [pool.submit(ready, s, cfg, root, stop, sessions) for s in hosts]
+        try:
+            while not all(f.done() for f in futures):
+                time.sleep(0.1)
+        except KeyboardInterrupt:
+            stop.set()
+            raise
+    problems = []
+    for spec, f in zip(hosts, futures, strict=True):
+        exc = f.exception()
+        if isinstance(exc, Stopped):
+            raise KeyboardInterrupt
+        if isinstance(exc, (RemoteError, PreflightError)):
+            problems.append(f"{spec.name}: {exc}" if isinstance(exc, RemoteError) else str(exc))
+        elif exc is not None:
+            problems.append(f"{spec.name}: {type(exc).__name__}: {exc}")
+    if problems:
+        raise PreflightError(
+            f"verify --hosts: {'; '.join(problems)}", hint="bootstrap --hosts says more about each host"
+        )
+    return [f.result() for f in futures]
+
+
+def _close(sessions: dict[str, Any], stop: threading.Event) -> None:
+    """Stop what this run started on every host, remove its temporary directories, close the connections."""
+    stop.set()
+    live = [s for s in sessions.values() if s is not None]
+    threads = [threading.Thread(target=s.cleanup, daemon=True) for s in live]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    for s in live:
+        s.close()

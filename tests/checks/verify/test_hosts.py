@@ -1,0 +1,214 @@
+"""``invoke verify --hosts`` against real hosts: two network namespaces with sshd, joined by a 100 Mbit/s link.
+
+The hosts are tests/netns.py's (tc-shaped veths, real sshd, the checkout shipped by rsync); each runs its rank
+with gloo. The model is one wide Linear layer (~4.7M parameters, 18.9 MB of fp32 gradients) importable on the
+hosts from a folder on their Python path, as a user's own module would be: across the 100 Mbit/s link its
+all-reduce costs more than the step's math and the run must come out ``comm-bound``; the same model as two ranks
+on one box (``--nproc 2``, gloo over loopback) must not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.netns import Cluster, cluster, python_for_hosts, unavailable
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
+
+REPO = Path(__file__).resolve().parents[3]
+RATE_MBIT = 100
+HIDDEN = 6144  # Linear(768 -> 6144) + Linear(6144 -> 4): 4,743,172 parameters
+PARAMS = 768 * HIDDEN + HIDDEN + HIDDEN * 4 + 4
+BATCH = 512  # enough math per step (~1 s on a shared core) that two ranks on one box are not comm-bound
+PLUGIN = '''
+import numpy as np
+
+
+class Quadrants:
+    """16 x 16 x 3 images, class i % 4 as a bright quadrant."""
+
+    def __len__(self):
+        return 100_000
+
+    def __getitem__(self, i):
+        img = np.random.default_rng(int(i)).integers(0, 64, (16, 16, 3), dtype=np.uint8)
+        r, c = divmod(int(i) % 4, 2)
+        img[r * 8 : r * 8 + 8, c * 8 : c * 8 + 8] += 150
+        return img, int(i) % 4
+
+
+def quadrants():
+    return Quadrants()
+
+
+def wide_linear():
+    import torch
+    from torch import nn
+
+    class Wide(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hidden = nn.Linear(768, HIDDEN)
+            self.out = nn.Linear(HIDDEN, 4)
+
+        def forward(self, x):
+            return self.out(torch.relu(self.hidden(x.flatten(1).float() / 255)))
+
+    return Wide()
+
+
+def crash_on_second_host():
+    """Rank 1 (the second host's) raises on its 3rd forward, in the warm-up or the measured steps."""
+    import torch.distributed as dist
+
+    model = wide_linear()
+    calls = []
+
+    def boom(module, args):
+        calls.append(1)
+        if dist.get_rank() == 1 and len(calls) == 3:
+            raise RuntimeError("planted failure on rank 1")
+
+    model.register_forward_pre_hook(boom)
+    return model
+'''.replace("HIDDEN)", f"{HIDDEN})").replace("(HIDDEN,", f"({HIDDEN},")
+CONFIG = """preflight:
+  verify: {{steps: 4, warmup: 1, image_size: 16, ddp_windows: 2, ddp_window_steps: 2, ddp_solo_steps: 2,
+            sample_interval_s: 0.2, stall_timeout_s: 120.0, timeout_s: 300.0, loader_probe_s: 0}}
+  hosts: {{python: {python}, connect_timeout_s: 3.0, dead_after_s: 5.0, run_timeout_s: 300.0}}
+"""
+
+
+@dataclass
+class Controller:
+    """The machine `invoke verify --hosts` runs on: its HOME, ssh config, run config and the user's module."""
+
+    cluster: Cluster
+    home: Path
+
+    def env(self) -> dict[str, str]:
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_PREFLIGHT_", "SSH_AUTH_SOCK", "SLURM_"))
+        }
+        return env | {"HOME": str(self.home), "NO_COLOR": "1", "PYTHONPATH": str(self.home / "plugins")}
+
+    def verify(self, *args: str, timeout: float = 420) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+        report = self.home / f"verify-{time.monotonic_ns()}.json"
+        argv = [sys.executable, "-m", "invoke", "-f", str(self.home / "run.yaml"), "verify", "--workers", "0"]
+        argv += ["--batch-size", str(BATCH), "--json", str(report), "--dataset", "userplugin:quadrants", *args]
+        proc = subprocess.run(argv, cwd=REPO, env=self.env(), capture_output=True, text=True, timeout=timeout)
+        return proc, json.loads(report.read_text()) if report.exists() else {}
+
+
+@pytest.fixture(scope="module")
+def ctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
+    root = tmp_path_factory.mktemp("verify-hosts")
+    with cluster(root / "hosts", [RATE_MBIT, RATE_MBIT]) as built:
+        home = root / "controller"
+        (home / ".ssh").mkdir(parents=True)
+        (home / ".ssh" / "config").write_text(built.ssh_config())
+        (home / "plugins").mkdir()
+        (home / "plugins" / "userplugin.py").write_text(PLUGIN)
+        # The hosts' Python finds the user's module on its path, as it would where the user installed it.
+        python = home / "python-with-plugins"
+        python.write_text(f'#!/bin/sh\nPYTHONPATH={home / "plugins"} exec {python_for_hosts()} "$@"\n')
+        python.chmod(0o755)
+        (home / "run.yaml").write_text(CONFIG.format(python=python))
+        yield Controller(built, home)
+
+
+@pytest.fixture(scope="module")
+def across(ctl: Controller) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], float]:
+    start = time.monotonic()
+    proc, report = ctl.verify("--hosts", "h1,h2", "--model", "userplugin:wide_linear")
+    return proc, report, time.monotonic() - start
+
+
+def _by_id(report: dict[str, Any]) -> dict[str, Any]:
+    return {r["id"]: r for r in report["results"]}
+
+
+def test_two_hosts_on_100_mbit_are_comm_bound_with_the_gradient_bytes_and_the_link(across: Any) -> None:
+    proc, report, seconds = across
+    assert report, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    rows = _by_id(report)
+    assert rows["verify-hosts"]["status"] == "ok" and "h1 rank 0, h2 rank 1" in rows["verify-hosts"]["summary"]
+    ddp = report["measurements"]["ddp"]
+    assert ddp["world_size"] == 2 and ddp["backend"] == "gloo"
+    assert [h["host"] for h in ddp["hosts"]] == ["h1", "h2"] and [h["ranks"] for h in ddp["hosts"]] == [[0], [1]]
+    assert abs(ddp["grad_bytes"] / (4 * PARAMS) - 1) < 0.05, ddp["grad_bytes"]
+    # One rank per host: each sends grad_bytes x 2(n-1)/n = grad_bytes through its 100 Mbit/s link per step.
+    wire_s = ddp["grad_bytes"] / (RATE_MBIT * 1e6 / 8)
+    assert 0.75 <= ddp["comm_exposed_ms"] / 1000 / wire_s <= 1.6, (ddp["comm_exposed_ms"], wire_s)
+    assert 0.5 * RATE_MBIT <= ddp["link_mbit_s"] <= 1.1 * RATE_MBIT, ddp["link_mbit_s"]
+    verdicts = {v["id"]: v for v in report["measurements"]["diagnosis"]["verdicts"]}
+    comm = verdicts["comm-bound"]
+    assert comm["evidence"]["link_mbit_s"] == ddp["link_mbit_s"] and comm["evidence"]["hosts"] == ddp["hosts"]
+    assert "across 2 hosts" in comm["summary"] and "instead of 2 hosts" in comm["fix"]
+    assert [r["rank"] for r in ddp["per_rank"]] == [0, 1] and all(r["own_s"] for r in ddp["per_rank"])
+    assert rows["verify-checkpoint"]["status"] == "ok", rows["verify-checkpoint"]  # rank 1 loaded its own copy
+    assert seconds < 400
+
+
+def test_the_same_model_as_two_ranks_on_one_box_is_not_comm_bound(ctl: Controller) -> None:
+    proc, report = ctl.verify("--nproc", "2", "--model", "userplugin:wide_linear")
+    assert report, proc.stderr[-3000:]
+    ddp = report["measurements"]["ddp"]
+    assert abs(ddp["grad_bytes"] / (4 * PARAMS) - 1) < 0.05 and "hosts" not in ddp
+    verdicts = {v["id"] for v in report["measurements"]["diagnosis"]["verdicts"]}
+    assert "comm-bound" not in verdicts, (ddp["comm_share"], verdicts)
+
+
+def test_nothing_is_left_running_on_the_hosts(ctl: Controller, across: Any) -> None:
+    time.sleep(1)
+    assert _leftovers(ctl) == []
+    for host in ctl.cluster.hosts:  # torch's own compile cache (torchinductor_<user>) stays, as after a local run
+        left = [p.name for p in (host.root / "tmp").iterdir() if not p.name.startswith("torchinductor_")]
+        assert left == [], host.name
+
+
+def test_a_rank_dying_on_one_host_stops_the_other_and_is_named(ctl: Controller) -> None:
+    start = time.monotonic()
+    proc, report = ctl.verify("--hosts", "h1,h2", "--model", "userplugin:crash_on_second_host", timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    loop = _by_id(report)["verify-loop"]
+    assert loop["status"] == "fail" and "rank 1" in loop["summary"] and "planted failure" in loop["summary"], loop
+    assert "on h2" in loop["summary"], loop
+    assert time.monotonic() - start < 150
+    time.sleep(1)
+    assert _leftovers(ctl) == []
+
+
+def test_an_unreachable_host_is_one_line_and_exit_2(ctl: Controller) -> None:
+    ctl.cluster.stop_sshd(ctl.cluster.hosts[1])
+    try:
+        proc, report = ctl.verify("--hosts", "h1,h2", timeout=120)
+    finally:
+        ctl.cluster.start_sshd(ctl.cluster.hosts[1])
+    assert proc.returncode == 2 and not report, proc.stderr[-2000:]
+    assert "h2: unreachable: connection refused" in proc.stderr and "Traceback" not in proc.stderr
+    assert _leftovers(ctl) == []
+
+
+def _leftovers(ctl: Controller) -> list[str]:
+    """Processes still running from the hosts' directories (their checkout or temp), sshd aside."""
+    found = []
+    for pid in ctl.cluster.processes_under(ctl.cluster.root):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "sshd" not in cmd:
+            found.append(cmd)
+    return found
