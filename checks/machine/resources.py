@@ -181,13 +181,24 @@ def ulimits(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     return [ok("ulimits", f"open files {h.nofile_soft}, locked memory {lock}", value=value)]
 
 
+# Issue 14 (BENCHMARKS.md, "staged loader"): workers only slow a memory-mapped read down, since every batch a
+# worker makes is copied into fresh shared memory; staged_loader reads whole batches in a thread instead.
+STAGED_ADVICE = (
+    "a stage-data folder needs no workers: staged_loader(root, batch_size, device=...) from templates/staged_dataset.py"
+)
+
+
 def dataloader_advice(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     """Recommend num_workers, pin_memory, persistent_workers and prefetch_factor for this box."""
     a = loader_advice(m, cfg)
     settings = ", ".join(f"{k}={v}" for k, v in a.as_dict().items())
     numa = numa_reason(m)  # several NUMA nodes: where each rank's workers belong
-    summary = f"DataLoader({settings}): " + "; ".join(a.reasons) + (f"; {numa}" if numa else "")
+    summary = f"DataLoader({settings}) for data decoded as it is read (JPEG files): " + "; ".join(a.reasons)
+    summary += (f"; {numa}" if numa else "") + f"; {STAGED_ADVICE}"
     if a.num_workers == 0 and _gpu_count(m) > 0:
-        hint = "no core to spare for workers: loading runs inside the training loop; pre-decode the data once into uint8 arrays"
+        hint = (
+            "no core to spare for workers: loading runs inside the training loop; pre-decode the data once with "
+            "`invoke stage-data` and read it with staged_loader, which needs no workers"
+        )
         return [warn("dataloader-advice", summary, hint, value=a.as_dict())]
     return [ok("dataloader-advice", summary, value=a.as_dict())]

@@ -53,6 +53,13 @@ def test_no_spare_core_means_zero_workers_and_a_warning() -> None:
     assert r.status is Status.WARN and r.value["num_workers"] == 0 and r.value["prefetch_factor"] is None
 
 
+def test_advice_tells_a_staged_folder_from_data_decoded_as_it_is_read() -> None:
+    r = _one(res.dataloader_advice, cpu_affinity=9)
+    assert r.value["num_workers"] == 8 and "decoded as it is read" in r.summary
+    assert "stage-data folder needs no workers: staged_loader" in r.summary
+    assert "staged_loader" in (_one(res.dataloader_advice, cpu_affinity=1).hint or "")
+
+
 def test_ulimit_hints_depend_on_the_hard_limit() -> None:
     r = _one(res.ulimits, nofile_soft=1024, nofile_hard=1048576)
     assert r.status is Status.WARN and "ulimit -n 1048576" in (r.hint or "")
