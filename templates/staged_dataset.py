@@ -110,8 +110,10 @@ class StagedLoader:
         return full + (1 if rest and not self.drop_last else 0)
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` from its first batch on the next pass (its order is drawn from (seed, epoch))."""
-        self.epoch, self.position = epoch, 0
+        """Make the next pass epoch ``epoch`` (its order is drawn from (seed, epoch)); from its first batch unless
+        the loader already stands in that epoch (a state just loaded, or a pass broken off), which continues."""
+        if epoch != self.epoch:
+            self.epoch, self.position = epoch, 0
 
     def state_dict(self) -> dict[str, int]:
         """Where the next pass starts: batch ``position`` of epoch ``epoch`` (and the seed of the order)."""
