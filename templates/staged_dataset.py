@@ -98,6 +98,7 @@ class StagedLoader:
         self.ring = KEEP + max(1, workers)  # the batches held, plus those read ahead
         self._slots = [self._slot() for _ in range(self.ring)]
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._copies: dict[int, Any] = {}  # slot -> the CUDA event after its last copy to the device
 
     def _slot(self) -> tuple[torch.Tensor, torch.Tensor]:
         pin = self.device.type == "cuda"  # pinned pages copy to the GPU asynchronously
@@ -132,6 +133,9 @@ class StagedLoader:
 
     def _fill(self, index: np.ndarray, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         images, labels = self._slots[slot]
+        copy = self._copies.pop(slot, None)
+        if copy is not None:
+            copy.synchronize()  # a pinned slot is refilled only after its copy to the GPU has finished
         n = len(index)
         # mode="clip" lets take write straight into the buffer (mode="raise" gathers into a temporary first)
         np.take(self.images, index, axis=0, out=images.numpy()[:n], mode="clip")
@@ -145,15 +149,13 @@ class StagedLoader:
             for b, index in enumerate(batches):
                 batch = reader.take(b) if reader else self._fill(index, b % self.ring)
                 self.position += 1
-                yield self._to_device(batch, reader, b)
+                yield self._to_device(batch, b % self.ring)
         finally:
             if reader:
                 reader.stop()
         self.epoch, self.position = self.epoch + 1, 0
 
-    def _to_device(
-        self, batch: tuple[torch.Tensor, torch.Tensor], reader: _Reader | None, b: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _to_device(self, batch: tuple[torch.Tensor, torch.Tensor], slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._stream is None:
             return batch
         with torch.cuda.stream(self._stream):  # the copy overlaps the GPU work still queued on the main stream
@@ -163,8 +165,7 @@ class StagedLoader:
         torch.cuda.current_stream(self.device).wait_stream(self._stream)
         for t in out:
             t.record_stream(torch.cuda.current_stream(self.device))
-        if reader:
-            reader.copied(b, done)  # the pinned slot is refilled only after this copy has finished
+        self._copies[slot] = done
         return out[0], out[1]
 
 
@@ -177,7 +178,6 @@ class _Reader:
         self.taken, self.stopped = 0, False
         self.error: BaseException | None = None
         self.ready: set[int] = set()
-        self.events: dict[int, Any] = {}
         step = loader.workers
         self.threads = [threading.Thread(target=self._run, args=(k, step), daemon=True) for k in range(step)]
         for t in self.threads:
@@ -191,9 +191,6 @@ class _Reader:
                     self.cond.wait_for(lambda: self.stopped or self.taken > b - ahead)  # noqa: B023 - called here
                     if self.stopped:
                         return
-                    event = self.events.pop(b - self.loader.ring, None)
-                if event is not None:
-                    event.synchronize()
                 self.loader._fill(self.batches[b], b % self.loader.ring)
                 with self.cond:
                     self.ready.add(b)
@@ -214,10 +211,6 @@ class _Reader:
         images, labels = self.loader._slots[b % self.loader.ring]
         n = len(self.batches[b])
         return images[:n], labels[:n]
-
-    def copied(self, b: int, event: Any) -> None:
-        with self.cond:
-            self.events[b] = event
 
     def stop(self) -> None:
         with self.cond:
