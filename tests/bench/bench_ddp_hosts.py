@@ -4,7 +4,7 @@ communication the run measured.
 Run as root from the repository root:  python tests/bench/bench_ddp_hosts.py [--rates 100,200] [--repeats 2]
 It rewrites the "ddp-hosts" section of BENCHMARKS.md. Two network-namespace hosts (tests/netns.py: real sshd, tc
 tbf on both ends of each veth at RATE Mbit/s), one gloo rank each, the wide model of
-tests/checks/verify/test_hosts.py (one Linear of 4.7M parameters, 18.9 MB of fp32 gradients, batch 512).
+tests/checks/verify/test_hosts.py (one Linear of 4.7M parameters, 18.9 MB of fp32 gradients, its batch).
 Predicted = grad_bytes x 2(n-1)/n / (RATE / 8): the ring all-reduce's bytes through one host's link at the shaped
 rate (n = 2: each rank sends the whole gradient once). Measured = ``measurements.ddp.comm_exposed_ms`` (the
 synchronised minus the no_sync forward+backward of the slower rank).
@@ -83,7 +83,8 @@ def main() -> None:
             "",
             f"`python tests/bench/bench_ddp_hosts.py --rates {opts.rates} --repeats {opts.repeats}` on "
             f"{platform.node()} ({platform.machine()}, the 2 shared cores run both hosts): two network-namespace "
-            "hosts joined by a tc-shaped link, one gloo rank each, one Linear of 4.7M parameters (batch 512). "
+            "hosts joined by a tc-shaped link, one gloo rank each, "
+            f"one Linear of 4.7M parameters (batch {th.BATCH}). "
             "Predicted = gradient bytes x 2(n-1)/n / link rate; measured = `comm_exposed_ms` of the run "
             "(synchronised minus `no_sync` median of the slower rank); the issue's target ratio is 0.75-1.33.",
             "",

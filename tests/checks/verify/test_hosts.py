@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[3]
 RATE_MBIT = 100
 HIDDEN = 6144  # Linear(768 -> 6144) + Linear(6144 -> 4): 4,743,172 parameters
 PARAMS = 768 * HIDDEN + HIDDEN + HIDDEN * 4 + 4
-BATCH = 512  # enough math per step (~1 s on a shared core) that two ranks on one box are not comm-bound
+BATCH = 1024  # enough math per step (~0.5 s on the 2 shared cores) that two ranks on one box are not comm-bound
 PLUGIN = '''
 import numpy as np
 
@@ -127,6 +127,17 @@ def ctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
         yield Controller(built, home)
 
 
+def test_the_same_model_as_two_ranks_on_one_box_is_not_comm_bound(ctl: Controller) -> None:
+    # First in the module: right after a --hosts run this 2-core box was seen busy for a while (cpu-starved,
+    # share 11-14%), which is not what this test compares.
+    proc, report = ctl.verify("--nproc", "2", "--model", "userplugin:wide_linear")
+    assert report, proc.stderr[-3000:]
+    ddp = report["measurements"]["ddp"]
+    assert abs(ddp["grad_bytes"] / (4 * PARAMS) - 1) < 0.05 and "hosts" not in ddp
+    verdicts = {v["id"] for v in report["measurements"]["diagnosis"]["verdicts"]}
+    assert "comm-bound" not in verdicts, (ddp["comm_share"], verdicts)
+
+
 @pytest.fixture(scope="module")
 def across(ctl: Controller) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], float]:
     start = time.monotonic()
@@ -159,15 +170,6 @@ def test_two_hosts_on_100_mbit_are_comm_bound_with_the_gradient_bytes_and_the_li
     assert [r["rank"] for r in ddp["per_rank"]] == [0, 1] and all(r["own_s"] for r in ddp["per_rank"])
     assert rows["verify-checkpoint"]["status"] == "ok", rows["verify-checkpoint"]  # rank 1 loaded its own copy
     assert seconds < 400
-
-
-def test_the_same_model_as_two_ranks_on_one_box_is_not_comm_bound(ctl: Controller) -> None:
-    proc, report = ctl.verify("--nproc", "2", "--model", "userplugin:wide_linear")
-    assert report, proc.stderr[-3000:]
-    ddp = report["measurements"]["ddp"]
-    assert abs(ddp["grad_bytes"] / (4 * PARAMS) - 1) < 0.05 and "hosts" not in ddp
-    verdicts = {v["id"] for v in report["measurements"]["diagnosis"]["verdicts"]}
-    assert "comm-bound" not in verdicts, (ddp["comm_share"], verdicts)
 
 
 def test_nothing_is_left_running_on_the_hosts(ctl: Controller, across: Any) -> None:
