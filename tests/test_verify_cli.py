@@ -100,6 +100,19 @@ def test_verify_on_staged_images_prices_the_epoch(here: Here, home: Path, tmp_pa
     assert m["run"]["data"]["reader"].endswith("StagedImages")  # stage-data's template (or the built-in reader)
 
 
+def test_staged_data_is_read_in_the_training_process_unless_workers_are_asked_for(
+    here: Here, home: Path, tmp_path: Path
+) -> None:
+    data = stage_images(tmp_path / "staged")
+    run, report = verify(here, home, tmp_path, "--data", str(data))  # bootstrap's advice here is 1 worker
+    assert run.code == 0, run.why()
+    line = by_id(report)["verify-data"]["summary"]
+    assert "num_workers=0" in line and "staged data: read in the training process" in line
+    run, report = verify(here, home, tmp_path, "--data", str(data), "--workers", "2")
+    line = by_id(report)["verify-data"]["summary"]
+    assert "num_workers=2" in line and "staged data" not in line  # what the user asks for is what runs
+
+
 def test_verify_on_staged_tokens_with_json_on_stdout(here: Here, home: Path, tmp_path: Path) -> None:
     root = tmp_path / "tokens"
     root.mkdir()

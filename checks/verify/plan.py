@@ -77,6 +77,7 @@ class Plan:
     ckpt_temporary: bool
     price_per_hour: float
     alloc: AllocEnv = field(default_factory=lambda: AllocEnv({}, "not planned"))  # what the child gets (bootstrap's)
+    loader_note: str = ""  # why the DataLoader settings differ from bootstrap's advice
 
 
 def effective(cfg: VerifyConfig, opts: Options) -> VerifyConfig:
@@ -165,6 +166,11 @@ def plan(
     facts = machine()
     loader = loader_advice(facts, config).as_dict()
     workers = opts.workers if opts.workers >= 0 else cfg.num_workers
+    note = ""
+    if workers < 0 and data is not None:
+        # A staged dataset is a memory map with nothing left to decode: a worker only copies each batch once more
+        # through shared memory (BENCHMARKS.md "staged loader": 56k samples/s in-process vs 7.5k with 1 worker).
+        workers, note = 0, "staged data: read in the training process, as staged_loader does (workers only copy it)"
     if workers >= 0:
         loader |= {"num_workers": workers, "persistent_workers": workers > 0, "prefetch_factor": 2 if workers else None}
     spec: dict[str, Any] = {
@@ -203,7 +209,21 @@ def plan(
     cores = facts.host.usable_cores
     every, price = cfg.checkpoint_every_steps, cfg.price_per_hour
     alloc = allocator_env(facts, config)
-    return Plan(spec, data, loader, cores, json_path, csv_path, png_path, every, temporary, price, alloc), facts
+    plan = Plan(
+        spec=spec,
+        data=data,
+        loader=loader,
+        usable_cores=cores,
+        json_path=json_path,
+        csv_path=csv_path,
+        png_path=png_path,
+        ckpt_every=every,
+        ckpt_temporary=temporary,
+        price_per_hour=price,
+        alloc=alloc,
+        loader_note=note,
+    )
+    return plan, facts
 
 
 def cpu_machine(facts: MachineFacts) -> bool:

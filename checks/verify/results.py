@@ -20,7 +20,7 @@ def _data_line(p: Plan, r: dict[str, Any]) -> str:
         what = f"your dataset {data.get('source')} ({data.get('samples', 0):,} samples)"
     else:
         what = p.data.describe() if p.data else "data not built"
-    return f"{what}; DataLoader({settings})"
+    return f"{what}; DataLoader({settings})" + (f" ({p.loader_note})" if p.loader_note else "")
 
 
 def loop_results(p: Plan, o: Outcome, cfg: VerifyConfig, figs: dict[str, Any] | None) -> list[Result]:

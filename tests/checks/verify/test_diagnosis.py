@@ -26,7 +26,18 @@ SHARES = {"data_wait": 0.02, "h2d": 0.01, "forward": 0.3, "backward": 0.6, "opti
 def plan(tmp: Path) -> Plan:
     spec = synthetic_spec("images", 64, 10, 256)
     loader = {"num_workers": 8, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 2}
-    return Plan({}, spec, loader, 16.0, str(tmp / "r.json"), tmp / "r.csv", tmp / "r.png", 500, False, 0.0)
+    return Plan(
+        spec={},
+        data=spec,
+        loader=loader,
+        usable_cores=16.0,
+        json_path=str(tmp / "r.json"),
+        csv_path=tmp / "r.csv",
+        png_path=tmp / "r.png",
+        ckpt_every=500,
+        ckpt_temporary=False,
+        price_per_hour=0.0,
+    )
 
 
 def replay(name: str, tmp: Path) -> tuple[dict[str, Any], dict[str, Any], list[Any], dict[str, Any]]:
