@@ -50,12 +50,12 @@ def environment(m: MachineFacts) -> dict[str, Any]:
     summary = " · ".join(
         part
         for part in (
-            fields["os"] or "OS ?",
+            fields["os"] or ("OS unknown" if e else "OS not recorded"),
             f"Python {fields['python'] or '?'}",
             f"torch {t.version or 'missing'}"
             + (f" (CUDA {t.cuda})" if t.cuda else " (CPU build)" if t.version else ""),
             f"driver {n.driver_version} (CUDA {fields['driver_cuda']})" if n.driver_version else "no NVIDIA driver",
-            f"nvcc {fields['nvcc']}" if fields["nvcc"] else "no nvcc" if e else "nvcc ?",
+            f"nvcc {fields['nvcc']}" if fields["nvcc"] else "no nvcc" if e else "nvcc not recorded",
         )
     )
     return {"summary": summary, **fields, "packages": dict(e.packages) if e else {}}
