@@ -2,22 +2,34 @@
 
 Each worker decodes a chunk of consecutive items into memory and writes it with one ``pwrite`` at the chunk's
 own offset, so workers never wait on each other and the parent only journals which ranges are on disk. A
-rejected item leaves a zero row that the finishing step drops. Workers are spawned (no inherited locks or
-threads) and die with the parent (PR_SET_PDEATHSIG), so a killed run leaves nobody writing behind it.
+rejected item leaves a zero row that the finishing step drops. Workers die with the staging process
+(PR_SET_PDEATHSIG), so a killed run leaves nobody writing behind it.
+
+Workers come from a fork server, not ``spawn``, and are started with a stand-in main module. A spawned worker
+is a fresh interpreter that re-runs the main script (for ``invoke stage-data``, Invoke's entry script, which
+imports Invoke: multiprocessing.spawn's ``_fixup_main_from_path``) and imports this module, ~0.3 s of its own
+before its first image; a fork server's worker re-runs the main script too. Decoding needs nothing from the main
+module, so the pool is built while ``sys.modules["__main__"]`` is a bare module, as under ``python -c``: the
+workers then run no main script at all. The fork server is one fresh, single-threaded interpreter (no inherited
+locks or threads, as with spawn) that imports this module once; each worker is a fork of it, ready in
+milliseconds. This module imports only what decoding needs (numpy, Pillow, images, npyfile): the host probe that
+sizes the pool is imported where it is used, in the staging process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import os
 import signal
+import sys
+import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from checks.probe.host import read_host
 from datasets import npyfile
 from datasets.images import RejectedImage, Resize, decode_file
 
@@ -47,6 +59,8 @@ class ChunkDone:
 
 def usable_cores() -> int:
     """Decode processes this machine runs at once: the usable cores (affinity, cgroup quota; ref §6.4) rounded up."""
+    from checks.probe.host import read_host  # the staging process only: workers import nothing of the probe
+
     return read_host(processes=lambda: []).process_slots
 
 
@@ -95,18 +109,58 @@ def run(tasks: Iterable[ChunkTask], workers: int) -> Iterator[ChunkDone]:
     if workers <= 1:
         yield from map(decode_chunk, tasks)
         return
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(workers, initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
+    ctx = pool_context()
+    with _bare_main():  # the pool starts its workers here; one restarted later would run the main script
+        pool = ctx.Pool(workers, initializer=_die_with_parent, initargs=(os.getpid(),))
+    with pool:
         yield from pool.imap_unordered(decode_chunk, tasks)
 
 
-def _die_with_parent(parent: int) -> None:
-    """Have the kernel kill this worker when the staging process dies (Linux); never outlive it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+def pool_context() -> multiprocessing.context.BaseContext:
+    """Return the fork-server context with this module preloaded; spawn where there is no fork server."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    # Not "__main__" (which would load the main script once in the server): in Pythons 3.11-3.13 it does nothing,
+    # as forkserver.ensure_running asks the preparation data for "main_path" where spawn names it
+    # "init_main_from_path", and each fork then re-runs the script. Ignored when a fork server already runs.
+    ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
+@contextlib.contextmanager
+def _bare_main() -> Iterator[None]:
+    """Have processes started in this block run no main script: a ``__main__`` with no file and no spec."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+def _die_with_parent(staging: int) -> None:
+    """Have the kernel kill this worker when the staging process dies (Linux); never outlive it.
+
+    The worker's parent is the fork server, which exits as soon as the staging process is gone (its end of a pipe
+    closes), so the kill comes one hop later; under spawn the parent is the staging process itself.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the staging process's to handle
+    parent = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent:  # the parent died before prctl took effect
+    if os.getppid() != parent or not _alive(staging):  # gone before prctl took effect
         os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True

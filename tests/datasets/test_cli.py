@@ -9,12 +9,14 @@ import random
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests.test_tasks import REPO, assert_usage_error, child_env, invoke, pid_gone
+from tests.test_tasks import REPO, assert_usage_error, child_env, default_sigint, invoke, pid_gone
 
 pytestmark = pytest.mark.slow
 OUTPUTS = ("images.npy", "labels.npy", "classes.json")
@@ -127,19 +129,88 @@ def test_kill_9_at_random_points_then_resume_is_byte_identical(big_tree: Path, t
 
 
 def test_killed_parent_leaves_no_worker_behind(big_tree: Path, tmp_path: Path) -> None:
+    """The decode workers are forks of a fork server (grandchildren): kill -9 of the staging process ends them all."""
     proc = _start(tmp_path, stage_args(big_tree, tmp_path / "ds", "--workers", "2"))
     deadline = time.monotonic() + 20
-    children: list[int] = []
-    while time.monotonic() < deadline and not children:
-        time.sleep(0.1)
-        children = [int(p) for p in _children(proc.pid)]
+    tree: dict[int, int] = {}
+    while time.monotonic() < deadline and len([p for p, depth in tree.items() if depth == 2]) < 2:
+        time.sleep(0.05)
+        tree = _descendants(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert children, "no decode workers seen"
+    assert len([p for p, depth in tree.items() if depth == 2]) == 2, f"no decode workers seen: {tree}"
     end = time.monotonic() + 5
-    while time.monotonic() < end and not all(pid_gone(p) for p in children):
+    while time.monotonic() < end and not all(pid_gone(p) for p in tree):
         time.sleep(0.05)
-    assert all(pid_gone(p) for p in children)
+    assert all(pid_gone(p) for p in tree), [p for p in tree if not pid_gone(p)]
+
+
+def test_ctrl_c_ends_the_workers_exits_130_and_the_same_command_resumes(big_tree: Path, tmp_path: Path) -> None:
+    straight, dest = tmp_path / "straight", tmp_path / "ds"
+    assert invoke(tmp_path, *stage_args(big_tree, straight, "--workers", "2")).code == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "invoke", *stage_args(big_tree, dest, "--workers", "2")],
+        cwd=REPO,
+        env=child_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, like a foreground job on a terminal
+        preexec_fn=default_sigint,
+    )
+    journal = tmp_path / ".ds.staging" / "journal.jsonl"
+    try:
+        deadline, tree = time.monotonic() + 30, dict[int, int]()
+        while '"chunk"' not in (journal.read_text() if journal.exists() else ""):
+            assert proc.poll() is None and time.monotonic() < deadline, "no chunk decoded before the run ended"
+            tree = _descendants(proc.pid) or tree
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: SIGINT to the foreground process group
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, f"{proc.returncode}\n{out}\n{err}"
+    assert "Traceback" not in out + err, err
+    end = time.monotonic() + 5  # the fork server and the resource tracker see the pipes close and leave
+    while time.monotonic() < end and not all(pid_gone(p) for p in tree):
+        time.sleep(0.05)
+    assert tree and all(pid_gone(p) for p in tree), [p for p in tree if not pid_gone(p)]
+    assert (tmp_path / ".ds.staging").is_dir() and not dest.exists()
+    resumed = invoke(tmp_path, *stage_args(big_tree, dest, "--workers", "2"))
+    assert resumed.code == 0 and "resumed:" in resumed.out, resumed.why()
+    assert digests(dest) == digests(straight)
+
+
+def test_decode_workers_import_neither_the_entry_script_nor_the_probe(photo_tree: Path, tmp_path: Path) -> None:
+    """Run as users run it (Invoke's console script, so multiprocessing knows the main module by its path), with
+    ``-X importtime`` (children inherit it): the entry script loads only in the staging process, the decode module
+    there and once in the fork server (not once per worker), the host probe only in the staging process."""
+    script = Path(sysconfig.get_path("scripts")) / "invoke"
+    if not script.is_file():
+        pytest.skip(f"no Invoke console script at {script}")
+    env = child_env(tmp_path)
+    args = stage_args(photo_tree, tmp_path / "ds", "--workers", "3")
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", str(script), *args], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    loaded = Counter(line.rsplit("|", 1)[1].strip() for line in run.stderr.splitlines() if "import time:" in line)
+    assert loaded["invoke.main"] == 1  # spawned workers made it 1 + 3
+    assert loaded["datasets.decode"] == 2  # the staging process and the fork server; spawn: 1 + 3
+    assert loaded["checks.probe.host"] == 1
+
+
+def _descendants(pid: int) -> dict[int, int]:
+    """Every process below ``pid`` (pid -> depth: 1 for a child)."""
+    found: dict[int, int] = {}
+    level, depth = [pid], 1
+    while level:
+        level = [int(c) for p in level for c in _children(p)]
+        found.update((c, depth) for c in level)
+        depth += 1
+    return found
 
 
 def _children(pid: int) -> list[str]:
