@@ -4,13 +4,21 @@ Without rejects the row file already is ``images.npy``. With rejects, the good r
 from the last block backwards, and the old file is cut behind each block copied: at most one block of extra
 disk is ever needed, and every step is journaled, so a kill mid-way resumes (a block is re-copied whole, from
 rows the cut has not reached). ``.pt`` shards are written the same way, last shard first.
+
+``RowHasher`` hashes the row file while it is decoded, so that when it becomes ``images.npy`` unchanged (no
+rejects) its sha256 is ready and the finishing step does not read it again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import heapq
 import os
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import TracebackType
 
 import numpy as np
 
@@ -18,7 +26,82 @@ from datasets import npyfile
 from datasets.journal import Journal
 
 BLOCK_ROWS = 256
+HASH_BLOCK = 8 << 20  # bytes per read of the hashing thread; a stop waits for at most one block
 Tick = Callable[[int], None]
+
+
+class RowHasher:
+    """The sha256 of a row file (header, then ``rows`` rows of ``row_bytes``), fed as decoded row ranges land.
+
+    A sha256 only goes forward, so a range that lands ahead of a gap waits until the gap is filled; each new stretch
+    of the file's finished prefix is read back (from the page cache: it was just written) and hashed in one
+    background thread, beside the decode (``pread`` and hashlib let go of the GIL). Use it as a context manager;
+    ``digest`` then gives what ``transfer.file_sha256`` of the whole file would, or None when it cannot (stopped,
+    a range never landed, a read failed, the file's size is not the array's).
+    """
+
+    def __init__(self, path: Path, rows: int, row_bytes: int) -> None:
+        self._size = npyfile.HEADER_BYTES + rows * row_bytes
+        self._row_bytes = row_bytes
+        self._sha = hashlib.sha256()
+        self._queued = 0  # bytes of the file's prefix handed to the thread
+        self._waiting: list[tuple[int, int]] = []  # landed byte ranges beyond that prefix (a heap)
+        self._stopped = threading.Event()
+        self._failed = False
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="row-hash")
+        try:
+            self._fd: int | None = os.open(path, os.O_RDONLY)
+        except OSError:
+            self._fd = None
+            self._stopped.set()
+        self._land(0, npyfile.HEADER_BYTES)
+
+    def __enter__(self) -> RowHasher:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+        self._thread.shutdown(wait=True, cancel_futures=True)
+        if self._fd is not None:
+            os.close(self._fd)
+
+    def add(self, start: int, stop: int) -> None:
+        """Rows ``start`` to ``stop`` are on disk and final."""
+        base = npyfile.HEADER_BYTES
+        self._land(base + start * self._row_bytes, base + stop * self._row_bytes)
+
+    def stop(self) -> None:
+        """Give up (the file will not be published as it is); blocks already queued are skipped."""
+        self._stopped.set()
+
+    def digest(self) -> str | None:
+        """Wait for the queued blocks and return the file's sha256 as a hex string, or None."""
+        if self._stopped.is_set() or self._queued != self._size or self._fd is None:
+            return None
+        self._thread.submit(lambda: None).result()  # one thread, first in first out: everything before is done
+        if self._failed or self._stopped.is_set() or os.fstat(self._fd).st_size != self._size:
+            return None
+        return self._sha.hexdigest()
+
+    def _land(self, start: int, stop: int) -> None:
+        heapq.heappush(self._waiting, (start, stop))
+        while self._waiting and self._waiting[0][0] <= self._queued:
+            _, end = heapq.heappop(self._waiting)
+            for offset in range(self._queued, end, HASH_BLOCK):
+                self._thread.submit(self._hash, offset, min(HASH_BLOCK, end - offset))
+            self._queued = max(self._queued, end)
+
+    def _hash(self, offset: int, length: int) -> None:
+        if self._stopped.is_set() or self._failed or self._fd is None:
+            return
+        try:
+            block = os.pread(self._fd, length, offset)
+        except OSError:
+            block = b""
+        if len(block) != length:
+            self._failed = True
+            return
+        self._sha.update(block)
 
 
 def good_rows(n: int, rejected: set[int]) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from datasets.manifest import Classes, Contents, Counts, Output, Reject, Timings
 from datasets.places import gib
 from datasets.progress import Progress
 from datasets.request import Request, allowed_rejects
+from datasets.transfer import file_sha256
 from datasets.words import count
 
 SLOTS = "slots.npy"  # one row per input, rejects as zero rows, until finalize
@@ -44,16 +46,20 @@ def run(req: Request, inv: Inventory, work: Path, journal: Journal, progress: Pr
         journal.append({"event": "slots", "rows": n})
     done_before = sum(e["stop"] - e["start"] for e in journal.all("chunk"))
     t = time.monotonic()
-    rejects = _decode(req, inv, out, journal, progress, allowed_rejects(req.max_rejects, n))
-    decode_s = time.monotonic() - t
-    t = time.monotonic()
+    with finalize.RowHasher(out / SLOTS, n, int(np.prod(job.row_shape))) as hasher:
+        if req.format != "npy":
+            hasher.stop()  # the rows become shards, never images.npy as they are
+        rejects = _decode(req, inv, out, journal, progress, allowed_rejects(req.max_rejects, n), hasher)
+        decode_s = time.monotonic() - t
+        t = time.monotonic()
+        slots_sha = hasher.digest()  # None once a reject appeared: the rows get compacted into another file
     good = finalize.good_rows(n, set(rejects))
     if not len(good):
         raise StageFailure(
             f"{'the only image' if n == 1 else f'every one of the {n:,} images'} was rejected",
             hint=f"first reason: {next(iter(rejects.values()))}",
         )
-    outputs = _layout(req, inv, out, good, journal, progress)
+    outputs = _layout(req, inv, out, good, journal, progress, slots_sha)
     return Contents(
         kind="images",
         format=req.format,
@@ -70,23 +76,43 @@ def run(req: Request, inv: Inventory, work: Path, journal: Journal, progress: Pr
 
 
 def _decode(
-    req: Request, inv: Inventory, out: Path, journal: Journal, progress: Progress, allowed: int
+    req: Request,
+    inv: Inventory,
+    out: Path,
+    journal: Journal,
+    progress: Progress,
+    allowed: int,
+    hasher: finalize.RowHasher,
 ) -> dict[int, str]:
-    """Decode what the journal does not list as done; fail as soon as the rejects pass ``allowed``."""
+    """Decode what the journal does not list as done, handing each finished range to ``hasher``; fail as soon as
+    the rejects pass ``allowed``."""
     n = len(inv.paths)
     rejects = {int(i): r for e in journal.all("chunk") for i, r in e["rejects"]}
-    todo = _missing(n, [(e["start"], e["stop"]) for e in journal.all("chunk")])
+    if rejects:
+        hasher.stop()
+    done = [(e["start"], e["stop"]) for e in journal.all("chunk")]
+    for start, stop in done:
+        hasher.add(start, stop)
+    todo = _missing(n, done)
     workers = decode.worker_count(req.workers, req.reserve_cores)
     spec = Resize(req.images.size, req.images.policy, req.images.resample)
     tasks = decode.chunks(todo, inv.path, str(out / SLOTS), spec, workers)
     bar = progress.bar("decode", n, "img", initial=n - sum(b - a for a, b in todo))
     try:
-        for done in decode.run(tasks, workers):
+        for chunk in decode.run(tasks, workers):
             journal.append(
-                {"event": "chunk", "start": done.start, "stop": done.stop, "rejects": [list(r) for r in done.rejects]}
+                {
+                    "event": "chunk",
+                    "start": chunk.start,
+                    "stop": chunk.stop,
+                    "rejects": [list(r) for r in chunk.rejects],
+                }
             )
-            rejects.update(done.rejects)
-            bar.update(done.stop - done.start)
+            hasher.add(chunk.start, chunk.stop)
+            if chunk.rejects:
+                hasher.stop()
+            rejects.update(chunk.rejects)
+            bar.update(chunk.stop - chunk.start)
             _check_rejects(rejects, allowed, n, inv)
     finally:
         bar.close()
@@ -115,16 +141,25 @@ def _missing(n: int, done: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def _layout(
-    req: Request, inv: Inventory, out: Path, good: np.ndarray, journal: Journal, progress: Progress
+    req: Request,
+    inv: Inventory,
+    out: Path,
+    good: np.ndarray,
+    journal: Journal,
+    progress: Progress,
+    slots_sha: str | None,
 ) -> dict[str, Output]:
-    """Write the published files into ``out`` and describe them (sizes, hashes, shapes)."""
+    """Write the published files into ``out`` and describe them (sizes, hashes, shapes); ``slots_sha`` is the
+    row file's sha256 when it was hashed during the decode."""
     slots, labels = out / SLOTS, np.asarray(inv.labels, dtype=np.int64)[good]
+    known: dict[str, str] = {}
     bar = progress.bar("finish", len(good), "img")
     try:
         if req.format == "pt":
             finalize.write_shards(slots, out, good, labels, req.images.shard_size, journal, bar.update)
         elif slots.exists() and len(good) == len(inv.paths):
             slots.rename(out / "images.npy")  # no rejects: the rows already are the dataset
+            known = {"images.npy": slots_sha} if slots_sha else {}
         elif slots.exists():
             finalize.compact(slots, out / "images.npy", good, req.images.row_shape, journal, bar.update)
     finally:
@@ -132,7 +167,7 @@ def _layout(
     if req.format == "npy":
         finalize.write_npy(out / "labels.npy", labels)
     finalize.write_text(out / "classes.json", json.dumps(list(inv.classes), indent=1) + "\n")
-    return describe(out, progress)
+    return describe(out, progress, known)
 
 
 def _per_class(classes: tuple[str, ...], labels: np.ndarray) -> dict[str, int]:
@@ -141,11 +176,24 @@ def _per_class(classes: tuple[str, ...], labels: np.ndarray) -> dict[str, int]:
     return {name: counts.get(i, 0) for i, name in enumerate(names)}
 
 
-def describe(out: Path, progress: Progress) -> dict[str, Output]:
-    """Hash the outputs with a progress bar (large datasets take a while)."""
-    total = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
-    bar = progress.bar("hash", total, "B")
-    try:
-        return manifest.describe_outputs(out, bar.update)
-    finally:
-        bar.close()
+def describe(out: Path, progress: Progress, known: Mapping[str, str] | None = None) -> dict[str, Output]:
+    """Hash the outputs with a progress bar (large datasets take a while); ``known`` holds sha256s already taken."""
+    known = known or {}
+    if not known:
+        total = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
+        bar = progress.bar("hash", total, "B")
+        try:
+            return manifest.describe_outputs(out, bar.update)
+        finally:
+            bar.close()
+    found: dict[str, Output] = {}  # as manifest.describe_outputs, taking the known hashes (a test holds them equal)
+    for path in sorted(out.iterdir()):
+        if path.name == manifest.NAME or path.name.startswith(".") or not path.is_file():
+            continue
+        shape, dtype = None, None
+        if path.suffix == ".npy":
+            array = np.load(path, mmap_mode="r")
+            shape, dtype = tuple(array.shape), str(array.dtype)
+        sha = known.get(path.name) or file_sha256(path)
+        found[path.name] = Output(bytes=path.stat().st_size, sha256=sha, shape=shape, dtype=dtype)
+    return found
