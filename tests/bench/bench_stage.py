@@ -6,6 +6,10 @@ Targets (issue 4): decode >= 2x a naive PIL full-decode-then-resize loop on phot
 decode loop; DataLoader reads from the staged .npy >= 30x a JPEG-tree Dataset with the same workers; the
 run that finishes after a kill at 50% takes <= 55% of a full run.
 Photos: scikit-image's bundled real photos, re-encoded (tests/datasets/photos.py; nothing is downloaded).
+
+python tests/bench/bench_stage.py --costs [--baseline REV] [--rounds N] rewrites the "stage-data's own costs"
+section instead (issue 14): the decode workers' start-up and the whole command, this checkout against REV (the
+tree `git archive` gives, in a temporary folder), interleaved in one run on the same photos.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ import multiprocessing
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -38,7 +44,29 @@ from tests.bench.benchmarks_md import write_section  # noqa: E402
 from tests.datasets.photos import PHOTOS, encode, scaled  # noqa: E402
 
 BEGIN, END = "<!-- bench:stage:begin -->", "<!-- bench:stage:end -->"
+COSTS_BEGIN, COSTS_END = "<!-- bench:stage-costs:begin -->", "<!-- bench:stage-costs:end -->"
 SIZE = 256
+BASELINE = "f7534c3"  # the last commit before issue 14's fixes to the decode pool and the hashing
+# Stands in for Invoke's console script (what `invoke stage-data` runs): a main module known by its path that
+# imports invoke.main at the top, so multiprocessing treats it as the real one. Times the first finished
+# one-image chunk after the pool is asked for, i.e. the first worker's start-up plus one decode.
+STARTUP_DRIVER = """
+import sys, time
+from invoke.main import program  # noqa: F401
+if __name__ == "__main__":
+    code, photo, out = sys.argv[1:4]
+    sys.path.insert(0, code)
+    from pathlib import Path
+    import numpy as np
+    from datasets import decode, npyfile
+    from datasets.images import Resize
+    npyfile.create(Path(out), np.dtype(np.uint8), (4, 256, 256, 3))
+    tasks = [decode.ChunkTask(i, (photo,), out, Resize(256)) for i in range(4)]
+    t = time.perf_counter()
+    for _ in decode.run(tasks, 2):
+        print(time.perf_counter() - t)
+        break
+"""
 
 
 def large_photos(count: int) -> list[bytes]:
@@ -216,7 +244,14 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=84, help="photos >= 1 MPix for the decode and resume rows")
     parser.add_argument("--read-images", type=int, default=1500, help="ImageNet-size JPEGs for the read rows")
     parser.add_argument("--resume-images", type=int, default=1008, help="photos >= 1 MPix for the resume rows")
+    parser.add_argument("--costs", action="store_true", help="only the start-up and hashing section (issue 14)")
+    parser.add_argument("--baseline", default=BASELINE, help="the commit --costs compares this checkout with")
+    parser.add_argument("--cost-images", type=int, default=1000, help="ImageNet-size JPEGs for --costs")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds for --costs")
     args = parser.parse_args()
+    if args.costs:
+        costs(args.baseline, args.cost_images, args.rounds)
+        return
     cores = usable_cores()
     big = large_photos(args.images)
     mpix = np.mean([np.prod(Image.open(io.BytesIO(b)).size) for b in big]) / 1e6
@@ -306,6 +341,109 @@ def main() -> None:
     )
     write_section(ROOT / "BENCHMARKS.md", BEGIN, END, section)
     print(section)
+
+
+def costs(baseline: str, images: int, rounds: int) -> None:
+    """Worker start-up and the whole command, this checkout against ``baseline``, interleaved."""
+    script = Path(sysconfig.get_path("scripts")) / "invoke"
+    cores = usable_cores()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmpd = Path(tmp)
+        old = tmpd / "baseline"
+        old.mkdir()
+        archive = subprocess.run(["git", "archive", baseline], cwd=ROOT, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+        trees = {f"before ({baseline})": old, "after (this checkout)": ROOT}
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("INVOKE_PREFLIGHT_")}, "HOME": tmp}
+        src = write_tree(tmpd / "photos", imagenet_like(images))
+        driver = tmpd / "driver.py"
+        driver.write_text(STARTUP_DRIVER)
+        photo = str(sorted(src.rglob("*.jpg"))[0])
+        startup: dict[str, list[float]] = {name: [] for name in trees}
+        whole: dict[str, list[tuple[float, float, float]]] = {name: [] for name in trees}
+        digests: set[str] = set()
+        for _ in range(rounds):
+            for name, code in trees.items():
+                out = subprocess.run(
+                    [sys.executable, str(driver), str(code), photo, str(tmpd / "rows.npy")],
+                    cwd=code,
+                    env=env,
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
+                startup[name].append(float(out.split()[0]))
+                dest = tmpd / "staged"
+                cmd = [sys.executable, str(script), *stage_cmd(src, dest, cores)[3:]]
+                t = time.perf_counter()
+                subprocess.run(cmd, cwd=code, env=env, check=True, capture_output=True)
+                wall = time.perf_counter() - t
+                doc = json.loads((dest / "manifest.json").read_text())
+                whole[name].append((wall, doc["timings"]["decode_s"], doc["timings"]["finalize_s"]))
+                digests.add(doc["outputs"]["images.npy"]["sha256"])
+                subprocess.run(["rm", "-rf", str(dest)], check=True)
+        imports = {name: _decode_imports(code) for name, code in trees.items()}
+    assert len(digests) == 1, f"images.npy differs between the trees: {digests}"
+    table = [
+        "| | worker start-up, ms | `datasets.decode` import, ms (modules) | whole command, s "
+        "| decode phase, s | finishing (layout + hashes), s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in trees:
+        walls, decodes, finals = zip(*whole[name], strict=True)
+        table.append(
+            f"| {name} | {_spread(startup[name], 1000)} | {imports[name][0]:.0f} ({imports[name][1]}) "
+            f"| {_spread(walls)} | {_spread(decodes)} | {_spread(finals, 1, 3)} |"
+        )
+    load = os.getloadavg()[0]
+    section = "\n".join(
+        [
+            COSTS_BEGIN,
+            "## stage-data's own costs (decode workers' start-up, hashing)",
+            "",
+            f"Machine: {machine_line(cores)}; load average {load:.1f} at the end (other work shared the cores). "
+            f"`python tests/bench/bench_stage.py --costs`, one run: the checkout before issue 14's fixes "
+            f"(`git archive {baseline}`) and this one, interleaved, {rounds} rounds, median (min-max). "
+            f"Worker start-up: a stand-in for Invoke's console script asks `decode.run` for a 2-worker pool and "
+            "times the first finished one-image chunk (start-up plus one ~5 ms decode). Import: "
+            "`python -X importtime -c 'import datasets.decode'`, cumulative, and the modules it loads: before, "
+            "every spawned worker paid it and also re-ran the entry script (invoke.main, ~50 ms); after, the fork "
+            "server pays it once and each worker is a fork of it. Whole command: "
+            f"`invoke stage-data` (the console script) of {images} ImageNet-size JPEGs (500x375, q90) to "
+            f"{SIZE} px with --workers {cores}; decode and finishing are the manifest's timings. images.npy's "
+            "sha256 was the same in every run of both.",
+            "",
+            *table,
+            COSTS_END,
+        ]
+    )
+    write_section(ROOT / "BENCHMARKS.md", COSTS_BEGIN, COSTS_END, section)
+    print(section)
+
+
+def _decode_imports(code: Path) -> tuple[float, int]:
+    """Cumulative ms and module count of importing datasets.decode in a fresh interpreter (best of 3)."""
+    best: tuple[float, int] = (float("inf"), 0)
+    for _ in range(3):
+        err = subprocess.run(
+            [sys.executable, "-X", "importtime", "-c", "import datasets.decode"],
+            cwd=code,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
+        lines = [x for x in err.splitlines() if x.startswith("import time:") and "|" in x]
+        before_site = [x for x in lines if x.rsplit("|", 1)[1].strip() == "datasets.decode"]
+        at = lines.index(before_site[-1])
+        site = max(i for i, x in enumerate(lines) if x.rsplit("|", 1)[1].strip() == "site")
+        best = min(best, (int(before_site[-1].split("|")[1]) / 1000, at - site))
+    return best
+
+
+def _spread(values: Sequence[float], scale: float = 1, digits: int = 2) -> str:
+    v = [x * scale for x in values]
+    fmt = f"{{:.{digits if scale == 1 else 0}f}}"
+    return f"{fmt.format(statistics.median(v))} ({fmt.format(min(v))}-{fmt.format(max(v))})"
 
 
 def _vs(ratio: float, target: float, what: str, lower: bool = False) -> str:
