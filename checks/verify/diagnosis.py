@@ -15,7 +15,8 @@ GPU utilisation is never a verdict on its own (§3 item 2). Verdict ids (the ``d
 - ``comm-bound``: several processes: the gradient exchange the step waits for (synchronised minus ``no_sync``
   step) takes share_warn of the step or more; evidence: gradient bytes, the busbw it implies, the fixes ranked.
 - ``straggler``: several processes: one rank's own step (its ``no_sync`` steps) is ``straggler_share`` slower
-  than the others' median; everyone waits for it at every all-reduce.
+  than the others' median; everyone waits for it at every all-reduce. Names the rank, its GPU and what
+  bootstrap's gate rows say about that GPU.
 - ``compute-bound``: forward + backward + optimizer dominate: healthy; only now does a bigger GPU help (V5).
 - ``cant-tell``: no single cause clears its threshold, or the run did not produce enough to judge.
 """
@@ -27,6 +28,7 @@ from typing import Any
 
 from checks.config import VerifyConfig
 from checks.machine.gpu import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
+from checks.result import Result
 from checks.verify import advice as fixes
 from checks.verify import distributed
 
@@ -94,6 +96,7 @@ class Signals:
     loader_advice: dict[str, Any] | None = None  # checks.verify.advice.loader_advice over loader_alone's candidates
     data_cost: dict[str, Any] | None = None  # checks.verify.smoke.candidates.data_cost: a sample's time, split
     ddp: dict[str, Any] | None = None  # measurements.ddp (checks.verify.distributed.figures); None: one process
+    gate: tuple[Result, ...] | None = None  # bootstrap's fast checks as verify ran them; None: not run
 
 
 def diagnose(s: Signals, cfg: VerifyConfig) -> list[Verdict]:
@@ -337,19 +340,13 @@ def _comm(s: Signals, cfg: VerifyConfig) -> Verdict | None:
 
 
 def _straggler(s: Signals, cfg: VerifyConfig) -> Verdict | None:
-    """Several processes: one rank's own step is straggler_share slower than the others' (TraceML's score)."""
+    """Several processes: one rank's own step is straggler_share slower than the others' (TraceML's score); named
+    with its GPU and what bootstrap's gate says about that GPU."""
     found = distributed.straggler((s.ddp or {}).get("per_rank") or [], cfg)
     if found is None:
         return None
-    summary = (
-        f"rank {found['rank']} takes {1000 * found['own_s']:.1f} ms per step on its own, the others "
-        f"{1000 * found['others_s']:.1f} ms ({_pct(found['score'])} slower): every all-reduce waits for it"
-    )
-    fix = (
-        f"look at rank {found['rank']}'s GPU in invoke bootstrap (gpu-power, gpu-throttle, gpu-pcie, another "
-        "tenant) and its data shard; on the CPU, what else runs on its cores"
-    )
-    return Verdict("straggler", "warn", "medium", summary, fix, found["score"], found)
+    summary, fix, evidence = distributed.straggler_text(found, s.ddp or {}, s.gate)
+    return Verdict("straggler", "warn", "medium", summary, fix, found["score"], evidence)
 
 
 def _throttle(s: Signals, cfg: VerifyConfig) -> Verdict | None:

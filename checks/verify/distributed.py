@@ -9,8 +9,8 @@ forward+backward of the slowest rank: the exchange the step waits for), ``comm_s
 ``scaling_efficiency`` (samples/s of N ranks over N x rank 0's alone), ``grad_bytes`` (all-reduced per step),
 ``busbw_gbs`` (grad_bytes x 2(N-1)/N over the exposed time: what the exchange moved at least that fast; an
 upper bound on the link's busbw when some of it overlapped the backward), ``ab`` (windows, steps, both medians
-and their spread), ``per_rank`` ([{rank, median_s, own_s, sync_s, data_wait_share, error}]: own_s is the
-rank's ``no_sync`` median, its speed without waiting for the others). With ``--hosts`` also ``hosts``
+and their spread), ``per_rank`` ([{rank, median_s, own_s, sync_s, data_wait_share, error, gpu}]: own_s is the
+rank's ``no_sync`` median, its speed without waiting for the others; gpu its GPU, see ``gpu_of``). With ``--hosts`` also ``hosts``
 ([{host, address, ranks}]) and ``link_mbit_s`` (busbw_gbs in Mbit/s: what the network between them carried).
 """
 
@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from checks.config import VerifyConfig
 from checks.errors import PreflightError
 from checks.facts import MachineFacts
-from checks.result import Result, ok, skip
+from checks.result import Result, Status, ok, skip
 from checks.verify.smoke.figures import breakdown, step_total
 
 
@@ -87,8 +88,18 @@ def per_rank(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"rank": r["rank"], "median_s": _median([step_total(s) for s in steps])}
         row |= {"own_s": ab.get("no_sync_median_s"), "sync_s": ab.get("sync_median_s")}
         row |= {"data_wait_share": round(breakdown(steps)["data_wait"], 4) if steps else None, "error": r.get("error")}
+        row["gpu"] = gpu_of(r.get("device"))
         out.append(row)
     return out
+
+
+def gpu_of(device: dict[str, Any] | None) -> int | None:
+    """The GPU a rank trained on: its NVML index where its UUID maps to one here, else its torch index on its
+    host; None on the CPU or when the rank did not say."""
+    d = device or {}
+    if d.get("type") != "cuda":
+        return None
+    return d["nvml_index"] if d.get("nvml_index") is not None else d.get("index")
 
 
 def figures(r: dict[str, Any], samples_per_step: int) -> dict[str, Any] | None:
@@ -150,6 +161,60 @@ def straggler(rows: list[dict[str, Any]], cfg: VerifyConfig) -> dict[str, Any] |
     if score < cfg.straggler_share:
         return None
     return {"rank": worst["rank"], "own_s": worst["own_s"], "others_s": others, "score": round(score, 3)}
+
+
+def straggler_text(
+    found: dict[str, Any], d: dict[str, Any], gate: Sequence[Result] | None
+) -> tuple[str, str, dict[str, Any]]:
+    """The straggler's summary, fix and evidence: the rank, its GPU ("CPU" without one) and what bootstrap's
+    fast checks (verify's gate rows, subjects ``gpuN``) say about that GPU."""
+    row: dict[str, Any] = next((x for x in d.get("per_rank") or [] if x["rank"] == found["rank"]), {})
+    gpu = row.get("gpu")
+    where = "CPU" if gpu is None else f"gpu{gpu}"
+    host = next((h["host"] for h in d.get("hosts") or [] if found["rank"] in h.get("ranks", [])), None)
+    summary = (
+        f"rank {found['rank']} ({where}{f' on {host}' if host else ''}) takes {1000 * found['own_s']:.1f} ms per "
+        f"step on its own, the others {1000 * found['others_s']:.1f} ms ({100 * found['score']:.0f}% slower): "
+        "every all-reduce waits for it"
+    )
+    ev = found | {"gpu": gpu, "device": where, "host": host}
+    if gpu is None:
+        fix = f"on the CPU, what else runs on rank {found['rank']}'s cores (top), and its data shard"
+        return summary, fix, ev
+    flagged = _flagged(where, gate) if gate is not None and not host else None
+    said = _bootstrap_says(where, host, gate, flagged)
+    ev |= {"bootstrap": flagged, "bootstrap_says": said}
+    hints = list(dict.fromkeys(r["hint"] for r in flagged or [] if r.get("hint")))
+    fix = (
+        f"fix what bootstrap flags on {where} first: {'; '.join(hints) or 'see invoke bootstrap'}; then its data shard"
+        if flagged
+        else f"watch {where} during a run (nvidia-smi -i {gpu} dmon -s pucm: power, clocks, other tenants) "
+        "and look at its data shard"
+    )
+    return f"{summary}; {said}", fix, ev
+
+
+def _flagged(where: str, gate: Sequence[Result]) -> list[dict[str, Any]] | None:
+    """The gate's warn/fail/error rows about ``where`` (None: the gate has no row about it at all)."""
+    mine = [r for r in gate if r.subject == where]
+    if not mine:
+        return None
+    bad = (Status.WARN, Status.FAIL, Status.ERROR)
+    return [
+        {"id": r.id, "status": r.status.value, "summary": r.summary, "hint": r.hint} for r in mine if r.status in bad
+    ]
+
+
+def _bootstrap_says(where: str, host: str | None, gate: Sequence[Result] | None, flagged: list[Any] | None) -> str:
+    if host:
+        return f"verify --hosts does not run bootstrap's checks: invoke bootstrap --hosts judges {where} on {host}"
+    if gate is None:
+        return f"bootstrap's checks are not in this report: invoke bootstrap judges {where}"
+    if flagged is None:
+        return f"bootstrap has no finding about {where} (NVML did not list it)"
+    if not flagged:
+        return f"bootstrap found nothing wrong with {where}"
+    return f"bootstrap flags {where}: " + "; ".join(f"{r['id']} {r['status']}: {r['summary']}" for r in flagged)
 
 
 def comm_text(d: dict[str, Any], target: float) -> tuple[str, str]:

@@ -295,7 +295,16 @@ def run(p: Plan, config: PreflightConfig, on_event: Callable[[dict[str, Any]], N
     with Sampler(cfg.sample_interval_s, gpu, host) as sampler:
         launch = functools.partial(run_ddp if p.spec.get("ddp") else run_smoke, extra_env=p.alloc.variables)
         child = launch(p.spec, cfg.timeout_s, cfg.stall_timeout_s, event, started)
+        _nvml_indices(child, gpu)
     return Outcome(child, sampler.trace, found.get("index"), gpu.error)
+
+
+def _nvml_indices(child: ChildRun, gpu: GpuReader) -> None:
+    """Each rank's GPU by its NVML index (bootstrap's ``gpuN``): torch and NVML can order GPUs differently."""
+    for r in (child.result or {}).get("ranks") or []:
+        device = r.get("device") or {}
+        if device.get("uuid"):
+            device["nvml_index"] = gpu.index_of(device["uuid"])
 
 
 def raise_usage(o: Outcome) -> None:

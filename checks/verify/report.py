@@ -10,6 +10,7 @@ a checkpoint that does not reproduce, or throughput under the floor.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from checks.config import VerifyConfig
@@ -64,8 +65,11 @@ def mfu(r: dict[str, Any], median_s: float) -> tuple[float | None, str, float | 
     )
 
 
-def signals(p: Plan, o: Outcome, cfg: VerifyConfig, figures: dict[str, Any]) -> Signals:
-    """Assemble what the verdict rules read from the child's result and the trace of the measured window."""
+def signals(
+    p: Plan, o: Outcome, cfg: VerifyConfig, figures: dict[str, Any], gate: Sequence[Result] | None = None
+) -> Signals:
+    """Assemble what the verdict rules read from the child's result, the trace of the measured window and the
+    gate's rows (bootstrap's fast checks; None where they did not run)."""
     r = o.child.result or {}
     records = r.get("steps") or []
     window = (r.get("timeline") or {}).get("measure")
@@ -103,6 +107,7 @@ def signals(p: Plan, o: Outcome, cfg: VerifyConfig, figures: dict[str, Any]) -> 
         loader_advice=loader_advice(_probed(r, "loader_alone"), cfg.advice_min_gain),
         data_cost=_probed(r, "data_cost"),
         ddp=_ddp(r),
+        gate=None if gate is None else tuple(gate),
     )
 
 
@@ -152,8 +157,11 @@ def step_block(p: Plan, r: dict[str, Any]) -> dict[str, Any] | None:
     return figs
 
 
-def judge(p: Plan, o: Outcome, cfg: VerifyConfig) -> tuple[list[Result], dict[str, Any], list[Verdict]]:
-    """Results, measurements and verdicts of one run (complete, partial or failed)."""
+def judge(
+    p: Plan, o: Outcome, cfg: VerifyConfig, gate: Sequence[Result] | None = None
+) -> tuple[list[Result], dict[str, Any], list[Verdict]]:
+    """Results, measurements and verdicts of one run (complete, partial or failed); ``gate``: bootstrap's rows
+    as verify ran them (the straggler verdict quotes its GPU's), None where they did not run."""
     r = o.child.result or {}
     figs = step_block(p, r)
     m: dict[str, Any] = {"run": _run_facts(p, o, r), "dataloader": r.get("loader") or p.loader}
@@ -168,7 +176,7 @@ def judge(p: Plan, o: Outcome, cfg: VerifyConfig) -> tuple[list[Result], dict[st
     results = [*loop_results(p, o, cfg, figs), _loss(r, cfg), checkpoint_result(p, r), data_resume_result(r)]
     s: Signals | None = None
     if figs is not None:
-        s = signals(p, o, cfg, figs)
+        s = signals(p, o, cfg, figs, gate)
     elif r.get("oom"):
         s = Signals(0, (r.get("device") or {}).get("type", "cpu"), {}, 0.0, oom=r["oom"])
     verdicts = diagnose(s, cfg) if s is not None else []

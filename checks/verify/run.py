@@ -66,7 +66,7 @@ def verify(request: VerifyRequest, say: Say) -> Judged:
             say(describe_ddp(p.spec["ddp"], p.usable_cores))
         outcome = v.run(p, cfg, lambda e: _say(say, v.progress(e)))
         v.raise_usage(outcome)
-        results, measurements, verdicts = judge(p, outcome, cfg.verify)
+        results, measurements, verdicts = judge(p, outcome, cfg.verify, gate)
         child = outcome.child.result or {}
         title = f"invoke verify: {verdicts[0].id if verdicts else 'cant-tell'}"
         problems = v.write_outputs(

@@ -196,7 +196,7 @@ def _kill_group(procs: list[subprocess.Popen[bytes]]) -> None:
 
 def combine(run: ChildRun, results: list[dict[str, Any] | None], logs: list[str], first: int = 0) -> None:
     """The first local rank's result (rank 0's on one box) stands for the run; every rank's steps and A/B figures
-    go under ``ranks`` (global numbers from ``first``); a failed rank's error and log replace rank 0's (whose own
+    go under ``ranks`` (global numbers from ``first``, each with its device); a failed rank's error and log replace rank 0's (whose own
     error is then only the lost peer). ``run.rank`` is made global."""
     failed = run.rank
     run.rank = None if failed is None else first + failed
@@ -217,7 +217,16 @@ def combine(run: ChildRun, results: list[dict[str, Any] | None], logs: list[str]
             "steps": (res or {}).get("steps") or [],
             "ddp": (res or {}).get("ddp"),
             "error": (res or {}).get("error"),
+            "device": _device(res, r),
         }
         for r, res in enumerate(results)
     ]
     run.result = base
+
+
+def _device(res: dict[str, Any] | None, local: int) -> dict[str, Any] | None:
+    """A rank's device: on a GPU its index on its host (``ddp.start`` sets device ``local_rank``) and UUID."""
+    d = (res or {}).get("device")
+    if not d:
+        return None
+    return {"type": d.get("type"), "index": local if d.get("type") == "cuda" else None, "uuid": d.get("uuid")}

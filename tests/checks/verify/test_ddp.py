@@ -108,7 +108,8 @@ def test_a_slow_rank_is_named_as_the_straggler(tmp_path: Path, monkeypatch: pyte
     ids = [v["id"] for v in m["diagnosis"]["verdicts"]]
     assert "straggler" in ids, m["diagnosis"]
     found = next(v for v in m["diagnosis"]["verdicts"] if v["id"] == "straggler")
-    assert found["evidence"]["rank"] == 1 and found["summary"].startswith("rank 1 ")
+    assert found["evidence"]["rank"] == 1 and found["summary"].startswith("rank 1 (CPU) takes "), found["summary"]
+    assert found["evidence"]["gpu"] is None and "rank 1's cores" in found["fix"]
     rows = {r["rank"]: r for r in m["ddp"]["per_rank"]}
     assert rows[1]["own_s"] - rows[0]["own_s"] > 0.02  # the planted 40 ms, less scheduling noise
 
@@ -195,6 +196,85 @@ def test_a_straggler_needs_the_configured_gap() -> None:
     found = distributed.straggler(rows, CFG)
     assert found is not None and found["rank"] == 2 and found["score"] == pytest.approx(0.58, abs=0.01)
     assert distributed.straggler(rows[:2], CFG) is None
+
+
+class NvmlOrder:
+    """The parent's GpuReader as far as ``plan._nvml_indices`` asks it: UUID -> NVML index."""
+
+    def __init__(self, order: dict[str, int]) -> None:
+        self.order = order
+
+    def index_of(self, uuid: str | None) -> int | None:
+        return self.order.get(uuid or "")
+
+
+def straggling_on_gpu1(gate: list[Result] | None) -> Any:
+    """Two NCCL ranks replayed through the launcher's combine and the NVML lookup; rank 1 (on gpu1) 30% slower."""
+    from checks.verify.diagnosis import Signals, diagnose
+    from checks.verify.plan import _nvml_indices
+    from checks.verify.smoke.ddp_launch import combine
+    from checks.verify.smoke.launch import ChildRun
+
+    results: list[dict[str, Any] | None] = []
+    for rank, own in ((0, 0.040), (1, 0.052)):
+        r = rank_result(rank, 0.1, own, 0.12)
+        r["device"] = {"type": "cuda", "name": "NVIDIA RTX 4090", "uuid": f"GPU-{rank}aaa"}
+        r["ddp"] |= {"world_size": 2, "backend": "nccl"}
+        results.append(r)
+    run = ChildRun(result=None)
+    combine(run, results, ["", ""])
+    _nvml_indices(run, NvmlOrder({"GPU-0aaa": 0, "GPU-1aaa": 1}))  # type: ignore[arg-type]
+    d = distributed.figures(run.result or {}, 16)
+    shares = {"data_wait": 0.0, "h2d": 0.0, "forward": 0.4, "backward": 0.5, "optimizer": 0.1, "checkpoint": 0.0}
+    signals = Signals(
+        steps=20, device="cuda", shares=shares, step_s=0.1, ddp=d, gate=None if gate is None else tuple(gate)
+    )
+    return next(v for v in diagnose(signals, CFG) if v.id == "straggler")
+
+
+def test_the_straggler_names_its_gpu_and_quotes_what_bootstrap_found_on_it() -> None:
+    from checks.result import ok, warn
+
+    power = warn(
+        "gpu-power",
+        "power limit 250 W is 56% of the default 450 W",
+        "the card is capped: nvidia-smi -i 1 -pl 450",
+        subject="gpu1",
+    )
+    gate = [
+        ok("driver", "driver 550.54"),
+        warn("gpu-power", "power limit 300 W is 67% of the default 450 W", "capped", subject="gpu0"),
+        ok("gpu-pcie", "Gen4 x16 under load", subject="gpu1"),
+        power,
+        warn("gpu-throttle", "clocks held back: software power cap, 71 C", "power: see gpu-power", subject="gpu1"),
+    ]
+    v = straggling_on_gpu1(gate)
+    assert v.summary.startswith("rank 1 (gpu1) takes 52.0 ms per step on its own, the others 40.0 ms (30% slower)")
+    assert (
+        "bootstrap flags gpu1: gpu-power warn: power limit 250 W is 56% of the default 450 W; "
+        "gpu-throttle warn: clocks held back: software power cap, 71 C"
+    ) in v.summary
+    assert "300 W" not in v.summary and "Gen4" not in v.summary  # gpu0's warn and gpu1's ok rows stay out
+    assert (v.evidence["rank"], v.evidence["gpu"], v.evidence["device"]) == (1, 1, "gpu1")
+    assert [r["id"] for r in v.evidence["bootstrap"]] == ["gpu-power", "gpu-throttle"]
+    assert v.evidence["bootstrap_says"] in v.summary
+    assert "nvidia-smi -i 1 -pl 450" in v.fix  # bootstrap's own hint for that GPU
+
+
+def test_a_straggler_on_a_gpu_bootstrap_passed_says_so() -> None:
+    from checks.result import ok
+
+    v = straggling_on_gpu1([ok("gpu-power", "power limit 450 W is 100% of the default 450 W", subject="gpu1")])
+    assert v.summary.endswith("; bootstrap found nothing wrong with gpu1")
+    assert v.evidence["bootstrap"] == [] and "nvidia-smi -i 1 dmon" in v.fix
+    assert "not in this report" in straggling_on_gpu1(None).summary  # judged without the gate: no false all-clear
+
+
+def test_a_ranks_gpu_is_its_nvml_index_where_the_uuid_maps_else_its_torch_index() -> None:
+    assert distributed.gpu_of({"type": "cuda", "index": 1, "uuid": "GPU-b", "nvml_index": 0}) == 0
+    assert distributed.gpu_of({"type": "cuda", "index": 1, "uuid": "GPU-b", "nvml_index": None}) == 1
+    assert distributed.gpu_of({"type": "cpu", "index": None, "uuid": None}) is None
+    assert distributed.gpu_of(None) is None
 
 
 def test_free_port_is_bindable() -> None:
