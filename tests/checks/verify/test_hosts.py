@@ -9,8 +9,10 @@ on one box (``--nproc 2``, gloo over loopback) must not.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -206,6 +208,52 @@ def test_an_unreachable_host_is_one_line_and_exit_2(ctl: Controller) -> None:
     assert proc.returncode == 2 and not report, proc.stderr[-2000:]
     assert "h2: unreachable: connection refused" in proc.stderr and "Traceback" not in proc.stderr
     assert _leftovers(ctl) == []
+
+
+def test_ctrl_c_stops_every_hosts_ranks_writes_the_partial_report_and_exits_130(ctl: Controller) -> None:
+    report = ctl.home / "interrupted.json"
+    argv = [sys.executable, "-m", "invoke", "-f", str(ctl.home / "run.yaml"), "verify", "--workers", "0"]
+    argv += ["--batch-size", "64", "--steps", "400", "--json", str(report), "--dataset", "userplugin:quadrants"]
+    argv += ["--hosts", "h1,h2"]
+    # A suite started from a background job inherits SIGINT ignored, and so would the controller: give it the
+    # default, as a terminal's foreground process has, so that Python turns the signal into KeyboardInterrupt.
+    proc = subprocess.Popen(
+        argv, cwd=REPO, env=ctl.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        measured = _measured_steps(ctl.cluster.hosts[0].root / "tmp", at_least=3, timeout=120)
+        assert measured, "rank 0 never reached the measured steps on h1"
+        proc.send_signal(signal.SIGINT)  # what a terminal sends to the foreground process
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err[-3000:]
+    assert "stopping every host's ranks" in err and "Traceback" not in err, err[-3000:]
+    doc = json.loads(report.read_text())
+    loop = _by_id(doc)["verify-loop"]
+    assert loop["status"] == "warn" and loop["summary"].startswith("interrupted"), loop
+    assert 3 <= doc["measurements"]["step_time"]["steps"] < 400
+    time.sleep(1)
+    assert _leftovers(ctl) == []
+    for host in ctl.cluster.hosts:  # the run's temporary directories are gone from every host
+        left = [p.name for p in (host.root / "tmp").iterdir() if not p.name.startswith("torchinductor_")]
+        assert left == [], host.name
+
+
+def _measured_steps(tmp: Path, at_least: int, timeout: float) -> bool:
+    """Wait until the first rank on a host (its events file under the host's TMPDIR) logged measured steps."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for events in tmp.rglob("events.0.jsonl"):
+            with contextlib.suppress(OSError, ValueError):  # a line half written
+                lines = [json.loads(x) for x in events.read_text().splitlines() if x.endswith("}")]
+                if any(e.get("phase") == "measure" and e.get("i", 0) >= at_least for e in lines):
+                    return True
+        time.sleep(0.2)
+    return False
 
 
 def _leftovers(ctl: Controller) -> list[str]:
