@@ -176,6 +176,13 @@ def read_hf_config(path: Path) -> dict[str, Any]:
     return data
 
 
+def hf_seq(data: dict[str, Any], seq: int) -> int:
+    """The sequence a config.json model is planned at: ``--seq``, else its maximum positions (0: neither)."""
+    if seq:
+        return seq
+    return next((int(data[n]) for n in _FIELDS["seq"] if isinstance(data.get(n), int) and data[n] > 0), 0)
+
+
 def shape_from_hf(data: dict[str, Any], seq: int, where: str) -> Shape:
     """A transformer's Shape from config.json fields; missing ones are named (exit 2)."""
     got: dict[str, int] = {}

@@ -16,7 +16,6 @@ JSON (``--json``), schema 1::
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import json
 import sys
 from dataclasses import dataclass, field, replace
@@ -34,6 +33,7 @@ from checks.plan.model import (
     Shape,
     check_shape,
     from_measurement,
+    hf_seq,
     read_hf_config,
     shape_from_hf,
     transformer,
@@ -107,8 +107,11 @@ def _option_json(o: Option, time: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def measure(r: PlanRequest, dtype: str, ram_bytes: int | None) -> ModelSize:
-    """Run the measuring child on ``--model`` (or a Hugging Face config with transformers installed)."""
+def measure(r: PlanRequest, dtype: str, ram_bytes: int | None, **spec_extra: Any) -> ModelSize | str:
+    """Run the measuring child on ``--model``, or on ``--hf-config`` built by transformers (``spec_extra``).
+
+    Returns why the child could not build a ``--hf-config`` (transformers missing or refusing it) as a string.
+    """
     spec = {
         "model": r.model,
         "user_path": str(r.user_path),
@@ -120,36 +123,52 @@ def measure(r: PlanRequest, dtype: str, ram_bytes: int | None) -> ModelSize:
         "checkpointing": r.checkpointing,
         "attention": r.attention,
         "ram_bytes": ram_bytes,
-    }
+    } | spec_extra
+    what = r.model or r.hf_config
     try:
         data = run_child([sys.executable, str(SCRIPT), json.dumps(spec)], r.config.plan.measure_timeout_s)
     except ChildFailed as exc:
-        raise PreflightError(f"measuring {r.model} failed: {exc}", code=1) from None
+        raise PreflightError(f"measuring {what} failed: {exc}", code=1) from None
     if "usage" in data:
         raise PreflightError(data["usage"])
+    if "unavailable" in data:
+        return str(data["unavailable"])
     if "error" in data:
         raise PreflightError(
-            f"measuring {r.model} failed: {data['error']}", hint="the traceback is on stderr of the child", code=1
+            f"measuring {what} failed: {data['error']}", hint="the traceback is on stderr of the child", code=1
         )
     return from_measurement(data)
 
 
+def hf_model_size(r: PlanRequest, setup: Setup, dtype: str, ram_bytes: int | None) -> ModelSize:
+    """``--hf-config``: built on meta by transformers and measured when it can, else from the config's fields."""
+    path = Path(r.hf_config)
+    data = read_hf_config(path)
+    file = path / "config.json" if path.is_dir() else path
+    seq = hf_seq(data, r.seq)
+    built: ModelSize | str = "no sequence length"  # shape_from_hf names the missing fields
+    if seq:
+        built = measure(r, dtype, ram_bytes, hf_config=str(file.resolve()), input_shape=[seq], input_dtype="long")
+    if isinstance(built, ModelSize):
+        return replace(built, notes=(*built.notes, f"built from {file.name} by transformers, sequence {seq}"))
+    shape = shape_from_hf(data, r.seq, str(path))
+    size = transformer(shape, None, r.attention == "flash", setup.dtype_bytes, f"from {file.name} fields")
+    return replace(size, notes=(*size.notes, f"{built}: sizes from the config's fields"))
+
+
 def model_size(r: PlanRequest, setup: Setup, ram_bytes: int | None) -> ModelSize:
     dtype = "float32" if setup.precision == "fp32" else "bfloat16"
-    flash = r.attention == "flash"
     if r.model:
-        return measure(r, dtype, ram_bytes)
+        size = measure(r, dtype, ram_bytes)
+        if isinstance(size, str):  # only a --hf-config build can be unavailable: not reached
+            raise PreflightError(size, code=1)
+        return size
     if r.hf_config:
-        path = Path(r.hf_config)
-        data = read_hf_config(path)
-        shape = shape_from_hf(data, r.seq, str(path))
-        size = transformer(shape, None, flash, setup.dtype_bytes, f"from {path.name} fields")
-        why = "is not installed" if importlib.util.find_spec("transformers") is None else "build is not wired in yet"
-        return replace(size, notes=(*size.notes, f"transformers {why}: sizes from the config's fields"))
+        return hf_model_size(r, setup, dtype, ram_bytes)
     count = parse_count(r.params)
     shape = Shape(r.layers, r.hidden, r.heads, r.seq, r.vocab, name=f"{r.params} transformer")
     check_shape(shape)
-    return transformer(shape, count, flash, setup.dtype_bytes, "analytic (--params and shapes)")
+    return transformer(shape, count, r.attention == "flash", setup.dtype_bytes, "analytic (--params and shapes)")
 
 
 def check_prices(prices: dict[str, float]) -> dict[str, float]:

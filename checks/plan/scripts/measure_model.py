@@ -3,10 +3,13 @@ the bytes autograd saves for backward at two batch sizes. Run by checks/plan/mea
 
 argv[1] is the spec (JSON): ``model`` (MODULE:CALLABLE), ``user_path``, ``input_shape`` (one sample, no batch
 dimension) and ``input_dtype`` ("float" or "long"), or ``dataset`` (MODULE:CALLABLE: the first item's input
-gives both), ``dtype`` (the compute dtype: bfloat16, float16, float32), ``batches`` (two sizes),
-``checkpointing``, ``attention`` ("flash": scaled_dot_product_attention saves q, k, v, the output and a b·a·s
+gives both), or ``hf_config`` (a local config.json or its folder, built with transformers' AutoModelForCausalLM;
+``input_shape`` is then ``[seq]`` of token ids), ``dtype`` (the compute dtype: bfloat16, float16, float32),
+``batches`` (two sizes), ``checkpointing``, ``attention`` ("flash": scaled_dot_product_attention saves q, k, v, the output and a b·a·s
 fp32 logsumexp, as the GPU kernels do; "as-written": whatever the meta math path saves), ``ram_bytes``.
-Prints one JSON object on its last line: ``{"usage": ...}`` for a model that cannot be loaded or built.
+Prints one JSON object on its last line: ``{"usage": ...}`` for a model that cannot be loaded or built,
+``{"unavailable": ...}`` when transformers cannot be imported or cannot build the config (the parent then sizes
+the model from the config's fields).
 
 Measuring on meta (ref/communication-and-planning.md §6.4): ``saved_tensors_hooks`` sees every saved tensor;
 views share storage and Linear saves its weight, so bytes are summed once per storage
@@ -16,6 +19,7 @@ views share storage and Linear saves its weight, so bytes are summed once per st
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import json
@@ -34,6 +38,10 @@ SMALL_TENSOR = 4096  # bitsandbytes keeps 32-bit Adam state below min_8bit_size 
 
 class Usage(Exception):
     """The model or its input cannot be used: exit 2 in the parent, with this line."""
+
+
+class Unavailable(Exception):
+    """transformers is missing or cannot build the config: the parent falls back to the formulas."""
 
 
 def load(ref: str, user_path: str, flag: str) -> Any:
@@ -63,6 +71,27 @@ def load(ref: str, user_path: str, flag: str) -> Any:
     return obj
 
 
+def hf_factory(config_path: str) -> Callable[[], nn.Module]:
+    """transformers' causal LM for a local config.json, built with no weights read (nothing is downloaded)."""
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except Exception as exc:  # noqa: BLE001 - missing, or an install broken against this torch
+        raise Unavailable(f"transformers cannot be imported ({type(exc).__name__}: {exc})") from None
+    try:
+        config = AutoConfig.from_pretrained(config_path, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - an unknown model_type, a config of a newer transformers
+        raise Unavailable(f"transformers cannot read it ({type(exc).__name__}: {_first_line(exc)})") from None
+
+    def factory() -> nn.Module:
+        return AutoModelForCausalLM.from_config(config)
+
+    return factory
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+
+
 class Tally:
     """Bytes of distinct non-parameter storages saved for backward."""
 
@@ -83,12 +112,13 @@ class Tally:
 
 
 class FlashAttention(torch.autograd.Function):
-    """SDPA as a fused kernel saves it: q, k, v, the output and the row logsumexp in fp32 (ref §6.3)."""
+    """SDPA as a fused kernel saves it: q, k, v, the output and the row logsumexp in fp32 (ref §6.3). With
+    dropout the kernels keep a Philox seed and offset, not a mask: nothing more is saved."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, gqa: bool) -> torch.Tensor:
         with torch.no_grad():
-            out = _ORIGINAL_SDPA(q, k, v, is_causal=causal)
+            out = _ORIGINAL_SDPA(q, k, v, is_causal=causal, enable_gqa=gqa)
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
         ctx.save_for_backward(q, k, v, out, lse)
         return out
@@ -102,9 +132,10 @@ _ORIGINAL_SDPA = F.scaled_dot_product_attention
 
 
 def _flash_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None, *args: Any, **kw: Any) -> Any:
-    if attn_mask is not None or kw.get("dropout_p", 0.0) or (args and args[0]):
+    if attn_mask is not None:  # the flash kernel takes no mask (memory-efficient attention's saves differ)
         return _ORIGINAL_SDPA(q, k, v, attn_mask, *args, **kw)
-    return FlashAttention.apply(q, k, v, bool(kw.get("is_causal", False)))
+    causal = bool(args[1] if len(args) > 1 else kw.get("is_causal", False))
+    return FlashAttention.apply(q, k, v, causal, bool(kw.get("enable_gqa", False)))
 
 
 @contextlib.contextmanager
@@ -132,16 +163,29 @@ def blocks_of(model: nn.Module) -> tuple[str, list[nn.Module]]:
     return best
 
 
+def linear_shapes(model: nn.Module) -> list[tuple[int, int]]:
+    """(d_in, d_out) of the layers LoRA adapts: nn.Linear, and transformers' Conv1D (GPT-2's Linear with the
+    weight stored transposed, which peft adapts too)."""
+    shapes = []
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            shapes.append((m.in_features, m.out_features))
+        elif type(m).__name__ == "Conv1D" and isinstance(getattr(m, "nf", None), int):
+            weight: Any = m.weight  # (nx, nf)
+            shapes.append((int(weight.shape[0]), int(weight.shape[1])))
+    return shapes
+
+
 def parameter_facts(model: nn.Module) -> dict[str, Any]:
     params = {id(p): p for p in model.parameters()}.values()  # tied weights once
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    linears = linear_shapes(model)
     name, blocks = blocks_of(model)
     return {
         "name": type(model).__name__,
         "parameters": sum(p.numel() for p in params),
         "small_tensor_parameters": sum(p.numel() for p in params if p.numel() < SMALL_TENSOR),
-        "linear_weight_parameters": sum(m.weight.numel() for m in linears),
-        "lora_per_rank": sum(m.in_features + m.out_features for m in linears),
+        "linear_weight_parameters": sum(d_in * d_out for d_in, d_out in linears),
+        "lora_per_rank": sum(d_in + d_out for d_in, d_out in linears),
         "linear_layers": len(linears),
         "blocks": len(blocks),
         "block_path": name or "(top-level children)",
@@ -156,8 +200,12 @@ def make_input(spec: dict[str, Any], batch: int, device: torch.device, dtype: to
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
-def saved_bytes(model: nn.Module, x: torch.Tensor, attention: str, per_block: bool) -> dict[str, Any]:
-    """One forward: saved-for-backward bytes, the output's bytes, and (per_block) the most one block saved."""
+def saved_bytes(model: nn.Module, x: torch.Tensor, attention: str, per_block: bool, labels: bool) -> dict[str, Any]:
+    """One forward: saved-for-backward bytes, the output's bytes, and (per_block) the most one block saved.
+
+    ``labels``: a transformers causal LM is called as its training step calls it, with the tokens as labels: the
+    loss inside the forward saves its fp32 log-softmax, and the returned logits stay alive through backward.
+    """
     params = {p.untyped_storage()._cdata for p in model.parameters()}
     tally = Tally(params)
     marks: list[int] = []
@@ -169,11 +217,12 @@ def saved_bytes(model: nn.Module, x: torch.Tensor, attention: str, per_block: bo
             hooks.append(block.register_forward_hook(lambda *_: spans.append(tally.total - marks.pop())))
     try:
         with torch.autograd.graph.saved_tensors_hooks(tally.pack, lambda t: t), attention_as(attention):
-            out = model(x)
+            out = model(input_ids=x, labels=x) if labels else model(x)
     finally:
         for h in hooks:
             h.remove()
-    outs = [t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
+    values = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else [out]
+    outs = [t for t in values if isinstance(t, torch.Tensor)]  # a transformers ModelOutput is a dict
     return {
         "saved": tally.total,
         "output": sum(t.untyped_storage().nbytes() for t in outs),
@@ -182,42 +231,49 @@ def saved_bytes(model: nn.Module, x: torch.Tensor, attention: str, per_block: bo
 
 
 def checkpointed(model: nn.Module) -> None:
-    """Wrap each block's forward in activation checkpointing (reentrant: the block's input is what it saves)."""
+    """Wrap each block's forward in activation checkpointing (reentrant: the block's input is what it saves).
+
+    Keyword arguments are bound first, as transformers' GradientCheckpointingLayer does: the reentrant
+    checkpoint takes positional inputs only (its decoder layers get masks and rotary tables by keyword).
+    """
     from torch.utils.checkpoint import checkpoint
 
     for block in blocks_of(model)[1]:
         inner = block.forward
 
         def wrapped(*args: Any, _inner: Callable[..., Any] = inner, **kw: Any) -> Any:
-            return checkpoint(_inner, *args, use_reentrant=True, **kw)
+            return checkpoint(functools.partial(_inner, **kw), *args, use_reentrant=True)
 
         block.forward = wrapped
 
 
-def build(factory: Callable[[], Any], device: str) -> nn.Module:
+def build(factory: Callable[[], Any], device: str, flag: str = "--model") -> nn.Module:
     try:
         with torch.device(device):
             model = factory()
     except Exception as exc:  # noqa: BLE001
-        raise Usage(f"--model could not build its model on {device}: {type(exc).__name__}: {exc}") from None
+        if flag == "--hf-config":
+            raise Unavailable(f"transformers cannot build it ({type(exc).__name__}: {_first_line(exc)})") from None
+        raise Usage(f"{flag} could not build its model on {device}: {type(exc).__name__}: {exc}") from None
     if not isinstance(model, nn.Module):
-        raise Usage(f"--model returned {type(model).__name__}, not an nn.Module")
+        raise Usage(f"{flag} returned {type(model).__name__}, not an nn.Module")
     return model
 
 
 def measure(spec: dict[str, Any], factory: Callable[[], Any], device: str) -> dict[str, Any]:
     dtype = DTYPES[spec["dtype"]]
-    model = build(factory, device).to(dtype)
+    model = build(factory, device, spec["flag"]).to(dtype)
+    labels = spec["flag"] == "--hf-config"
     model.train()
     rows = [
-        saved_bytes(model, make_input(spec, b, torch.device(device), dtype), spec["attention"], True)
+        saved_bytes(model, make_input(spec, b, torch.device(device), dtype), spec["attention"], True, labels)
         for b in spec["batches"]
     ]
     out: dict[str, Any] = {"rows": rows}
     if spec["checkpointing"]:
         checkpointed(model)
         out["checkpointed"] = [
-            saved_bytes(model, make_input(spec, b, torch.device(device), dtype), spec["attention"], False)
+            saved_bytes(model, make_input(spec, b, torch.device(device), dtype), spec["attention"], False, labels)
             for b in spec["batches"]
         ]
     return out
@@ -234,12 +290,21 @@ def input_from_dataset(spec: dict[str, Any]) -> None:
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
-    factory = load(spec["model"], spec["user_path"], "--model")
+    if spec.get("hf_config"):
+        spec |= {"flag": "--hf-config", "input_dtype": "long"}
+        factory = hf_factory(spec["hf_config"])
+    else:
+        spec["flag"] = "--model"
+        factory = load(spec["model"], spec["user_path"], "--model")
     if spec.get("dataset"):
         input_from_dataset(spec)
-    meta_model = build(factory, "meta")
+    meta_model = build(factory, "meta", spec["flag"])
     facts = parameter_facts(meta_model)
     result: dict[str, Any] = {"model": facts, "device": "meta", "torch": torch.__version__, "dtype": spec["dtype"]}
+    if spec["flag"] == "--hf-config":
+        import transformers
+
+        result["transformers"] = transformers.__version__
     try:
         result |= measure(spec, factory, "meta")
         return result
@@ -266,6 +331,8 @@ def main(argv: list[str]) -> int:
         out.setdefault("batches", spec["batches"])
     except Usage as exc:
         out = {"usage": str(exc)}
+    except Unavailable as exc:
+        out = {"unavailable": str(exc)}
     except Exception as exc:  # noqa: BLE001 - the parent reports it as one line
         traceback.print_exc()
         out = {"error": f"{type(exc).__name__}: {exc}"}
