@@ -20,17 +20,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
-import inspect
 import json
 import sys
 import traceback
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+sys.path.append(str(Path(__file__).resolve().parents[3]))  # the checkout, after the user's own packages
+from checks import usercode
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 SMALL_TENSOR = 4096  # bitsandbytes keeps 32-bit Adam state below min_8bit_size (ref §6.1 "8-bit Adam")
@@ -45,27 +47,12 @@ class Unavailable(Exception):
 
 
 def load(ref: str, user_path: str, flag: str) -> Any:
-    """Import ``MODULE:CALLABLE`` from the user's directory and call it with no arguments (verify's convention)."""
-    module_name, _, attr = ref.partition(":")
-    if not module_name or not attr:
-        raise Usage(f"{flag} {ref!r} is not MODULE:CALLABLE")
-    sys.path.insert(0, user_path)
+    """Import ``MODULE:CALLABLE`` from the user's directory, callable with no arguments (verify's convention)."""
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except Exception as exc:  # noqa: BLE001 - any import-time failure of user code is the user's to see
-        raise Usage(f"cannot load {flag} {ref}: {type(exc).__name__}: {exc}") from None
-    if not callable(obj):
-        raise Usage(f"{flag} {ref} is not callable")
-    try:
-        required = [
-            p.name
-            for p in inspect.signature(obj).parameters.values()
-            if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-        ]
-    except (TypeError, ValueError):
-        required = []
+        obj = usercode.load_callable(ref, user_path)
+    except usercode.UserCodeError as exc:
+        raise Usage(f"{flag}: {exc}") from None
+    required = usercode.required_arguments(obj)
     if required:
         raise Usage(f"{flag} {ref} needs arguments ({', '.join(required)}); plan calls it with none")
     return obj

@@ -12,11 +12,7 @@ windows (1-D integers) get the built-in model, sized from the dataset's ``num_cl
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import random
-import sys
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from checks import usercode
 from checks.verify.smoke.ckpt import strip_prefixes
 from checks.verify.smoke.data import DataSpec, make_dataset
 from checks.verify.smoke.loop import CudaClock, Feed, HostClock, Trainer, loader_kwargs
@@ -103,36 +100,16 @@ class Build:
 
 
 def load_callable(ref: str, user_path: str) -> Callable[[], Any]:
-    """Import ``MODULE:CALLABLE`` (dotted attributes allowed) with ``user_path`` first on sys.path."""
-    module_name, _, attr = ref.partition(":")
-    if not module_name or not attr:
-        raise UsageError(f"{ref!r} is not MODULE:CALLABLE")
-    if user_path not in sys.path:
-        sys.path.insert(0, user_path)
+    """Import ``MODULE:CALLABLE`` with ``user_path`` first on sys.path (``checks.usercode``); exit 2 when it fails."""
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except Exception as exc:  # noqa: BLE001 - any import-time failure of user code is the user's to see
-        raise UsageError(f"cannot load {ref}: {type(exc).__name__}: {exc}") from None
-    if not callable(obj):
-        raise UsageError(f"{ref} is not callable")
-    return typing.cast(Callable[[], Any], obj)
-
-
-def required_arguments(factory: Callable[..., Any]) -> list[str]:
-    """The parameters a call without arguments would leave unfilled (none when the signature cannot be read)."""
-    try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):  # some builtins and C extensions have no readable signature
-        return []
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
+        return usercode.load_callable(ref, user_path)
+    except usercode.UserCodeError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def call_factory(flag: str, ref: str, factory: Callable[..., Any]) -> Any:
     """Call a --dataset/--model callable with no arguments; one that needs some is a usage error (exit 2)."""
-    missing = required_arguments(factory)
+    missing = usercode.required_arguments(factory)
     if missing:
         raise UsageError(
             f"{flag} {ref} needs arguments ({', '.join(missing)}); verify calls it with none: "

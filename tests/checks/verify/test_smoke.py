@@ -19,6 +19,7 @@ from checks.config import make_config
 from checks.errors import PreflightError
 from checks.facts import MachineFacts, NvmlFacts, TorchFacts
 from checks.result import Status
+from checks.usercode import required_arguments
 from checks.verify.cost import cost, describe
 from checks.verify.plan import Options, checkpoint_dir, cpu_machine, effective, gate, outputs, progress
 from checks.verify.smoke import ckpt
@@ -34,7 +35,7 @@ from checks.verify.smoke.data import (
 from checks.verify.smoke.extras import kernel_summary, knee_batch, largest_fit
 from checks.verify.smoke.figures import breakdown, loss_trend, percentile, step_figures, union_length
 from checks.verify.smoke.models import build_model, default_loss
-from checks.verify.smoke.setup import UsageError, call_factory, required_arguments
+from checks.verify.smoke.setup import UsageError, call_factory
 from tests.factories import machine
 
 CFG = make_config().verify
