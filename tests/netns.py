@@ -67,6 +67,13 @@ def _netns_pids(name: str) -> list[int]:
     return [int(p) for p in out.split() if p.isdigit()]
 
 
+def controller_env(home: Path) -> dict[str, str]:
+    """The environment of a test's controller: this one without settings that would leak into the run (the
+    developer's INVOKE_PREFLIGHT_*, ssh agent, a SLURM allocation), with its own HOME and no colour."""
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_PREFLIGHT_", "SSH_AUTH_SOCK", "SLURM_"))}
+    return keep | {"HOME": str(home), "NO_COLOR": "1"}
+
+
 def remove_leftovers() -> None:
     """Delete namespaces and links of earlier test runs whose process is gone."""
     for line in _run("ip", "netns", "list", check=False).stdout.splitlines():

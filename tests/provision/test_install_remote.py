@@ -25,7 +25,7 @@ import pytest
 
 from provision.ship import EXCLUDES
 from provision.venv import STAMP, VENV, requirements
-from tests.netns import Cluster, NsHost, cluster, unavailable
+from tests.netns import Cluster, NsHost, cluster, controller_env, unavailable
 from tests.provision.wheelhouse import build
 
 BOX_PYTHON = "/usr/bin/python3"
@@ -107,8 +107,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, wheelhouse: tuple[Path, floa
     _copy_checkout(checkout, wheelhouse[0])
     (home / ".ssh").mkdir(parents=True)
     (home / "run.yaml").write_text(CONFIG)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_PREFLIGHT_", "SSH_AUTH_SOCK", "SLURM_"))}
-    env.update(HOME=str(home), NO_COLOR="1")
+    env = controller_env(home)
     with cluster(root / "hosts", [None, None]) as built:
         (home / ".ssh" / "config").write_text(built.ssh_config())
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.netns import Cluster, cluster, python_for_hosts, unavailable
+from tests.netns import Cluster, cluster, controller_env, python_for_hosts, unavailable
 from tests.test_tasks import default_sigint
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
@@ -46,11 +46,7 @@ class Controller:
     home: Path
 
     def env(self) -> dict[str, str]:
-        env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_PREFLIGHT_", "SSH_AUTH_SOCK", "SLURM_"))
-        }
-        env.update(HOME=str(self.home), NO_COLOR="1")
-        return env
+        return controller_env(self.home)
 
     def config(self, disk: bool = False) -> Path:
         path = self.home / f"run-{disk}.yaml"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.netns import Cluster, cluster, python_for_hosts, unavailable
+from tests.netns import Cluster, cluster, controller_env, python_for_hosts, unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 
@@ -99,10 +98,7 @@ class Controller:
     home: Path
 
     def env(self) -> dict[str, str]:
-        env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_PREFLIGHT_", "SSH_AUTH_SOCK", "SLURM_"))
-        }
-        return env | {"HOME": str(self.home), "NO_COLOR": "1", "PYTHONPATH": str(self.home / "plugins")}
+        return controller_env(self.home) | {"PYTHONPATH": str(self.home / "plugins")}
 
     def verify(
         self, *args: str, timeout: float = 420, batch: int = BATCH
