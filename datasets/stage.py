@@ -33,7 +33,7 @@ from datasets.journal import Journal, locked
 from datasets.manifest import Contents, Manifest, SourceInfo
 from datasets.progress import Progress, Silent
 from datasets.request import FORMATS, KINDS, Outcome, Request, allowed_rejects
-from datasets.text import tokenizer_id
+from datasets.text import load_tokenizer, tokenizer_id
 
 
 def stage(
@@ -76,19 +76,47 @@ def _stage(
     session = session or requests.Session()
     progress = progress or Silent()
     src = sources.parse(req.source)
-    try:
+    try:  # the source is read (or reached) before a disk is picked or anything is written
         inv = _scan_local(req, src)
+        ident = inv.digest if inv is not None else sources.identity(src, req.fetch, session)
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
         raise StageFailure(f"cannot read the source: {exc.strerror or exc}{where}", hint="check --source") from None
     dest = _destination(req, src, inv, say or (lambda _: None))
     work = dest.with_name(f".{dest.name}.staging")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with locked(dest.with_name(f".{dest.name}.lock")):
+    with _folders(dest.parent), locked(dest.with_name(f".{dest.name}.lock")):
         try:
-            return _locked_stage(req, src, inv, dest, work, session, progress)
+            return _locked_stage(req, src, inv, ident, dest, work, session, progress)
         except OSError as exc:
+            _drop_if_empty(work)
             raise _disk_error(exc, work) from None
+        except BaseException:
+            _drop_if_empty(work)
+            raise
+
+
+@contextmanager
+def _folders(folder: Path) -> Iterator[None]:
+    """Create ``folder`` and its missing parents; remove those still empty when the run ends (a failed run)."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    finally:
+        for path in made:  # deepest first
+            try:
+                path.rmdir()
+            except OSError:
+                break  # not empty: the dataset, or another run's
+
+
+def _drop_if_empty(work: Path) -> None:
+    """Remove a staging folder that holds nothing to resume: a journal with only its start, an empty out/."""
+    journal = Journal(work / "journal.jsonl")
+    if [e["event"] for e in journal.events] != ["start"]:
+        return
+    if sorted(p.name for p in work.iterdir()) == ["journal.jsonl", "out"] and not any((work / "out").iterdir()):
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def verify(folder: Path, progress: Progress | None = None) -> list[str]:
@@ -118,6 +146,7 @@ def _locked_stage(
     req: Request,
     src: sources.Source,
     inv: Inventory | None,
+    ident: str,
     dest: Path,
     work: Path,
     session: requests.Session,
@@ -125,7 +154,6 @@ def _locked_stage(
 ) -> Outcome:
     """Decide what to do (nothing, resume, start over), then do it."""
     started = time.monotonic()
-    ident = inv.digest if inv is not None else sources.identity(src, req.fetch, session)
     params = _params(req, inv)
     fp = sources.fingerprint(ident, params)
     existing = manifest.read(dest)
@@ -213,6 +241,8 @@ def _validate(req: Request) -> None:
     req.images.validate()
     req.text.validate()
     allowed_rejects(req.max_rejects, 1)  # a malformed value fails before any work
+    if req.text.tokenizer:  # a missing file or package fails before anything is written, not mid-run
+        load_tokenizer(req.text.tokenizer)
     if req.format == "pt":
         try:
             import torch  # noqa: F401
