@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +35,7 @@ from datasets.manifest import Contents, Manifest, SourceInfo
 from datasets.progress import Progress, Silent
 from datasets.request import FORMATS, KINDS, Outcome, Request, allowed_rejects
 from datasets.text import load_tokenizer, tokenizer_id
+from datasets.transfer import file_sha256
 
 
 def stage(
@@ -77,6 +79,7 @@ def _stage(
     progress = progress or Silent()
     src = sources.parse(req.source)
     try:  # the source is read (or reached) before a disk is picked or anything is written
+        _check_sha256(req.fetch.sha256, src, progress)
         inv = _scan_local(req, src)
         ident = inv.digest if inv is not None else sources.identity(src, req.fetch, session)
     except OSError as exc:
@@ -93,6 +96,29 @@ def _stage(
         except BaseException:
             _drop_if_empty(work)
             raise
+
+
+def _check_sha256(expected: str, src: sources.Source, progress: Progress) -> None:
+    """Check a local file's ``--sha256`` (every run, so a no-op rerun checks it too); a download is checked as it
+    lands (transfer.download); a folder or an SSH source has no one file to check: refused."""
+    if not expected or src.scheme == "http":
+        return
+    path = Path(src.location)
+    if src.scheme == "ssh" or path.is_dir():
+        what = "is copied over SSH" if src.scheme == "ssh" else "is a folder"
+        raise UsageError(
+            f"--sha256 checks one file (a download or a local archive); {src.spec} {what}",
+            hint="drop --sha256, or give the archive or URL it belongs to",
+        )
+    bar = progress.bar("sha256", path.stat().st_size, "B")
+    try:
+        digest = file_sha256(path, bar.update)
+    finally:
+        bar.close()
+    if digest != expected.lower():
+        raise StageFailure(
+            f"sha256 of {src.spec} is {digest}, expected {expected}", hint="the file changed or is damaged"
+        )
 
 
 @contextmanager
@@ -241,6 +267,8 @@ def _validate(req: Request) -> None:
     req.images.validate()
     req.text.validate()
     allowed_rejects(req.max_rejects, 1)  # a malformed value fails before any work
+    if req.fetch.sha256 and not re.fullmatch(r"[0-9a-fA-F]{64}", req.fetch.sha256):
+        raise UsageError(f"--sha256 {req.fetch.sha256} is not a sha256", hint="64 hexadecimal digits")
     if req.text.tokenizer:  # a missing file or package fails before anything is written, not mid-run
         load_tokenizer(req.text.tokenizer)
     if req.format == "pt":

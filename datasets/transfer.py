@@ -182,10 +182,12 @@ def _total(r: requests.Response, have: int) -> int | None:
     return int(length) if length else None
 
 
-def file_sha256(path: Path) -> str:
-    """Hash a file in 1 MiB blocks."""
+def file_sha256(path: Path, progress: Callable[[int], object] | None = None) -> str:
+    """Hash a file in 1 MiB blocks; ``progress`` hears the size of each block."""
     h = hashlib.sha256()
     with path.open("rb") as fh:
         while block := fh.read(1 << 20):
             h.update(block)
+            if progress is not None:
+                progress(len(block))
     return h.hexdigest()
