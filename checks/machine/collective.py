@@ -175,7 +175,7 @@ def gpu_allreduce(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     ar = m.allreduce_local
     if n < 2:
         return [skip("gpu-allreduce", "fewer than two GPUs: nothing to all-reduce between")]
-    if ar is None or ar.skipped:
+    if ar is None or ar.skipped or not (ar.rows or ar.error):  # no figures and no failure: nothing was measured
         return [
             skip(
                 "gpu-allreduce",
