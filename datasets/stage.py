@@ -26,16 +26,14 @@ from checks.facts import LocationFacts, MountFacts
 from checks.probe import disk_cache
 from checks.probe.mounts import mount_table
 from checks.probe.net import scrub, secrets_of
-from datasets import manifest, places, run_images, run_text, sources
+from datasets import manifest, places, run_images, run_text, sources, workdir
 from datasets.errors import StageFailure, UsageError
-from datasets.finalize import fsync_dir
 from datasets.inventory import Inventory, scan
 from datasets.journal import Journal, locked
 from datasets.manifest import Contents, Manifest, SourceInfo
 from datasets.progress import Progress, Silent
 from datasets.request import FORMATS, KINDS, Outcome, Request, allowed_rejects
 from datasets.text import load_tokenizer, tokenizer_id
-from datasets.transfer import file_sha256
 
 
 def stage(
@@ -79,7 +77,7 @@ def _stage(
     progress = progress or Silent()
     src = sources.parse(req.source)
     try:  # the source is read (or reached) before a disk is picked or anything is written
-        _check_sha256(req.fetch.sha256, src, progress)
+        sources.check_sha256(src, req.fetch.sha256, progress)
         inv = _scan_local(req, src)
         ident = inv.digest if inv is not None else sources.identity(src, req.fetch, session)
     except OSError as exc:
@@ -87,62 +85,15 @@ def _stage(
         raise StageFailure(f"cannot read the source: {exc.strerror or exc}{where}", hint="check --source") from None
     dest = _destination(req, src, inv, say or (lambda _: None))
     work = dest.with_name(f".{dest.name}.staging")
-    with _folders(dest.parent), locked(dest.with_name(f".{dest.name}.lock")):
+    with workdir.made_folders(dest.parent), locked(dest.with_name(f".{dest.name}.lock")):
         try:
             return _locked_stage(req, src, inv, ident, dest, work, session, progress)
         except OSError as exc:
-            _drop_if_empty(work)
+            workdir.drop_if_empty(work)
             raise _disk_error(exc, work) from None
         except BaseException:
-            _drop_if_empty(work)
+            workdir.drop_if_empty(work)
             raise
-
-
-def _check_sha256(expected: str, src: sources.Source, progress: Progress) -> None:
-    """Check a local file's ``--sha256`` (every run, so a no-op rerun checks it too); a download is checked as it
-    lands (transfer.download); a folder or an SSH source has no one file to check: refused."""
-    if not expected or src.scheme == "http":
-        return
-    path = Path(src.location)
-    if src.scheme == "ssh" or path.is_dir():
-        what = "is copied over SSH" if src.scheme == "ssh" else "is a folder"
-        raise UsageError(
-            f"--sha256 checks one file (a download or a local archive); {src.spec} {what}",
-            hint="drop --sha256, or give the archive or URL it belongs to",
-        )
-    bar = progress.bar("sha256", path.stat().st_size, "B")
-    try:
-        digest = file_sha256(path, bar.update)
-    finally:
-        bar.close()
-    if digest != expected.lower():
-        raise StageFailure(
-            f"sha256 of {src.spec} is {digest}, expected {expected}", hint="the file changed or is damaged"
-        )
-
-
-@contextmanager
-def _folders(folder: Path) -> Iterator[None]:
-    """Create ``folder`` and its missing parents; remove those still empty when the run ends (a failed run)."""
-    made = [p for p in (folder, *folder.parents) if not p.exists()]
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        yield
-    finally:
-        for path in made:  # deepest first
-            try:
-                path.rmdir()
-            except OSError:
-                break  # not empty: the dataset, or another run's
-
-
-def _drop_if_empty(work: Path) -> None:
-    """Remove a staging folder that holds nothing to resume: a journal with only its start, an empty out/."""
-    journal = Journal(work / "journal.jsonl")
-    if [e["event"] for e in journal.events] != ["start"]:
-        return
-    if sorted(p.name for p in work.iterdir()) == ["journal.jsonl", "out"] and not any((work / "out").iterdir()):
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def verify(folder: Path, progress: Progress | None = None) -> list[str]:
@@ -184,7 +135,7 @@ def _locked_stage(
     fp = sources.fingerprint(ident, params)
     existing = manifest.read(dest)
     if existing is not None and existing.fingerprint == fp and manifest.looks_complete(dest, existing):
-        _clean_leftovers(dest, work)
+        workdir.clean_leftovers(dest, work)
         return Outcome(dest, True, existing)
     _refuse_foreign(dest, existing)
     notes = _why_restage(existing, ident, params)
@@ -193,7 +144,7 @@ def _locked_stage(
     journal = _journal(work, fp, notes)
     ready = manifest.read(work / "out") if journal.has("ready") else None
     if ready is not None:  # killed while publishing
-        _publish(work / "out", dest, work)
+        workdir.publish(work / "out", dest, work)
         return Outcome(dest, False, ready, tuple(notes))
     contents, scanned = _produce(req, src, inv, work, journal, session, progress)
     contents = replace(contents, timings=replace(contents.timings, total_s=round(time.monotonic() - started, 3)))
@@ -207,7 +158,7 @@ def _locked_stage(
     )
     manifest.write(work / "out", doc)
     journal.append({"event": "ready"})
-    _publish(work / "out", dest, work)
+    workdir.publish(work / "out", dest, work)
     return Outcome(dest, False, manifest.read(dest) or doc, tuple(notes))
 
 
@@ -396,24 +347,3 @@ def _check_space(req: Request, inv: Inventory | None, work: Path, fetch_bytes: i
     alternatives = places.candidates(list(req.dest_roots))
     name = work.name.removeprefix(".").removesuffix(".staging")
     places.check_space(work, name, int(need * (1 + req.headroom_fraction)), what, alternatives, smaller)
-
-
-def _publish(out: Path, dest: Path, work: Path) -> None:
-    """Swap the finished folder in by rename; the old version is moved aside first, then removed."""
-    fsync_dir(out)
-    old = dest.with_name(f".{dest.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if dest.exists():
-        dest.rename(old)
-    out.rename(dest)
-    fsync_dir(dest.parent)
-    shutil.rmtree(old, ignore_errors=True)
-    shutil.rmtree(work, ignore_errors=True)
-
-
-def _clean_leftovers(dest: Path, work: Path) -> None:
-    """Remove what a run killed after publishing left behind."""
-    journal = Journal(work / "journal.jsonl")
-    if work.exists() and journal.has("ready") and not (work / "out").exists():
-        shutil.rmtree(work, ignore_errors=True)
-    shutil.rmtree(dest.with_name(f".{dest.name}.old"), ignore_errors=True)
