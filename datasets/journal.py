@@ -16,7 +16,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from datasets.errors import StageFailure
+from datasets.errors import StageFailure, UsageError
 
 
 class Journal:
@@ -109,7 +109,14 @@ def locked(path: Path) -> Iterator[None]:
 def _lock_fd(path: Path) -> int:
     """Open and flock ``path``, retrying when the file locked is no longer the one at ``path``."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # a read-only filesystem, a folder this user cannot write
+            dest = path.with_name(path.name.removeprefix(".").removesuffix(".lock"))
+            raise UsageError(
+                f"--dest {dest}: cannot write in {path.parent}: {exc.strerror or exc}",
+                hint="give --dest a path under a folder you can write",
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -85,7 +85,7 @@ def _stage(
         raise StageFailure(f"cannot read the source: {exc.strerror or exc}{where}", hint="check --source") from None
     dest = _destination(req, src, inv, say or (lambda _: None))
     work = dest.with_name(f".{dest.name}.staging")
-    with workdir.made_folders(dest.parent), locked(dest.with_name(f".{dest.name}.lock")):
+    with workdir.made_folders(dest), locked(dest.with_name(f".{dest.name}.lock")):
         try:
             return _locked_stage(req, src, inv, ident, dest, work, session, progress)
         except OSError as exc:

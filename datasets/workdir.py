@@ -11,15 +11,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from datasets.errors import UsageError
 from datasets.finalize import fsync_dir
 from datasets.journal import Journal
 
 
 @contextmanager
-def made_folders(folder: Path) -> Iterator[None]:
-    """Create ``folder`` and its missing parents; remove those still empty when the run ends (a failed run)."""
+def made_folders(dest: Path) -> Iterator[None]:
+    """Create the folder of ``dest`` and its missing parents; remove those still empty when the run ends (a failed
+    run); one that cannot be made is a usage error (exit 2)."""
+    folder = dest.parent
     made = [p for p in (folder, *folder.parents) if not p.exists()]
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way, a read-only or vanished filesystem
+        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        why = f"{blocker} is a file" if blocker else f"{exc.filename or folder}: {exc.strerror or exc}"
+        raise UsageError(
+            f"--dest {dest}: cannot create its folder: {why}", hint="give --dest a path under a folder you can write"
+        ) from None
     try:
         yield
     finally:

@@ -151,3 +151,26 @@ def test_a_run_that_opened_the_lock_before_it_was_removed_takes_a_fresh_one(
     with locked(path):
         assert path.read_text() == str(os.getpid()) and stale.read_text() == ""
     assert opened == [str(path), str(path)] and not path.exists()
+
+
+def test_dest_in_missing_folders_creates_them_and_a_failed_run_removes_them(photo_tree: Path, tmp_path: Path) -> None:
+    """docs/stage-data.md "Where": missing folders above --dest are created, and removed again by a failed run."""
+    assert stage(request(photo_tree, tmp_path / "a" / "b" / "ds")).dest == tmp_path / "a" / "b" / "ds"
+    with pytest.raises(StageFailure, match="not enough free space"):  # fails after the folders are made
+        stage(request(photo_tree, tmp_path / "x" / "y" / "ds", headroom_fraction=1e12))
+    assert sorted(os.listdir(tmp_path)) == ["a"]
+
+
+@pytest.mark.parametrize("under", ["a-file", "a-file/deeper"])
+def test_dest_whose_folder_cannot_be_made_is_one_line_exit_2(photo_tree: Path, tmp_path: Path, under: str) -> None:
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(UsageError, match=r"--dest .*/ds: cannot create its folder: .*a-file is a file") as info:
+        stage(request(photo_tree, tmp_path / under / "ds"))
+    assert info.value.code == 2 and sorted(os.listdir(tmp_path)) == ["a-file"]
+
+
+def test_dest_in_a_folder_that_cannot_be_written_is_one_line_exit_2(photo_tree: Path, tmp_path: Path) -> None:
+    proc = Path("/proc")  # a filesystem nobody can create files in, root included
+    with pytest.raises(UsageError, match=r"--dest /proc/ds: cannot write in /proc") as info:
+        stage(request(photo_tree, proc / "ds"))
+    assert info.value.code == 2
