@@ -98,6 +98,25 @@ def test_the_code_and_templates_cite_sources_md() -> None:
     assert {"cuda-driver-compat", "nvml-topology", "verdict-rules", "zero-model-states", "rsync-resume"} <= cited
 
 
+SEED_CITATION = re.compile(r"seed article[^§\n]{0,40}§(\d+\.\d+)")
+SEED_SECTION = re.compile(r"^- §(\d+\.\d+):", re.MULTILINE)
+
+
+def test_every_cited_section_of_the_seed_article_is_summarised_in_its_entry() -> None:
+    """The seed article is not in the repository: its entry says what each section the code cites says."""
+    text = (REPO / SOURCES).read_text()
+    entry = text.split("### seed-article", 1)[1].split("\n#", 1)[0]
+    summarised = set(SEED_SECTION.findall(entry))
+    cited = {
+        (str(path.relative_to(REPO)), section)
+        for path in scanned_files(REPO)
+        if path.relative_to(REPO) != SOURCES
+        for section in SEED_CITATION.findall(path.read_text(errors="replace"))
+    }
+    assert len(cited) > 10
+    assert sorted((where, s) for where, s in cited if s not in summarised) == []
+
+
 def _tree(tmp_path: Path, text: str, where: str = "checks/thing.py") -> Path:
     (tmp_path / "docs").mkdir()
     (tmp_path / SOURCES).write_text("# Sources\n\n### real-entry\n\nA fact. See [real-entry](#real-entry).\n")
