@@ -88,6 +88,18 @@ def test_sources_md_entries_are_unique_and_every_heading_is_an_entry() -> None:
     assert HEADING.findall((REPO / SOURCES).read_text()) == names  # a heading that is not a plain entry name
 
 
+def test_every_entry_is_cited_by_the_code_the_templates_the_docs_or_another_entry() -> None:
+    """An entry nothing cites any more is a source of nothing: drop it with the last citation."""
+    text = (REPO / SOURCES).read_text()
+    cited = set(LOCAL_LINK.findall(text)) | {
+        name
+        for path in scanned_files(REPO)
+        if path.relative_to(REPO) != SOURCES
+        for name in CITATION.findall(path.read_text(errors="replace"))
+    }
+    assert [name for name in entries(REPO) if name not in cited] == []
+
+
 def test_the_code_and_templates_cite_sources_md() -> None:
     cited = {
         name
