@@ -28,6 +28,7 @@ class VerifyRequest:
 
     config: PreflightConfig
     options: v.Options
+    command: tuple[str, ...] = ()  # the user's own command, the words after `invoke verify ... --` (issue 18)
 
 
 @dataclass(frozen=True)
