@@ -315,7 +315,9 @@ class PreflightProgram(Program):
         for context in self.tasks if words else ():
             field = getattr(self.collection[context.name], "command_field", None)
             if field is None:
-                hint = "only `invoke verify [flags] -- COMMAND` runs a command; " + _help(context.name)
+                takers = [n for n in self.collection.task_names if getattr(self.collection[n], "command_field", None)]
+                runs = " or ".join(f"`invoke {n} [flags] -- COMMAND`" for n in takers) or "no task"
+                hint = f"only {runs} runs a command; " + _help(context.name)
                 raise PreflightError(f"{context.name} takes no command after --", hint=hint)
             context.add_arg(Argument(name=field, default=tuple(words)))
 

@@ -852,6 +852,11 @@ def test_the_words_after_two_dashes_reach_verify_as_its_command(
     assert here(home, "verify").code == 0 and asked[1].command == ()
 
 
+def test_verify_refuses_a_command_until_it_can_run_one(here: Here, home: Path) -> None:
+    """Until issue 18 lands, the built-in model never trains in place of the user's command."""
+    assert_usage_error(here(home, "verify", "--", "python", "train.py"), "verify -- COMMAND is not built yet")
+
+
 @pytest.mark.parametrize("task", [("bootstrap",), ("stage-data", "--source", "x"), ("watch",)])
 def test_other_tasks_refuse_a_command_after_two_dashes(here: Here, home: Path, task: tuple[str, ...]) -> None:
     run = here(home, *task, "--", "python", "train.py")
