@@ -71,7 +71,7 @@ def fetch_windows(records: list[dict[str, Any]]) -> list[tuple[float, float]]:
 
 
 def enqueue_ratio(records: list[dict[str, Any]]) -> float | None:
-    """Median of host time issuing a step / device time computing it (ref/diagnosis.md §2.3 signal 1)."""
+    """Median of host time issuing a step / device time computing it (docs/sources.md#launch-bound-signals)."""
     ratios = [r["enqueue_s"] / c for r in records if (c := r["forward"] + r["backward"] + r["optimizer"]) > 0]
     return statistics.median(ratios) if ratios else None
 
