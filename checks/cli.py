@@ -7,6 +7,7 @@ ends the process with that program's exit code; imported any other way (the test
 nothing. Invoke's parser has no public hook for the task flags' errors, so the project ships its own program and
 keeps Invoke's for finding it. ``PreflightProgram`` overrides documented steps of ``Program`` only:
 
+- ``core_args`` keeps ``-c`` / ``-r`` / ``--no-dedupe`` (Invoke's own program found tasks.py with them);
 - ``parse_collection`` also loads the checkout's ``invoke.yaml`` (Invoke loads a project file only for a
   collection it found on disk itself);
 - ``parse_tasks``: Invoke rejects an unknown flag or stray word with ``ParseError("No idea what '--jsn' is!")``
@@ -271,6 +272,14 @@ class PreflightProgram(Program):
             print(error, file=sys.stderr)
             if exit:
                 sys.exit(error.code)
+
+    def core_args(self) -> list[Argument]:
+        """Invoke's core flags, with the ones that find tasks.py (``-c``, ``-r``, ``--no-dedupe``) kept.
+
+        Invoke's own program has used ``-c`` / ``-r`` to find tasks.py (``invoke -r CHECKOUT verify``); Invoke drops
+        them for a program given its collection, which would refuse the command line they are on."""
+        args: list[Argument] = super().core_args()
+        return args + self.task_args() if self.namespace is not None else args
 
     def task_list_opener(self, extra: str = "") -> str:
         """``invoke --list``'s heading as Invoke writes it for a collection it found (not "Subcommands")."""

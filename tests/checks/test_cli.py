@@ -130,6 +130,16 @@ def test_a_task_without_a_command_refuses_the_words_after_two_dashes(
     assert seen == []
 
 
+@pytest.mark.parametrize("core", [["-r", "CHECKOUT"], ["--search-root=CHECKOUT"], ["-c", "tasks"], ["--no-dedupe"]])
+def test_the_flags_that_found_tasks_py_are_accepted(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, core: list[str]
+) -> None:
+    """Invoke's own program used them to find tasks.py (README: invoke -r PATH_TO_CHECKOUT verify ...)."""
+    argv = [word.replace("CHECKOUT", str(tmp_path)) for word in core]
+    code, _, err = run([*argv, "train", "--steps", "4"], capsys, tmp_path)
+    assert code == 0 and err == "" and seen[0]["steps"] == 4, err
+
+
 def test_usage_error_leaves_other_exceptions_alone() -> None:
     assert cli.usage_error(ValueError("from a broken task definition"), ()) is None
     assert cli.usage_error(KeyError("x"), ()) is None
