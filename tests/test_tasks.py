@@ -830,6 +830,40 @@ def test_ctrl_c_exits_130_with_one_line(home: Path, tmp_path: Path) -> None:
     assert rc_bytes(home) == {".bashrc": None, ".profile": None}
 
 
+# --- 7b. the command after -- (invoke verify [flags] -- COMMAND) -------------------------------------------
+
+
+def test_the_words_after_two_dashes_reach_verify_as_its_command(
+    here: Here, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from checks.result import Report
+    from checks.verify import run as run_verify
+
+    asked: list[run_verify.VerifyRequest] = []
+
+    def judged(request: run_verify.VerifyRequest, say: Callable[[str], None]) -> run_verify.Judged:
+        asked.append(request)  # what the package is given; nothing trains
+        return run_verify.Judged(Report("box", "live", ()), (), "", (), False)
+
+    monkeypatch.setattr(run_verify, "verify", judged)
+    run = here(home, "verify", "--steps", "3", "--", "python", "train.py", "--lr", "3e-4")
+    assert run.code == 0, run.why()
+    assert asked[0].command == ("python", "train.py", "--lr", "3e-4") and asked[0].options.steps == 3
+    assert here(home, "verify").code == 0 and asked[1].command == ()
+
+
+def test_verify_refuses_a_command_until_it_can_run_one(here: Here, home: Path) -> None:
+    """Until issue 18 lands, the built-in model never trains in place of the user's command."""
+    assert_usage_error(here(home, "verify", "--", "python", "train.py"), "verify -- COMMAND is not built yet")
+
+
+@pytest.mark.parametrize("task", [("bootstrap",), ("stage-data", "--source", "x"), ("watch",)])
+def test_other_tasks_refuse_a_command_after_two_dashes(here: Here, home: Path, task: tuple[str, ...]) -> None:
+    run = here(home, *task, "--", "python", "train.py")
+    assert_usage_error(run, f"{task[0]} takes no command after --", "invoke verify [flags] -- COMMAND")
+    assert run.out == "" and rc_bytes(home) == {".bashrc": None, ".profile": None}  # the task never started
+
+
 # --- 8. invoke --list ---------------------------------------------------------------------------------------
 
 
