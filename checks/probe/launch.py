@@ -187,3 +187,14 @@ def read_launch(environ: Mapping[str, str], hostname: str) -> LaunchContext:
 def launch_context() -> LaunchContext:
     """This process's launch context, from the real environment and host name."""
     return read_launch(os.environ, socket.gethostname())
+
+
+def scheduler_node_name(environ: Mapping[str, str], hostname: str) -> str:
+    """The name Slurm knows this node by: ``SLURMD_NODENAME`` where Slurm sets it (tasks, Prolog and Epilog,
+    docs/sources.md#slurm-node-hooks), else the short host name (a HealthCheckProgram, a login shell)."""
+    return environ.get("SLURMD_NODENAME", "").strip() or hostname.split(".", 1)[0]
+
+
+def this_node_name() -> str:
+    """``scheduler_node_name`` of the real environment and host name."""
+    return scheduler_node_name(os.environ, socket.gethostname())
