@@ -29,7 +29,9 @@ from checks.fleet import run as fleet_run
 from checks.fleet.render import render_fleet
 from checks.fleet.report import FleetReport
 from checks.machine import bootstrap as bootstrap_run
+from checks.machine import hook as hook_run
 from checks.machine.runner import Check, SnapshotRequest, record_snapshot
+from checks.probe.launch import this_node_name
 from checks.render import render_text, use_colour
 from checks.result import Report
 from provision.alloc_env import diff
@@ -116,6 +118,8 @@ def _finish(report: Report | FleetReport, json_path: str, strict: bool, every_ro
         "lock": "also check this box (with --hosts: each host) against a lock FILE (invoke lock): every pin at its version",
         "install": "with --hosts: install the dependencies into a virtualenv next to each host's checkout first",
         "all": "print every row: each skip too (by default skips sharing a reason are one line)",
+        "hook": "Slurm Prolog/Epilog/HealthCheckProgram mode: fast checks only; exit 1 with one reason line if unhealthy",
+        "drain": "with --hook: drain this node when unhealthy, resume it when healthy if gpu-preflight drained it",
     }
 )
 def bootstrap(
@@ -130,9 +134,13 @@ def bootstrap(
     lock: str = "",
     install: bool = False,
     all: bool = False,
+    hook: bool = False,
+    drain: bool = False,
 ) -> None:
     """Check this machine right after renting it: driver, CUDA, torch, GPUs, CPU/RAM/shm, disks, benchmarks."""
     cfg = settings(c)
+    if hook or drain:
+        return _hook(cfg, machine, drain, hook and not (hosts or hosts_file))
     _check_output_path(json)
     if not bench:
         cfg = dataclasses.replace(cfg, bench=dataclasses.replace(cfg.bench, enabled=False))
@@ -162,6 +170,20 @@ def bootstrap(
     for note in done.notes:  # the diffs end in a newline already
         sys.stderr.write(note if note.endswith("\n") else note + "\n")
     _finish(done.report, json, strict, every_row=all)
+
+
+def _hook(cfg: PreflightConfig, machine: str, drain: bool, alone: bool) -> None:
+    """bootstrap --hook: nothing on stdout; exit 0 healthy, 1 unhealthy with its one reason line on stderr."""
+    if not alone:
+        raise PreflightError("--drain needs --hook, and --hook checks this node only (no --hosts or --hosts-file)")
+    path = Path(machine) if machine else None
+    request = hook_run.HookRequest(config=cfg, node=this_node_name(), machine=path, drain=drain)
+    with interruptible(), terminate_as_interrupt():
+        outcome = hook_run.run_hook(request)
+    for line in filter(None, [outcome.note, outcome.reason]):
+        _say(line)
+    if outcome.code:
+        raise Exit(code=outcome.code)
 
 
 @task(

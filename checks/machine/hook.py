@@ -72,7 +72,7 @@ def _judge(request: HookRequest, start: float) -> tuple[Report, slurm.Drain | No
     plan = slurm.drain_for(request.node, report.results, cfg.slurm.reason_max_chars)
     spent = time.monotonic() - start
     if plan is None and spent > cfg.slurm.hook_budget_s:
-        reason = f"{slurm.PREFIX} hook took {spent:.0f} s, over its {cfg.slurm.hook_budget_s:g} s budget"
+        reason = f"{slurm.PREFIX} hook took {spent:.1f} s, over its {cfg.slurm.hook_budget_s:g} s budget"
         plan = slurm.Drain(request.node, reason[: cfg.slurm.reason_max_chars])
     return report, plan
 
