@@ -24,7 +24,7 @@ from checks.config import DiskConfig
 from checks.errors import PreflightError
 from checks.facts import LocationFacts, MountFacts
 from checks.probe import disk_cache
-from checks.probe.mounts import mount_table
+from checks.probe.mounts import STAT_TIMEOUT_S, mount_table
 from checks.probe.net import scrub, secrets_of
 from datasets import manifest, places, run_images, run_text, sources, workdir
 from datasets.errors import StageFailure, UsageError
@@ -244,12 +244,17 @@ def _destination(req: Request, src: sources.Source, inv: Inventory | None, say: 
     measured = list(cached.locations) if cached else []
     when = f"measured by bootstrap {_ago(cached.age_s)} ago" if cached else ""
     table = mount_table()
-    roots = places.candidates(list(req.dest_roots), table)
+    roots = places.candidates(list(req.dest_roots), table, _stat_timeout(req))
     choice = places.choose_root(roots, name, need, measured, _measurer(req.disk), when, table)
     if choice is None:
         raise UsageError("no local disk among preflight.stage.dest_roots to stage onto", hint="give --dest DIR")
     say(choice.why)
     return choice.place.path / "staged" / name
+
+
+def _stat_timeout(req: Request) -> float:
+    """How long a statvfs may take before its mount counts as dead: bootstrap's setting (preflight.disk)."""
+    return req.disk.stat_timeout_s if req.disk is not None else STAT_TIMEOUT_S
 
 
 def _measurer(cfg: DiskConfig | None) -> places.Measure | None:
@@ -344,6 +349,7 @@ def _check_space(req: Request, inv: Inventory | None, work: Path, fetch_bytes: i
     else:
         need, what, smaller = _estimate(req, inv, work)
         need, what = need + fetch_bytes, what + (" plus the copied source" if fetch_bytes else "")
-    alternatives = places.candidates(list(req.dest_roots))
+    alternatives = places.candidates(list(req.dest_roots), stat_timeout_s=_stat_timeout(req))
     name = work.name.removeprefix(".").removesuffix(".staging")
-    places.check_space(work, name, int(need * (1 + req.headroom_fraction)), what, alternatives, smaller)
+    need = int(need * (1 + req.headroom_fraction))
+    places.check_space(work, name, need, what, alternatives, smaller, _stat_timeout(req))

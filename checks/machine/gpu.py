@@ -12,6 +12,7 @@ from checks.config import PreflightConfig
 from checks.facts import GpuFacts, MachineFacts
 from checks.machine import datasheet
 from checks.machine.datasheet import PCIE_X16_GB_S
+from checks.machine.grading import grade, graded
 from checks.result import Result, Status, fail, ok, skip, warn
 
 GIB = 1024**3
@@ -99,13 +100,11 @@ def _power_one(g: GpuFacts, cfg: PreflightConfig) -> Result:
     frac, need = limit / default, cfg.gpu.power_min_fraction * default / 1000
     summary = f"power limit {limit / 1000:.0f} W is {frac:.0%} of the default {default / 1000:.0f} W"
     kw = {"value": round(limit / 1000, 1), "expected": f">= {need:.0f} W", "subject": _sub(g)}
-    if frac < cfg.gpu.power_min_fraction:
-        hint = (
-            f"the card is capped: `nvidia-smi -i {g.index} -pl {default / 1000:.0f}` as root on the host; on a "
-            "rented box ask the provider or pick another offer (expect ~10-20% lower throughput)"
-        )
-        return warn("gpu-power", summary, hint, **kw)
-    return ok("gpu-power", summary, **kw)
+    hint = (
+        f"the card is capped: `nvidia-smi -i {g.index} -pl {default / 1000:.0f}` as root on the host; on a "
+        "rented box ask the provider or pick another offer (expect ~10-20% lower throughput)"
+    )
+    return graded("gpu-power", grade(frac, cfg.gpu.power_min_fraction), summary, hint, **kw)
 
 
 def _link_rate(gen: int | None, width: int | None) -> float | None:
@@ -140,10 +139,8 @@ def _pcie_one(g: GpuFacts, cfg: PreflightConfig) -> Result:
     slot = _slot_limit(g, gpu_gen, gpu_width)
     if slot:
         summary += f"; the slot tops out at {slot}"
-    if frac < 1.0:
-        hint = _pcie_hint(g, slot, gpu_gen, gpu_width)
-        return (fail if frac < cfg.gpu.pcie_fail_fraction else warn)("gpu-pcie", summary, hint, **kw)
-    return ok("gpu-pcie", summary, **kw)
+    status = grade(frac, 1.0, cfg.gpu.pcie_fail_fraction)  # anything under the GPU's own link is a warn
+    return graded("gpu-pcie", status, summary, _pcie_hint(g, slot, gpu_gen, gpu_width), **kw)
 
 
 def _slot_limit(g: GpuFacts, gpu_gen: int | None, gpu_width: int) -> str:

@@ -94,6 +94,21 @@ class Query:
             raise Unanswered("; ".join(self.errors) or f"NVML gave no handle for GPU {index}")
         return handle
 
+    def handles(self) -> dict[int, Any]:
+        """Return a handle per GPU that has one, by NVML index; GPUs already lost (or no count) are left out."""
+        found: dict[int, Any] = {}
+        with contextlib.suppress(Unanswered):
+            for index in range(self("nvmlDeviceGetCount") or 0):
+                with contextlib.suppress(Unanswered):
+                    found[index] = self.handle(index)
+        return found
+
+
+def uuid_key(uuid: str) -> str:
+    """The one rule for matching a GPU's UUID between NVML and torch: case-blind, without NVML's ``GPU-`` prefix
+    (NVML says ``GPU-5d0a...``; torch >= 2.1 prints the same UUID bare)."""
+    return uuid.strip().lower().removeprefix("gpu-")
+
 
 def start_nvml(nvml: Any | None) -> tuple[Any, NvmlFacts | None]:
     """Import (when ``nvml`` is None) and initialise NVML; on failure return the facts that say why."""
@@ -334,7 +349,7 @@ class PcieLinkSampler:
         nvml, failure = start_nvml(self._nvml)
         if failure is None:
             self._query = Query(nvml)
-            self._handles = self._open_handles(self._query)
+            self._handles = self._query.handles()
             self._peak = {index: (None, None) for index in self._handles}
         return self
 
@@ -342,16 +357,6 @@ class PcieLinkSampler:
         if self._query is not None:
             stop_nvml(self._query.nvml)
             self._query = None
-
-    @staticmethod
-    def _open_handles(q: Query) -> dict[int, Any]:
-        """Return a handle per GPU that has one; GPUs already lost are left out."""
-        handles: dict[int, Any] = {}
-        with contextlib.suppress(Unanswered):
-            for index in range(q("nvmlDeviceGetCount") or 0):
-                with contextlib.suppress(Unanswered):
-                    handles[index] = q.handle(index)
-        return handles
 
     def sample(self) -> None:
         """Read the current link generation and width of every GPU and keep the highest of each."""
@@ -399,11 +404,7 @@ def read_topology(nvml: Any | None = None, cpu_count: int | None = None) -> Topo
 
 
 def _read_topology(q: Query, cpu_count: int) -> TopologyFacts:
-    handles: dict[int, Any] = {}
-    with contextlib.suppress(Unanswered):
-        for index in range(q("nvmlDeviceGetCount") or 0):
-            with contextlib.suppress(Unanswered):
-                handles[index] = q.handle(index)
+    handles = q.handles()
     gpus = {i: _locality(q, i, h, cpu_count) for i, h in handles.items()}
     pairs = tuple(_pair(q, gpus[a], gpus[b], handles[a], handles[b]) for a, b in combinations(sorted(handles), 2))
     return TopologyFacts(gpus=tuple(gpus.values()), pairs=pairs)

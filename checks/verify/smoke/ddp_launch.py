@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,17 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from checks.probe.tcp import free_port
 from checks.verify.smoke.launch import INTERRUPT_GRACE_S, SCRIPT, ChildRun, _read_json, _Tail, _tail, child_env
 
 _POLL_S = 0.1
 FINISH_GRACE_S = 30.0  # a rank may end this much later than another that ended cleanly (teardown, slow save)
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (the kernel's pick), so a busy 29500 never blocks the rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -67,7 +60,7 @@ def run_ddp(
 
     Every rank gets ``extra_env`` as ``run_smoke``'s child does (``child_env``)."""
     world = int(spec["ddp"]["world_size"])
-    here = node or Node("127.0.0.1", free_port(), 0, world)
+    here = node or Node("127.0.0.1", free_port("127.0.0.1"), 0, world)
     with tempfile.TemporaryDirectory(prefix="gpu-preflight-ddp-") as tmp:
         work = Path(tmp)
         start = time.monotonic()

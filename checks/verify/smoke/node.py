@@ -34,7 +34,7 @@ def probe(port: bool) -> dict[str, Any]:
     found |= {"torch": torch.error is None and bool(torch.version), "torch_error": torch.error}
     found["nccl"] = bool(torch.nccl_version) and torch.cuda_available
     if port:
-        found["port"] = free_port()["port"]
+        found["port"] = free_port()
     return found
 
 
