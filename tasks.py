@@ -53,6 +53,8 @@ def bootstrap(c: Context, f: fl.BootstrapFlags) -> None:
     from checks.env.lock import lock_check, read_lock
 
     cfg = settings(c)
+    if f.hook or f.drain:
+        return _hook(cfg, f)
     check_output_path(f.json)
     cfg = replace(cfg, bench=replace(cfg.bench, enabled=cfg.bench.enabled and f.bench))
     cfg = replace(cfg, hosts=replace(cfg.hosts, install=cfg.hosts.install or f.install))
@@ -77,6 +79,22 @@ def bootstrap(c: Context, f: fl.BootstrapFlags) -> None:
         sys.stderr.write(note if note.endswith("\n") else note + "\n")
     emit(lambda colour: render_text(done.report, colour, every_row=f.all), done.report.to_json(), f.json)
     exit_with(done.report.exit_code(strict=strict))
+
+
+def _hook(cfg: PreflightConfig, f: fl.BootstrapFlags) -> None:
+    """bootstrap --hook: nothing on stdout; exit 0 healthy, 1 unhealthy with its one reason line on stderr."""
+    from checks.machine import hook as hook_run
+    from checks.probe.launch import this_node_name
+
+    if not f.hook or f.hosts or f.hosts_file:
+        raise PreflightError("--drain needs --hook, and --hook checks this node only (no --hosts or --hosts-file)")
+    path = Path(f.machine) if f.machine else None
+    request = hook_run.HookRequest(config=cfg, node=this_node_name(), machine=path, drain=f.drain)
+    with interruptible(), terminate_as_interrupt():
+        outcome = hook_run.run_hook(request)
+    for line in filter(None, [outcome.note, outcome.reason]):
+        say(line)
+    exit_with(outcome.code)
 
 
 @task()

@@ -282,6 +282,15 @@ class PlanConfig:
 
 
 @dataclass(frozen=True)
+class SlurmConfig:
+    """``invoke bootstrap --hook`` and ``--drain``: the hook's budget, the drain reason, scontrol's timeout."""
+
+    hook_budget_s: float
+    reason_max_chars: int
+    scontrol_timeout_s: float
+
+
+@dataclass(frozen=True)
 class PreflightConfig:
     report: ReportConfig
     probe: ProbeConfig
@@ -299,6 +308,7 @@ class PreflightConfig:
     verify: VerifyConfig
     env: EnvConfig
     plan: PlanConfig
+    slurm: SlurmConfig
 
 
 def load_defaults() -> dict[str, Any]:

@@ -47,7 +47,15 @@ class Outputs:
 
 
 @dataclass(frozen=True)
-class BootstrapFlags(Machine, DryRun, Hosts, EveryRow):
+class Hook:
+    """bootstrap's Slurm hook mode; last among bootstrap's bases, so the older flags keep their short letters."""
+
+    hook: bool = flag(False, "Slurm Prolog/Epilog/HealthCheckProgram mode: fast checks only; exit 1 with one reason line if unhealthy")  # fmt: skip
+    drain: bool = flag(False, "with --hook: drain this node when unhealthy, resume it when healthy if gpu-preflight drained it")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BootstrapFlags(Machine, DryRun, Hosts, EveryRow, Hook):
     json: str = flag("", JSON_TEXT)
     strict: bool = flag(False, "exit 1 on warnings too")
     bench: bool = flag(True, "run the GPU micro-benchmarks (default on; --no-bench skips them)")
