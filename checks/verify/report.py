@@ -9,6 +9,7 @@ a checkpoint that does not reproduce, or throughput under the floor.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from checks.verify.diagnosis import Signals, Verdict, diagnose, upgrade_bound
 from checks.verify.plan import Outcome, Plan
 from checks.verify.results import checkpoint_result, compile_result, data_resume_result, loop_results, sweep_result
 from checks.verify.sampler import Trace, gpu_summary, overlap_mean, summarise
-from checks.verify.smoke.figures import breakdown, enqueue_ratio, fetch_windows, loss_trend, step_figures
+from checks.verify.smoke.figures import StepFigures, breakdown, enqueue_ratio, fetch_windows, loss_trend, step_figures
 
 # cant-tell is a warn: a run that could not be judged has not cleared the box, so the call to action is its fix.
 TIME_VERDICT_STATUS = {"compute-bound": "ok"}
@@ -69,7 +70,7 @@ def mfu(r: ChildResult, median_s: float) -> Mfu:
 
 
 def signals(
-    p: Plan, o: Outcome, cfg: VerifyConfig, figures: dict[str, Any], gate: Sequence[Result] | None = None
+    p: Plan, o: Outcome, cfg: VerifyConfig, figures: StepFigures, gate: Sequence[Result] | None = None
 ) -> Signals:
     """Assemble what the verdict rules read from the child's result, the trace of the measured window and the
     gate's rows (bootstrap's fast checks; None where they did not run)."""
@@ -80,14 +81,14 @@ def signals(
     tree = overlap_mean(trace, "tree_cpu_cores", waits) if waits else None
     machine = overlap_mean(trace, "cpu_pct", waits) if waits else None
     ab = r.ab or {}
-    ab_speedup = figures["median_s"] / ab["median_step_s"] if ab.get("median_step_s") else None  # error: no key
+    ab_speedup = figures.median_s / ab["median_step_s"] if ab.get("median_step_s") else None  # error: no key
     ckpt = r.checkpoint
     alone = phase_ok(r.loader_alone)
     return Signals(
         steps=len(r.steps),
         device=r.device.type if r.device else "cpu",
-        shares=figures["shares"],
-        step_s=figures["step_s"],
+        shares=figures.shares,
+        step_s=figures.step_s,
         workers=int((r.loader or p.loader).get("num_workers") or 0),
         usable_cores=p.usable_cores,
         cpu_during_wait=None if tree is None else tree / p.usable_cores,
@@ -105,7 +106,7 @@ def signals(
         machine_cpu=_median(trace.values("cpu_pct"), 100.0),
         tree_cpu=_median(trace.values("tree_cpu_cores"), p.usable_cores),
         sampler_coverage=coverage(trace, window),
-        samples_s=figures.get("samples_per_s"),
+        samples_s=figures.samples_per_s,
         loader_alone=alone,
         loader_advice=loader_advice(alone, cfg.advice_min_gain),
         data_cost=phase_ok(r.data_cost),
@@ -129,33 +130,37 @@ def _median(values: list[float], scale: float) -> float | None:
     return statistics.median(values) / scale if values else None
 
 
-def step_block(p: Plan, r: ChildResult) -> dict[str, Any] | None:
+def step_block(p: Plan, r: ChildResult) -> StepFigures | None:
     """Step figures with the checkpoint amortised in; None when no step was measured."""
     if not r.steps:
         return None
     figs = step_figures(r.steps, r.samples_per_step, r.tokens_per_sample)
     save_s = (r.checkpoint.save_s if r.checkpoint else None) or 0.0
     per_step = save_s / p.ckpt_every
-    figs["shares"] = breakdown(r.steps, per_step)
-    figs["step_s"] = figs["mean_s"] + per_step
-    figs["checkpoint_s_per_step"] = per_step
-    figs["checkpoint_every_steps"] = p.ckpt_every if save_s else None
-    if figs["samples_per_s"]:  # the headline: what training with a save every ckpt_every steps sustains
-        figs["samples_per_s_with_checkpoints"] = r.samples_per_step / figs["step_s"]
-        if figs.get("tokens_per_s"):
-            figs["tokens_per_s_with_checkpoints"] = figs["samples_per_s_with_checkpoints"] * r.tokens_per_sample
-    return figs
+    step_s = figs.mean_s + per_step
+    # The headline: what training with a save every ckpt_every steps sustains.
+    samples = r.samples_per_step / step_s if figs.samples_per_s else None
+    tokens = samples * r.tokens_per_sample if samples and figs.tokens_per_s else None
+    return dataclasses.replace(
+        figs,
+        shares=breakdown(r.steps, per_step),
+        step_s=step_s,
+        checkpoint_s_per_step=per_step,
+        checkpoint_every_steps=p.ckpt_every if save_s else None,
+        samples_per_s_with_checkpoints=samples,
+        tokens_per_s_with_checkpoints=tokens,
+    )
 
 
-def _steps(r: ChildResult, figs: dict[str, Any]) -> StepBlock:
+def _steps(r: ChildResult, figs: StepFigures) -> StepBlock:
     """``step_breakdown``, ``step_time``, the rates and ``enqueue_ratio`` of the measured steps."""
     return StepBlock(
-        step_breakdown=figs["shares"],
-        step_time=StepTime(figs["steps"], figs["median_s"], figs["p95_s"], figs["mean_s"]),
-        samples_per_s=figs["samples_per_s"],
-        tokens_per_s=figs.get("tokens_per_s"),
-        samples_per_s_with_checkpoints=figs.get("samples_per_s_with_checkpoints"),
-        tokens_per_s_with_checkpoints=figs.get("tokens_per_s_with_checkpoints"),
+        step_breakdown=figs.shares,
+        step_time=StepTime(figs.steps, figs.median_s, figs.p95_s, figs.mean_s),
+        samples_per_s=figs.samples_per_s,
+        tokens_per_s=figs.tokens_per_s,
+        samples_per_s_with_checkpoints=figs.samples_per_s_with_checkpoints,
+        tokens_per_s_with_checkpoints=figs.tokens_per_s_with_checkpoints,
         enqueue_ratio=enqueue_ratio(r.steps),
     )
 
@@ -196,7 +201,7 @@ def _measurements(
     p: Plan,
     o: Outcome,
     r: ChildResult,
-    figs: dict[str, Any] | None,
+    figs: StepFigures | None,
     s: Signals | None,
     judged: _Judged,
     sampler: dict[str, Any],
@@ -272,7 +277,7 @@ def _loss(r: ChildResult, cfg: VerifyConfig) -> Result:
     )
 
 
-def _diagnosis(verdicts: list[Verdict], figs: dict[str, Any] | None, r: ChildResult, s: Signals | None) -> _Judged:
+def _diagnosis(verdicts: list[Verdict], figs: StepFigures | None, r: ChildResult, s: Signals | None) -> _Judged:
     """The ``diagnosis``, ``upgrade-estimate`` and ``verify-mfu`` rows, with ``diagnosis``, ``upgrade``, ``mfu``."""
     if not verdicts:
         reason = (
@@ -302,7 +307,7 @@ def _diagnosis(verdicts: list[Verdict], figs: dict[str, Any] | None, r: ChildRes
         rows = [first, skip("upgrade-estimate", "no measured step"), skip("verify-mfu", "no measured step")]
         return _Judged(rows, diagnosis)
     up = upgrade_bound(s)
-    m = mfu(r, figs["median_s"])
+    m = mfu(r, figs.median_s)
     return _Judged([first, _upgrade(s, up), _mfu(m)], diagnosis, up, m)
 
 
@@ -345,7 +350,7 @@ def _sampler(p: Plan, o: Outcome) -> tuple[Result, dict[str, Any]]:
     return row, block
 
 
-def _cost(p: Plan, r: ChildResult, figs: dict[str, Any] | None) -> tuple[Result, dict[str, Any] | None]:
+def _cost(p: Plan, r: ChildResult, figs: StepFigures | None) -> tuple[Result, dict[str, Any] | None]:
     """The ``verify-cost`` row and ``measurements.cost`` (None without a price or a measured step)."""
     if not p.price_per_hour:
         return skip("verify-cost", "no price: pass --price-per-hour (or set preflight.verify.price_per_hour)"), None
@@ -353,5 +358,5 @@ def _cost(p: Plan, r: ChildResult, figs: dict[str, Any] | None) -> tuple[Result,
         return skip("verify-cost", "no measured step to price"), None
     user = r.data.samples if r.data is not None and r.data.kind == "user" else None
     epoch = (p.data.samples if p.data and p.data.source == "staged" else None) or user
-    c = cost(p.price_per_hour, figs["step_s"], r.samples_per_step, figs["shares"], epoch, r.tokens_per_sample)
+    c = cost(p.price_per_hour, figs.step_s, r.samples_per_step, figs.shares, epoch, r.tokens_per_sample)
     return ok("verify-cost", describe(c), value=c.get("per_epoch", c["per_million_samples"])), c

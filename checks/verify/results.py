@@ -4,13 +4,12 @@ and the text block that lists every verdict. Pure functions over the child's res
 
 from __future__ import annotations
 
-from typing import Any
-
 from checks.config import VerifyConfig
 from checks.result import Result, fail, ok, skip, warn
 from checks.verify.contract import ChildResult
 from checks.verify.diagnosis import Verdict
 from checks.verify.plan import Outcome, Plan
+from checks.verify.smoke.figures import StepFigures
 
 
 def _data_line(p: Plan, r: ChildResult) -> str:
@@ -24,30 +23,30 @@ def _data_line(p: Plan, r: ChildResult) -> str:
     return f"{what}; DataLoader({settings})" + (f" ({p.loader_note})" if p.loader_note else "")
 
 
-def loop_results(p: Plan, o: Outcome, cfg: VerifyConfig, figs: dict[str, Any] | None) -> list[Result]:
+def loop_results(p: Plan, o: Outcome, cfg: VerifyConfig, figs: StepFigures | None) -> list[Result]:
     """``verify-data``, ``verify-loop`` and ``verify-throughput``."""
     r = o.child.result or ChildResult()
     data = r.data.to_json() if r.data else (p.data.to_json() if p.data else None)
     out = [ok("verify-data", _data_line(p, r), value=data)]
     out.append(_loop(p, o, r, cfg, figs))
-    if figs is None or not figs.get("samples_per_s"):
+    if figs is None or not figs.samples_per_s:
         out.append(skip("verify-throughput", "no measured step"))
         return out
     out.append(_throughput(figs, cfg))
     return out
 
 
-def _throughput(figs: dict[str, Any], cfg: VerifyConfig) -> Result:
+def _throughput(figs: StepFigures, cfg: VerifyConfig) -> Result:
     """The headline counts the checkpoint saves (one every ``checkpoint_every_steps``, at the measured save time):
     what a training run sustains. The training steps alone follow in brackets; the floor applies to the headline.
     """
-    rate, floor = figs.get("samples_per_s_with_checkpoints") or figs["samples_per_s"], cfg.min_samples_per_s
-    tokens = figs.get("tokens_per_s_with_checkpoints") or figs.get("tokens_per_s")
-    every = figs.get("checkpoint_every_steps")
+    rate, floor = figs.samples_per_s_with_checkpoints or figs.samples_per_s or 0.0, cfg.min_samples_per_s
+    tokens = figs.tokens_per_s_with_checkpoints or figs.tokens_per_s
+    every = figs.checkpoint_every_steps
     headline = f"{rate:,.1f} samples/s{f', {tokens:,.0f} tokens/s' if tokens else ''}"
     if every:
-        train = f"{figs['samples_per_s']:,.1f} samples/s" + (
-            f", {figs['tokens_per_s']:,.0f} tokens/s" if figs.get("tokens_per_s") else ""
+        train = f"{figs.samples_per_s or 0:,.1f} samples/s" + (
+            f", {figs.tokens_per_s:,.0f} tokens/s" if figs.tokens_per_s else ""
         )
         headline += f" with a checkpoint every {every} steps ({train} training only)"
     else:
@@ -67,7 +66,7 @@ def _allocator(p: Plan, o: Outcome) -> str:
     return ", ".join(given + kept) + (" (as bootstrap writes it for new shells)" if given else "")
 
 
-def _loop(p: Plan, o: Outcome, r: ChildResult, cfg: VerifyConfig, figs: dict[str, Any] | None) -> Result:
+def _loop(p: Plan, o: Outcome, r: ChildResult, cfg: VerifyConfig, figs: StepFigures | None) -> Result:
     log = (o.child.log_tail.strip().splitlines() or ["no output"])[-1][:300]
     if o.child.failure in ("timeout", "stalled"):
         limit = cfg.timeout_s if o.child.failure == "timeout" else cfg.stall_timeout_s
@@ -91,16 +90,16 @@ def _loop(p: Plan, o: Outcome, r: ChildResult, cfg: VerifyConfig, figs: dict[str
         return fail("verify-loop", "no step was measured", "run again; see the phases in the JSON report")
     model = f"{r.model.name} ({r.model.parameters / 1e6:.1f}M parameters)" if r.model else "None (0.0M parameters)"
     summary = (
-        f"{figs['steps']} steps ({len(r.warmup)} warm-up excluded) of {model}, batch {r.batch_size}"
+        f"{figs.steps} steps ({len(r.warmup)} warm-up excluded) of {model}, batch {r.batch_size}"
         f"{' x ' + str(r.accum) if (r.accum or 1) > 1 else ''}, {r.precision} on {r.device.name if r.device else None}: "
-        f"median {1000 * figs['median_s']:.1f} ms, p95 {1000 * figs['p95_s']:.1f} ms per step"
+        f"median {1000 * figs.median_s:.1f} ms, p95 {1000 * figs.p95_s:.1f} ms per step"
     )
     summary += f"; allocator: {_allocator(p, o)}"
     if o.child.interrupted or r.interrupted:
         return warn(
-            "verify-loop", f"interrupted: {summary}", "the figures cover the steps before Ctrl-C", value=figs["steps"]
+            "verify-loop", f"interrupted: {summary}", "the figures cover the steps before Ctrl-C", value=figs.steps
         )
-    return ok("verify-loop", summary, value=figs["steps"])
+    return ok("verify-loop", summary, value=figs.steps)
 
 
 def checkpoint_result(p: Plan, r: ChildResult) -> Result:
@@ -180,7 +179,7 @@ def data_resume_result(r: ChildResult) -> Result:
     )
 
 
-def compile_result(r: ChildResult, figs: dict[str, Any] | None) -> Result:
+def compile_result(r: ChildResult, figs: StepFigures | None) -> Result:
     """``verify-compile-ab``: the measured gain of torch.compile (--ab)."""
     ab = r.ab
     if not ab:
@@ -192,9 +191,9 @@ def compile_result(r: ChildResult, figs: dict[str, Any] | None) -> Result:
             f"torch.compile({ab.get('mode', '')}) failed: {reason}",
             "some models do not compile; the eager figures stand",
         )
-    speedup = figs["median_s"] / ab["median_step_s"]
+    speedup = figs.median_s / ab["median_step_s"]
     summary = (
-        f"torch.compile(mode='{ab['mode']}'): {speedup:.2f}x ({1000 * figs['median_s']:.1f} -> "
+        f"torch.compile(mode='{ab['mode']}'): {speedup:.2f}x ({1000 * figs.median_s:.1f} -> "
         f"{1000 * ab['median_step_s']:.1f} ms per step; compiling took {ab['compile_s']:.0f} s)"
     )
     return ok("verify-compile-ab", summary, value=round(speedup, 3))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from checks.verify.contract import PHASES, Step
@@ -36,21 +37,45 @@ def percentile(values: Sequence[float], q: float) -> float:
     return data[min(len(data) - 1, max(0, math.ceil(q * len(data)) - 1))]
 
 
-def step_figures(records: Sequence[Step], samples_per_step: int, tokens_per_sample: int = 0) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StepFigures:
+    """The measured steps' figures; the judge adds the checkpoint amortised over its interval (``amortised``).
+
+    ``step_s`` is the mean step with the checkpoint's share; the ``*_with_checkpoints`` rates are the headline:
+    what training with a save every ``checkpoint_every_steps`` steps sustains.
+    """
+
+    steps: int
+    median_s: float
+    p95_s: float
+    mean_s: float
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    phase_s: dict[str, float]
+    shares: dict[str, float] = field(default_factory=dict)  # ``breakdown``: the checkpoint amortised in
+    step_s: float = 0.0
+    checkpoint_s_per_step: float = 0.0
+    checkpoint_every_steps: int | None = None
+    samples_per_s_with_checkpoints: float | None = None
+    tokens_per_s_with_checkpoints: float | None = None
+
+
+def step_figures(records: Sequence[Step], samples_per_step: int, tokens_per_sample: int = 0) -> StepFigures:
     """Median, p95 and mean step time, samples/s (and tokens/s), and seconds per phase summed."""
     totals = [r.total for r in records]
     spent = sum(totals)
-    out: dict[str, Any] = {
-        "steps": len(records),
-        "median_s": statistics.median(totals),
-        "p95_s": percentile(totals, 0.95),
-        "mean_s": spent / len(records),
-        "samples_per_s": samples_per_step * len(records) / spent if spent > 0 else None,
-        "phase_s": {p: sum(getattr(r, p) for r in records) for p in PHASES},
-    }
-    if tokens_per_sample and out["samples_per_s"]:
-        out["tokens_per_s"] = out["samples_per_s"] * tokens_per_sample
-    return out
+    rate = samples_per_step * len(records) / spent if spent > 0 else None
+    return StepFigures(
+        steps=len(records),
+        median_s=statistics.median(totals),
+        p95_s=percentile(totals, 0.95),
+        mean_s=spent / len(records),
+        samples_per_s=rate,
+        tokens_per_s=rate * tokens_per_sample if tokens_per_sample and rate else None,
+        phase_s={p: sum(getattr(r, p) for r in records) for p in PHASES},
+        shares=breakdown(records),
+        step_s=spent / len(records),
+    )
 
 
 def breakdown(records: Sequence[Step], checkpoint_s_per_step: float = 0.0) -> dict[str, float]:

@@ -177,9 +177,9 @@ def test_breakdown_shares_add_up_to_one_with_the_checkpoint_amortised() -> None:
 
 def test_step_figures() -> None:
     f = step_figures([record(0.0), record(0.01), record(0.1)], samples_per_step=32, tokens_per_sample=10)
-    assert f["median_s"] == pytest.approx(0.1) and f["p95_s"] == pytest.approx(0.19)
-    assert f["samples_per_s"] == pytest.approx(96 / sum(0.09 + w for w in (0, 0.01, 0.1)))
-    assert f["tokens_per_s"] == pytest.approx(10 * f["samples_per_s"])
+    assert f.median_s == pytest.approx(0.1) and f.p95_s == pytest.approx(0.19)
+    assert f.samples_per_s == pytest.approx(96 / sum(0.09 + w for w in (0, 0.01, 0.1)))
+    assert f.samples_per_s is not None and f.tokens_per_s == pytest.approx(10 * f.samples_per_s)
     assert percentile([1, 2, 3, 4], 0.5) == 2
 
 
