@@ -658,6 +658,61 @@ class Files(Record):
 
 
 @dataclass(frozen=True)
+class RankRow(Record):
+    """``measurements.ddp.per_rank[]``: a rank's measured step median, its own speed (``own_s``: its no_sync
+    median, without waiting for the others), its synchronised median, data wait, error and GPU
+    (``distributed.gpu_of``)."""
+
+    rank: int
+    median_s: float | None = None
+    own_s: float | None = None
+    sync_s: float | None = None
+    data_wait_share: float | None = None
+    error: str | None = None
+    gpu: int | None = None
+
+
+@dataclass(frozen=True)
+class CommFigures(Record):
+    """``measurements.ddp.ab``: the no_sync A/B's windows, both medians and the spread of each leg."""
+
+    windows: int | None
+    window_steps: int | None
+    sync_median_s: float | None
+    no_sync_median_s: float | None
+    sync_spread_s: float | None
+    no_sync_spread_s: float | None
+
+
+@dataclass(frozen=True)
+class DdpFigures(Record):
+    """``measurements.ddp`` (``checks.verify.distributed.figures``; the contract is in that module's docstring).
+
+    ``hosts`` and ``link_mbit_s`` only with --hosts (``link_mbit_s`` then null when no busbw was measured).
+    """
+
+    world_size: int
+    backend: str
+    per_rank: tuple[RankRow, ...]
+    grad_bytes: int | None = None
+    comm_exposed_ms: float | None = None
+    comm_share: float | None = None
+    busbw_gbs: float | None = None
+    scaling_efficiency: float | None = None
+    samples_per_s: float | None = None
+    samples_per_s_one: float | None = None
+    ab: CommFigures | None = None
+    hosts: tuple[HostRanks, ...] | None = None
+    link_mbit_s: float | None = None
+
+    def to_json(self) -> JsonObject:
+        out = super().to_json()
+        if self.hosts is None:
+            del out["hosts"], out["link_mbit_s"]
+        return out
+
+
+@dataclass(frozen=True)
 class Measurements:
     """``measurements`` of verify's JSON report; ``to_json`` is the one place its keys are written.
 
@@ -674,7 +729,7 @@ class Measurements:
     upgrade: JsonObject | None = None  # checks.verify.diagnosis.upgrade_bound
     mfu: Mfu | None = None
     cost: JsonObject | None = None  # checks.verify.cost.cost
-    ddp: JsonObject | None = None  # checks.verify.distributed.figures
+    ddp: DdpFigures | None = None
     flops_per_step: int | None = None
     memory: JsonObject | None = None
     kernels: JsonObject | None = None

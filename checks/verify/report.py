@@ -22,6 +22,7 @@ from checks.verify import distributed
 from checks.verify.advice import loader_advice
 from checks.verify.contract import (
     ChildResult,
+    DdpFigures,
     Files,
     Measurements,
     Mfu,
@@ -206,7 +207,7 @@ def _measurements(
     judged: _Judged,
     sampler: dict[str, Any],
     priced: dict[str, Any] | None,
-    ddp: dict[str, Any] | None,
+    ddp: DdpFigures | None,
 ) -> Measurements:
     """Everything the report's ``measurements`` hold, from what ``judge`` computed (``Measurements.to_json``
     writes the keys)."""

@@ -57,7 +57,7 @@ def one_run(model: str, windows: int) -> dict[str, Any]:
     comm = r.timeline["comm"]
     d = distributed.figures(r)
     assert d is not None
-    return {"d": d, "ab_s": comm[1] - comm[0], "wall_s": wall}
+    return {"d": d.to_json(), "ab_s": comm[1] - comm[0], "wall_s": wall}
 
 
 def spread(xs: list[float]) -> str:

@@ -29,6 +29,7 @@ from checks.verify.contract import (
     RankDdp,
     RankDevice,
     RankResult,
+    RankRow,
     Solo,
     Step,
 )
@@ -197,10 +198,10 @@ def test_figures_take_the_exchange_from_the_slowest_rank_and_the_scaling_from_th
     )
     d = distributed.figures(r)
     assert d is not None
-    assert d["comm_exposed_ms"] == pytest.approx(30.0)  # rank 1: 90 - 60, not rank 0's 40 (it also waits for 1)
-    assert d["comm_share"] == pytest.approx(0.3)
-    assert d["scaling_efficiency"] == pytest.approx(0.8)  # 2 x 16 / 0.1 over 2 x (16 / 0.08)
-    assert d["busbw_gbs"] == pytest.approx(100e6 * 2 * 1 / 2 / 0.030 / 1e9, rel=1e-3)
+    assert d.comm_exposed_ms == pytest.approx(30.0)  # rank 1: 90 - 60, not rank 0's 40 (it also waits for 1)
+    assert d.comm_share == pytest.approx(0.3)
+    assert d.scaling_efficiency == pytest.approx(0.8)  # 2 x 16 / 0.1 over 2 x (16 / 0.08)
+    assert d.busbw_gbs == pytest.approx(100e6 * 2 * 1 / 2 / 0.030 / 1e9, rel=1e-3)
 
 
 def test_sync_every_k_is_the_smallest_k_under_the_target() -> None:
@@ -209,7 +210,7 @@ def test_sync_every_k_is_the_smallest_k_under_the_target() -> None:
 
 
 def test_a_straggler_needs_the_configured_gap() -> None:
-    rows = [{"rank": 0, "own_s": 0.050}, {"rank": 1, "own_s": 0.051}, {"rank": 2, "own_s": 0.080}]
+    rows = [RankRow(0, own_s=0.050), RankRow(1, own_s=0.051), RankRow(2, own_s=0.080)]
     found = distributed.straggler(rows, CFG)
     assert found is not None and found["rank"] == 2 and found["score"] == pytest.approx(0.58, abs=0.01)
     assert distributed.straggler(rows[:2], CFG) is None
