@@ -3,7 +3,7 @@
 The journal is append-only JSON lines, each written whole with one ``write`` and fsynced after the data it
 describes is on disk: a kill at any moment leaves at most a torn last line, which is dropped on reading.
 Completion is known from the journal, never from files existing: rsync and half-written outputs leave files
-under their final names (ref/data-staging.md §4.5).
+under their final names (docs/sources.md#rsync-resume).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def locked(path: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``path`` (created); another run on the same destination fails at once.
 
     flock is released by the kernel when the process dies, so a kill -9 leaves no stale lock behind
-    (stale locks after a crash are a top complaint, ref/data-staging.md §5 item 7).
+    (stale locks after a crash are a top complaint, docs/sources.md#stale-locks).
     """
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

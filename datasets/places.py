@@ -3,7 +3,7 @@
 Without ``--dest``, the dataset goes under one of the configured roots (``preflight.stage.dest_roots``), one per
 filesystem. Only local disks count: network filesystems (NFS, SMB, Lustre, virtiofs, ...), FUSE mounts (s3fs,
 gcsfuse, rclone, sshfs) and RAM (tmpfs) are left out, and an overlay (a container's own root) only counts when
-nothing better is there (ref/data-staging.md §6.3); the mount table and the kinds are bootstrap's
+nothing better is there (docs/sources.md#staging-disk-choice); the mount table and the kinds are bootstrap's
 (checks/probe/mounts.py). Among those with room, the one that reads fastest for a data loader wins, measured by
 bootstrap's disk checks (checks/probe/disk_cache.py) or, when bootstrap has not measured it since this boot,
 measured now (checks/probe/disk.py, a few seconds per disk). A root that already holds this dataset

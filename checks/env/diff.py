@@ -30,11 +30,11 @@ RANKS = ("break", "slow", "info")
 _ENV_ONLY = frozenset({"os", "glibc", "nvcc", "cpu_flags"})
 _SLOW = {
     "power_limit_w": "a lower power limit runs the GPU slower (a 4090 capped at 250 W of 450 W: ~20%, the seed article §1.3)",
-    "pcie": "a narrower or older PCIe link slows host-device copies (ref/compat.md §4)",
+    "pcie": "a narrower or older PCIe link slows host-device copies (docs/sources.md#pcie-link)",
     "sm_clock_max_mhz": "a lower clock ceiling caps compute",
     "cores": "fewer usable cores feed fewer DataLoader workers (the seed article §4.2)",
     "mem_gib": "less RAM limits workers, page cache and pinned memory",
-    "shm_mib": "a smaller /dev/shm limits DataLoader workers and NCCL's shared memory (ref/communication-and-planning.md)",
+    "shm_mib": "a smaller /dev/shm limits DataLoader workers and NCCL's shared memory (docs/sources.md#dev-shm)",
     "local_cpus": "fewer CPUs on this GPU's NUMA node: its DataLoader workers and pinned copies beyond them cross the socket",
 }
 # Fields where more is slower (B having fewer is info).
@@ -181,7 +181,7 @@ def rank(key: str, a: Any, b: Any) -> Difference:
 
 
 def driver_fit(a: Side, b: Side) -> list[Difference]:
-    """B's torch needs a driver for its CUDA major (minor-version compatibility covers the rest, ref/compat.md §1)."""
+    """B's torch needs a driver for its CUDA major (minor-version compatibility covers the rest, docs/sources.md#cuda-driver-compat)."""
     build, driver = parse_cuda(b.fields.get("torch_cuda")), parse_cuda(b.fields.get("driver_cuda"))
     if build is None or driver is None or build[0] <= driver[0]:
         return []
@@ -197,7 +197,7 @@ def driver_fit(a: Side, b: Side) -> list[Difference]:
 
 
 def arch_fit(a: Side, b: Side) -> list[Difference]:
-    """Each of B's GPUs needs code in B's torch arch list (SASS for it, or PTX to JIT, ref/compat.md §2)."""
+    """Each of B's GPUs needs code in B's torch arch list (SASS for it, or PTX to JIT, docs/sources.md#torch-device-requirement)."""
     if b.arch_list is None or not b.arch_list:
         return []
     out = []

@@ -2,7 +2,7 @@
 
 A pair's copy bandwidth is judged against its path's line rate: NVLinks x 25 GB/s per direction (50 on NVLink 5,
 compute capability 10 and newer), or the slower card's PCIe x16 rate; without peer access the copy goes through
-host memory and crosses the link twice, so half that [derived] (ref/communication-and-planning.md §2.1, §2.2). The
+host memory and crosses the link twice, so half that [derived] (docs/sources.md#pcie-p2p-host). The
 all-reduce's peak busbw is judged against ``templates/nccl.yaml`` for the card and the box's path.
 """
 
@@ -23,7 +23,7 @@ from checks.result import Result, fail, ok, skip, warn
 
 EXPECTATIONS_FILE = Path(__file__).resolve().parents[2] / "templates" / "nccl.yaml"
 MIB = 1024**2
-_NVLINK_GB_S = {True: 50.0, False: 25.0}  # per link and direction: NVLink 5 (cc >= 10), NVLink 2-4 (ref §2.1)
+_NVLINK_GB_S = {True: 50.0, False: 25.0}  # per link and way: NVLink 5 (cc 10+), 2-4 (docs/sources.md#nvlink-per-link)
 
 
 @functools.cache

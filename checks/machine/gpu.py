@@ -1,6 +1,6 @@
 """Per-GPU hardware state through NVML: power cap, PCIe link, NVLink, throttling, ECC, MIG, other tenants.
 
-Units: NVML milliwatts, bytes, MHz (ref/compat.md §3.1). A field that is ``None`` was not supported on the
+Units: NVML milliwatts, bytes, MHz (docs/sources.md#nvml-api). A field that is ``None`` was not supported on the
 card (consumer boards answer NotSupported for ECC, MIG, NVLink): that is "n/a", never a failure.
 """
 
@@ -16,7 +16,7 @@ from checks.result import Result, Status, fail, ok, skip, warn
 
 GIB = 1024**3
 
-# Clock event reason bits (nvmlClocksEventReason*, ref/compat.md §3.1). Idle (0x1), application clocks
+# Clock event reason bits (nvmlClocksEventReason*, docs/sources.md#nvml-api). Idle (0x1), application clocks
 # (0x2), sync boost (0x10) and display (0x100) are not problems and are ignored.
 SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x4, 0x8, 0x20, 0x40, 0x80
 _REASONS = {
@@ -189,7 +189,7 @@ def _nvlink_one(g: GpuFacts, nvswitches: int) -> Result:
     form = datasheet.form_factor(g, nvswitches)
     active, total = g.nvlink_active or 0, g.nvlink_total or 0
     kw = {"value": active, "subject": _sub(g)}
-    if form.sxm:  # no bridge on an SXM module: every link is on the board (ref/compat.md §4: A100 12, H100/H200 18)
+    if form.sxm:  # no bridge on an SXM module: every link is on the board (docs/sources.md#nvlink-per-link: A100 12, H100/H200 18)
         return _sxm_links(active, form.links or total, form.why, kw)
     if total == 0:
         return ok("gpu-nvlink", "no NVLink (PCIe part): multi-GPU traffic goes over PCIe", **kw)

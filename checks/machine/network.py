@@ -1,7 +1,7 @@
 """Network checks: downloads from configured URLs (per host), TCP links and the all-reduce (across hosts).
 
 The seed article §3.3: two rented boxes joined by 1 Gbit/s make DDP crawl; measure the link (iperf3) before
-training across them. ref/health-checks.md §5 items 10 and 13: judge inter-node TCP against what the link
+training across them. docs/sources.md#inter-node-link: judge inter-node TCP against what the link
 should carry, and read all-reduce figures correctly (busbw, message size).
 """
 
@@ -16,7 +16,7 @@ from checks.result import Result, fail, ok, skip, warn
 
 MIB = 1024**2
 # NVLink 3 and 4 carry 25 GB/s per link and direction (18 x 25 = 450 GB/s on H100, 12 x 25 = 300 on A100:
-# ref/health-checks.md §3 "NVLink / P2P").
+# docs/sources.md#nvlink-per-link).
 NVLINK_LINK_GB_S = 25.0
 
 

@@ -96,7 +96,7 @@ def _bare_uuid(uuid: str) -> str:
 
 
 def _align_to_nvml(bench: BenchFacts, facts: MachineFacts) -> BenchFacts:
-    """Renumber benchmark rows from CUDA indices to NVML indices by UUID (ref/compat.md §7 "Index mapping").
+    """Renumber benchmark rows from CUDA indices to NVML indices by UUID (docs/sources.md#nvml-cuda-index).
 
     Without a UUID (torch < 2.1) the child ran with CUDA_DEVICE_ORDER=PCI_BUS_ID, which is NVML's order as
     long as CUDA_VISIBLE_DEVICES does not hide GPUs.

@@ -373,12 +373,12 @@ class PcieLinkSampler:
         return dict(self._peak)
 
 
-# --- topology (issue 10; ref/communication-and-planning.md §1) ------------------------------------------------
+# --- topology (issue 10; docs/sources.md#nvml-topology) ---------------------------------------------------------
 
-# NVML_P2P_STATUS_* value -> nvidia-smi topo -p2p letter (ref/communication-and-planning.md §1.2).
+# NVML_P2P_STATUS_* value -> nvidia-smi topo -p2p letter (docs/sources.md#nvml-topology).
 P2P_LETTERS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
 # NVML_P2P_CAPS_INDEX_*: READ is the tuple (0,) in nvidia-ml-py 13.615.71 (a stray comma) and ctypes refuses it,
-# so the integers are spelled out here (ref/communication-and-planning.md §1.3 "Tuple bug").
+# so the integers are spelled out here (docs/sources.md#pynvml-p2p-index).
 _P2P_INDICES = {"p2p_read": 0, "p2p_write": 1, "p2p_nvlink": 2, "p2p_atomics": 3}
 _NVLINK_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
 _MASK_BITS = 64  # CPU and node masks come as c_ulonglong words
@@ -416,7 +416,7 @@ def _bits(mask: Any) -> tuple[int, ...]:
 
 def _numa_node(q: Query, handle: Any) -> int | None:
     """The NUMA node nearest the GPU: its memory affinity on x86; nvmlDeviceGetNumaNodeId where the GPU is a
-    node itself (Grace). ref/communication-and-planning.md §0 item 3."""
+    node itself (Grace). docs/sources.md#nvml-numa."""
     nodes = q("nvmlDeviceGetMemoryAffinity", handle, 4, q.nvml.NVML_AFFINITY_SCOPE_NODE)
     found = _bits(nodes) if nodes is not None else ()
     if len(found) == 1:
@@ -452,7 +452,7 @@ def _locality(q: Query, index: int, handle: Any, cpu_count: int) -> GpuLocality:
 
 def _pair(q: Query, a: GpuLocality, b: GpuLocality, ha: Any, hb: Any) -> GpuPair:
     """One cell of nvidia-smi topo -m and of topo -p2p: NV# counts the links whose far end is the peer
-    [derived, ref/communication-and-planning.md §1.2], or through NVSwitches the fewer of the two GPUs' links."""
+    [derived, docs/sources.md#nvml-topology], or through NVSwitches the fewer of the two GPUs' links."""
     direct = sum(peer == b.bus_id for peer in a.nvlink_peers) if b.bus_id else 0
     switched = min(a.nvlink_switch_links, b.nvlink_switch_links)
     try:

@@ -1,8 +1,8 @@
 """Verdicts: where a training step's time goes, what to fix, how sure we are. Pure: signals in, verdicts out.
 
-Rules, thresholds and their sources are ref/diagnosis.md §2.6 (V1-V11); every threshold is a key under
+Rules, thresholds and their sources are docs/sources.md#verdict-rules (V1-V11); every threshold is a key under
 ``preflight.verify``. A rule abstains when its inputs are missing (never reads a missing signal as zero), and
-GPU utilisation is never a verdict on its own (§3 item 2). Verdict ids (the ``diagnosis`` result's value):
+GPU utilisation is never a verdict on its own (docs/sources.md#nvml-utilization). Verdict ids (the ``diagnosis`` result's value):
 
 - ``data-bound``: the device waits for the next batch (V1: data wait share >= share_warn).
 - ``cpu-starved``: data-bound while the training process tree keeps the usable cores saturated (V1a).

@@ -269,7 +269,7 @@ def comm_text(d: DdpFigures, target: float) -> tuple[str, str]:
         f"one box with all {d.world_size} ranks instead of {len(hosts)} hosts (bootstrap --hosts measures the link "
         "itself: net-link), or hosts joined by a faster interconnect (InfiniBand / RoCE at 100-400 Gbit/s)"
         if hosts
-        else "one box whose GPUs share NVLink (ring busbw ~230 GB/s on 8x A100 SXM, ~370 on 8x H100; PCIe-only boxes ~20-35: communication-and-planning.md) instead of PCIe or two boxes"
+        else "one box whose GPUs share NVLink (ring busbw ~230 GB/s on 8x A100 SXM, ~370 on 8x H100; PCIe-only boxes ~20-35: docs/sources.md#nccl-ring-efficiency) instead of PCIe or two boxes"
         if d.backend == "nccl"
         else "on GPUs the exchange goes over NVLink, PCIe or the network instead: run verify --nproc on the GPU box"
     )

@@ -90,7 +90,9 @@ def test_datasheet_has_this_card_and_its_peak() -> None:
     matmul = next(m for m in METRICS if m.id == "gpu-matmul")
     for g in answering_gpus():
         spec = datasheet.lookup(g.name)
-        assert spec is not None, f"{g.name!r} (NVML) is not in templates/gpus.yaml: add its row (ref/compat.md §4)"
+        assert spec is not None, (
+            f"{g.name!r} (NVML) is not in templates/gpus.yaml: add its row (docs/sources.md#gpu-datasheets)"
+        )
         assert spec.cc == g.compute_capability, (g.name, spec.cc, g.compute_capability)
         assert g.memory_total and 0.85 <= g.memory_total / GIB / spec.memory_gb <= 1.1, (g.name, g.memory_total)
         assert g.compute_capability is not None

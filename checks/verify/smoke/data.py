@@ -5,7 +5,7 @@ one-line error and exit 2), and DataLoader takes any object with ``__len__``/``_
 arrays, which the default collate turns into tensors:
 
 - images: ``(uint8 [S, S, 3], int label)``; the model normalises on the device, so the host-to-device copy
-  moves bytes, not floats (ref/diagnosis.md §2.6 V2 "send uint8 and normalize on GPU").
+  moves bytes, not floats (docs/sources.md#h2d-uint8).
 - tokens: ``(int64 [T], int64 [T])``, input and the same window shifted by one.
 
 Staged layouts (issue 4's stage-data output): ``images.npy`` (uint8 N x S x S x 3) + ``labels.npy`` (int64) +

@@ -3,7 +3,7 @@
 One process per GPU (NCCL), or per share of the CPU cores (gloo). Each rank reads its shard of the same seeded
 order (``loop.ShardedBatches``, a batch sampler over ``DistributedSampler``), so the checkpoint's ``(seed, epoch,
 batch)`` position rebuilds every rank's shard. The exchange is measured in the run itself
-(communication-and-planning.md §4.1, "Measuring"): windows of forward+backward steps inside ``model.no_sync()``
+(docs/sources.md#ddp-exposed-comm): windows of forward+backward steps inside ``model.no_sync()``
 alternate with windows of the same steps synchronised; the optimizer does not step in either, so the ranks'
 models stay identical. A barrier starts every window, so a slow rank's backlog from an unsynchronised window is
 not charged to the next synchronised one. Last, rank 0 alone trains a few steps of the bare module while the

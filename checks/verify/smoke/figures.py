@@ -93,7 +93,7 @@ def fetch_windows(records: Sequence[Step]) -> list[tuple[float, float]]:
 
 
 def enqueue_ratio(records: Sequence[Step]) -> float | None:
-    """Median of host time issuing a step / device time computing it (ref/diagnosis.md §2.3 signal 1)."""
+    """Median of host time issuing a step / device time computing it (docs/sources.md#launch-bound-signals)."""
     ratios = [r.enqueue_s / c for r in records if (c := r.compute) > 0]
     return statistics.median(ratios) if ratios else None
 
