@@ -32,7 +32,12 @@ The flow, and the record at each hop::
   and how the run ended (``failure``: timeout, stalled, crashed, killed; ``rank`` when one can be named).
 - ``Measurements``: the ``measurements`` object of verify's JSON report. ``Measurements.to_json`` is the one
   place its keys are written (docs/formats.md lists them; ``tests/checks/verify/verify_report.schema.json``
-  holds them); ``checks.verify.report.judge`` returns it in a ``Judgement`` with the results and verdicts.
+  holds them); ``checks.verify.report.judge`` returns it in a ``Judgement`` with the results and verdicts. Its
+  parts: ``RunFacts`` (``run``), ``StepBlock`` (``step_breakdown``, ``step_time``: ``StepTime``, the rates,
+  ``enqueue_ratio``), ``Mfu``, ``Files``, and under several processes ``DdpFigures`` (``ddp``: ``RankRow`` per
+  rank, ``CommFigures`` for the no_sync A/B); the sampler, cost, upgrade and diagnosis blocks are JSON objects
+  built by ``checks.verify.sampler.summarise``, ``cost.cost``, ``diagnosis.upgrade_bound`` and
+  ``report._diagnosis``.
 
 Every record has ``to_json()`` and ``from_json()`` (which rejects an unknown key or a value of the wrong type,
 naming the record and the key); keys in a record's ``OMIT_NONE`` are left out of its JSON when None, as the
