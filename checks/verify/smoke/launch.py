@@ -75,11 +75,12 @@ class Node:
 
 
 class _Tail:
-    """Read the complete event lines appended to a file since the last call (a torn last line waits)."""
+    """Read the complete event lines appended to a file since the last call (a torn last line waits); a complete
+    line that is not an event is counted out, with the first reason (``rejected``)."""
 
     def __init__(self, path: Path) -> None:
         self.path, self.offset, self.partial = path, 0, ""
-        self.count = 0
+        self.count, self.rejected, self.reason = 0, 0, ""
 
     def read(self) -> list[Event]:
         try:
@@ -93,8 +94,11 @@ class _Tail:
         self.partial = lines.pop()
         out = []
         for line in lines:
-            with contextlib.suppress(ContractError):  # not an event: a torn write, never a reason to stop
+            try:
                 out.append(parse_event(line))
+            except ContractError as exc:  # another producer's mistake: said in the log, never a reason to stop
+                self.rejected += 1
+                self.reason = self.reason or str(exc)
         self.count += len(out)
         return out
 
@@ -130,24 +134,19 @@ def launch(
         run = ChildRun(result=None, env_kept=kept)
         start = time.monotonic()
         procs: list[subprocess.Popen[bytes]] = []
+        tails = [_Tail(work / f"events.{r}.jsonl") for r in range(here.local)]
         try:
             for r in range(here.local):
                 procs.append(
                     _start(_rank_spec(spec, here, r, work), r, work, python, env, procs[0].pid if procs else 0)
                 )
             on_start(procs[0].pid)
-            _watch(
-                procs,
-                [_Tail(work / f"events.{r}.jsonl") for r in range(here.local)],
-                work,
-                run,
-                timeout_s,
-                stall_s,
-                on_event,
-            )
+            _watch(procs, tails, work, run, timeout_s, stall_s, on_event)
         finally:
             _kill_group(procs)
         run.seconds = time.monotonic() - start
+        for r, tail in enumerate(tails):
+            _note(work, r, f"{tail.rejected} event line(s) were not events: {tail.reason}" if tail.rejected else "")
         results = [_read_result(work, r, note=True) for r in range(here.local)]
         logs = [_tail(work / f"rank{r}.log") for r in range(here.local)]
         combine(run, results, logs, here.first, distributed=spec.ddp is not None)
@@ -306,10 +305,15 @@ def _read_result(work: Path, rank: int, note: bool = False) -> ChildResult | Non
     except (OSError, json.JSONDecodeError):
         return None
     except ContractError as exc:
-        if note:
-            with contextlib.suppress(OSError), (work / f"rank{rank}.log").open("a", encoding="utf-8") as log:
-                log.write(f"\nverify: result.{rank}.json is not a child result: {exc}\n")
+        _note(work, rank, f"result.{rank}.json is not a child result: {exc}" if note else "")
         return None
+
+
+def _note(work: Path, rank: int, line: str) -> None:
+    """Add verify's own ``line`` to the end of local rank ``rank``'s log (nothing when empty)."""
+    if line:
+        with contextlib.suppress(OSError), (work / f"rank{rank}.log").open("a", encoding="utf-8") as log:
+            log.write(f"\nverify: {line}\n")
 
 
 def _tail(path: Path, lines: int = 20) -> str:

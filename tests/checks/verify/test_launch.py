@@ -2,7 +2,7 @@
 
 The stand-in speaks the contract as the training child does: it reads its ``RunSpec``, appends event lines and
 writes a ``ChildResult``; what it does is chosen by the spec's ``model`` field (``ok``, ``crash-rank1``,
-``hang-rank1``, ``garbage``), so the launcher's real code path runs in well under a second per case.
+``hang-rank1``, ``garbage``, ``badevent``), so the launcher's real code path runs in well under a second per case.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ rank = (spec.get("ddp") or {}).get("rank", 0)
 how = spec["model"]
 events = open(spec["events"], "a", buffering=1)
 events.write(json.dumps({"event": "phase", "t": 1.0, "phase": "measure"}) + "\\n")
+if how == "badevent":
+    events.write(json.dumps({"event": "progress", "t": 1.0, "done": 0.5}) + "\\n")
 if how == "hang-rank1" and rank == 1:
     time.sleep(60)
 if how == "crash-rank1" and rank == 1:
@@ -99,6 +101,13 @@ def test_a_result_file_that_is_not_a_child_result_is_a_crash_that_says_why(stand
     run = launcher.launch(spec("garbage"), 30, 10, python=sys.executable)
     assert run.result is None and run.failure == "crashed"
     assert "result.0.json is not a child result: ChildResult: unknown key 'stepz'" in run.log_tail
+
+
+def test_a_line_that_is_no_event_is_left_out_and_said_in_the_log(stand_in: Path) -> None:
+    seen: list[object] = []
+    run = launcher.launch(spec("badevent"), 30, 10, seen.append, python=sys.executable)
+    assert run.failure is None and run.result is not None and len(seen) == 4  # the phase and three steps
+    assert "1 event line(s) were not events: event: unknown kind 'progress'" in run.log_tail
 
 
 def _gone(pgid: int) -> bool:
