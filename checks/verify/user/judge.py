@@ -1,0 +1,300 @@
+"""Judge the user's own command: the agent's step lines become verify's results, verdicts and measurements.
+
+The step lines have the smoke loop's phase names (``data_wait``, ``h2d``, ``forward``, ``backward``,
+``optimizer``, in seconds) plus ``checkpoint`` (time in ``torch.save`` and friends during that step), so the
+breakdown, the verdict rules (``checks/verify/diagnosis.py``), the upgrade bound, the sampler summary and the
+cost are verify's own code. What differs: ``forward`` is the step minus every hooked part (the forward pass and
+the loop's own code: the loss, ``.to(device)``, logging), ``h2d`` is not hooked (0, inside ``forward``), and
+checkpoint time is what the script itself saved, amortised over the measured steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from checks.config import VerifyConfig
+from checks.result import Result, fail, ok, skip, warn
+from checks.verify import report as verify_report
+from checks.verify.diagnosis import Verdict, diagnose
+from checks.verify.plan import Outcome, Plan
+from checks.verify.sampler import Trace
+from checks.verify.smoke.figures import breakdown, enqueue_ratio, loss_trend, step_figures
+from checks.verify.smoke.launch import ChildRun
+from checks.verify.user.launch import CommandRun
+
+ENDED = {
+    "stopped": "stopped by verify",
+    "exited": "ended by itself",
+    "crashed": "crashed",
+    "interrupted": "interrupted (Ctrl-C)",
+    "no-step": "stopped by verify: no optimizer step",
+    "stalled": "stopped by verify: steps stopped coming",
+    "no-torch": "never imported torch",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rank:
+    """One training process's steps: warm-up and measured, with the loader its steps consume from."""
+
+    key: Any  # the rank, or "pidN" for a process without one
+    pid: int
+    warmup: list[dict[str, Any]]
+    steps: list[dict[str, Any]]
+    loader: dict[str, Any] | None
+    device: dict[str, Any]
+
+
+def ranks(events: Sequence[dict[str, Any]], warmup: int, steps: int, seconds: float) -> list[Rank]:
+    """Every process that stepped, rank order; its first ``warmup`` steps apart, then ``steps`` (all with
+    ``seconds``)."""
+    by: dict[Any, list[dict[str, Any]]] = {}
+    for e in events:
+        if e.get("event") == "step":
+            by.setdefault(e["rank"] if e.get("rank") is not None else f"pid{e['pid']}", []).append(e)
+    out = []
+    for key, records in sorted(by.items(), key=lambda kv: (isinstance(kv[0], str), str(kv[0]).zfill(6))):
+        pid = records[-1]["pid"]
+        measured = records[warmup:] if seconds else records[warmup : warmup + steps]
+        feed = measured[-1]["feed"] if measured else records[-1]["feed"]
+        loaders = [e for e in events if e.get("event") == "loader" and e.get("pid") == pid and e.get("feed") == feed]
+        devices = [e for e in events if e.get("event") == "device" and e.get("pid") == pid]
+        device = {k: devices[-1].get(k) for k in ("type", "name", "uuid")} if devices else {"type": "cpu"}
+        out.append(Rank(key, pid, records[:warmup], measured, loaders[-1] if loaders else None, device))
+    return out
+
+
+def _median_int(values: Sequence[int]) -> int:
+    return int(statistics.median(values)) if values else 0
+
+
+def rank_figures(r: Rank) -> dict[str, Any] | None:
+    """Step time, shares (checkpoints amortised over the measured steps) and samples/s of one process."""
+    if not r.steps:
+        return None
+    samples = _median_int([s["samples"] for s in r.steps])
+    figs = step_figures(r.steps, samples)
+    ckpt = sum(s["checkpoint"] for s in r.steps)
+    per_step = ckpt / len(r.steps)
+    figs["shares"] = breakdown(r.steps, per_step)
+    figs["step_s"] = figs["mean_s"] + per_step
+    figs["samples_per_s"] = figs["samples_per_s"] or None
+    figs["samples_per_step"] = samples or None
+    figs["micro_batches"] = _median_int([s["micro"] for s in r.steps]) or 1
+    figs["checkpoint_s_per_step"] = per_step
+    saves = sum(s["saves"] for s in r.steps)
+    figs["checkpoint"] = (
+        {
+            "save_s": ckpt / saves,
+            "bytes": sum(s["ckpt_bytes"] for s in r.steps) / saves,
+            "every_steps": _every(len(r.steps), saves),
+            "saves": saves,
+        }
+        if saves
+        else None
+    )
+    if figs["samples_per_s"]:
+        figs["samples_per_s_with_checkpoints"] = samples / figs["step_s"]
+    return figs
+
+
+def _every(steps: int, saves: int) -> float | int:
+    every = steps / saves
+    return int(every) if every == int(every) else round(every, 1)
+
+
+def _child_result(lead: Rank, figs: dict[str, Any] | None) -> dict[str, Any]:
+    """The smoke child's result shape, which verify's own judging code reads."""
+    micro = (figs or {}).get("micro_batches") or 1
+    per_micro = ((figs or {}).get("samples_per_step") or 0) // micro
+    window = [lead.steps[0]["host_start"], lead.steps[-1]["host_end"]] if lead.steps else None
+    loader = (lead.loader or {}).get("settings") or {}
+    return {
+        "steps": lead.steps,
+        "warmup": lead.warmup,
+        "device": lead.device,
+        "batch_size": per_micro or None,
+        "accum": micro,
+        "loader": loader,
+        "precision": "as the script sets it",
+        "timeline": {"measure": window} if window else {},
+        "data": {"kind": "command"},
+    }
+
+
+def judge(
+    run: CommandRun,
+    trace: Trace,
+    plan: Plan,
+    cfg: VerifyConfig,
+    rule_warmup: int,
+    rule_steps: int,
+    rule_seconds: float,
+    gate: Sequence[Result] | None,
+    gpu_index: int | None = None,
+    gpu_error: str | None = None,
+) -> tuple[list[Result], dict[str, Any], list[Verdict]]:
+    """Results, measurements and verdicts of one run of the command (complete, partial or failed)."""
+    found = ranks(run.events, rule_warmup, rule_steps, rule_seconds)
+    lead = next((r for r in found if r.key == 0), found[0] if found else None)
+    figs = rank_figures(lead) if lead else None
+    child = _child_result(lead, figs) if lead else {"steps": [], "warmup": []}
+    outcome = Outcome(ChildRun(result=child, interrupted=run.interrupted), trace, gpu_index, gpu_error)
+    m: dict[str, Any] = {"command": command_facts(run, found)}
+    m["run"] = {"device": child.get("device"), "seconds": round(run.seconds, 2), "interrupted": run.interrupted}
+    m["dataloader"] = (lead.loader if lead else None) or {}
+    results = [command_result(run, found, rule_warmup)]
+    s = None
+    if figs is not None and lead is not None:
+        world = max(1, len(found))
+        figs["samples_per_s"] = (figs["samples_per_s"] or 0) * world or None
+        if figs.get("samples_per_s_with_checkpoints"):
+            figs["samples_per_s_with_checkpoints"] *= world
+        m |= {
+            "step_breakdown": figs["shares"],
+            "step_time": {k: figs[k] for k in ("steps", "median_s", "p95_s", "mean_s")},
+            "samples_per_s": figs["samples_per_s"],
+            "tokens_per_s": None,
+            "samples_per_s_with_checkpoints": figs.get("samples_per_s_with_checkpoints"),
+            "enqueue_ratio": enqueue_ratio(lead.steps),
+            "micro_batches_per_step": figs["micro_batches"],
+            "samples_per_step": figs["samples_per_step"],
+            "forward_includes": "the forward pass and the loop's own code between the data and backward "
+            "(loss, .to(device), logging): no hook separates them",
+        }
+        if figs["checkpoint"]:
+            m["checkpoint"] = figs["checkpoint"]
+        s = verify_report.signals(plan, outcome, cfg, figs, gate)
+        s = dataclasses.replace(s, checkpoint=figs["checkpoint"])
+        results.append(_loop(lead, figs))
+    else:
+        results.append(skip("verify-loop", "no measured step"))
+    if len(found) > 1:
+        m["ddp"] = {"world_size": len(found), "per_rank": per_rank(found)}
+        m["per_rank"] = m["ddp"]["per_rank"]
+    results.append(_loss(lead, cfg))
+    verdicts = diagnose(s, cfg) if s is not None else []
+    results += verify_report._diagnosis(verdicts, figs, child, s, m)
+    results += [verify_report._sampler(plan, outcome, m), verify_report._cost(plan, child, figs, m)]
+    m["files"] = {"json": plan.json_path, "csv": str(plan.csv_path), "png": str(plan.png_path)}
+    return [*(gate or []), *results], m, verdicts
+
+
+def per_rank(found: Sequence[Rank]) -> list[dict[str, Any]]:
+    out = []
+    for r in found:
+        figs = rank_figures(r)
+        row: dict[str, Any] = {"rank": r.key, "pid": r.pid, "steps": len(r.steps), "device": r.device}
+        if figs:
+            row |= {"median_s": figs["median_s"], "step_breakdown": figs["shares"]}
+            row |= {"samples_per_s": figs["samples_per_s"], "micro_batches_per_step": figs["micro_batches"]}
+        out.append(row)
+    return out
+
+
+def command_facts(run: CommandRun, found: Sequence[Rank]) -> dict[str, Any]:
+    """``measurements.command``: what ran, how it ended, who ended it."""
+    return {
+        "argv": list(run.argv),
+        "exit_status": run.returncode,
+        "ended": run.ended,
+        "stopped_by_verify": run.stopped_by_verify,
+        "ended_by_itself": run.ended in ("exited", "crashed", "no-torch"),
+        "signals": run.signals,
+        "seconds": round(run.seconds, 2),
+        "steps_seen": {str(r.key): len(r.warmup) + len(r.steps) for r in found},
+        "processes_seen": len(run.pids),
+        "processes_left": run.left,
+        "traceback": run.traceback() if run.ended == "crashed" else [],
+    }
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "no exit status"
+    return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+
+
+def command_result(run: CommandRun, found: Sequence[Rank], warmup: int) -> Result:
+    """``verify-command``: the command, how it ended, and (a crash) the last lines of its traceback."""
+    cmd = shlex.join(run.argv)
+    steps = max((len(r.warmup) + len(r.steps) for r in found), default=0)
+    status = describe_exit(run.returncode)
+    if run.left:
+        hint = "kill them: " + " ".join(map(str, run.left))
+        return fail("verify-command", f"{cmd}: processes left running: {run.left}", hint, value=run.ended)
+    if run.ended == "crashed":
+        last = run.traceback()
+        summary = f"{cmd} crashed ({status}) after {steps} optimizer step(s): {last[-1] if last else ''}"
+        return fail("verify-command", summary, "its traceback ends:\n" + "\n".join(last), value=run.ended)
+    if run.ended == "no-step":
+        summary = f"{cmd}: no torch optimizer step within {run.seconds:.0f} s (stopped by verify)"
+        hint = (
+            "verify counts torch.optim optimizer steps: a custom update rule or a framework without a torch "
+            "optimizer is not seen (see docs/verify.md, where it cannot see); or the script needs longer "
+            "(preflight.verify.timeout_s)"
+        )
+        return fail("verify-command", summary, hint, value=run.ended)
+    if run.ended == "stalled":
+        hint = "a hung collective or data read: run it alone and look where it waits (py-spy dump)"
+        return fail("verify-command", f"{cmd}: steps stopped after {steps} (stopped by verify)", hint, value=run.ended)
+    if run.ended == "interrupted":
+        summary = f"{cmd}: interrupted after {steps} step(s); the figures cover the steps before Ctrl-C"
+        return warn("verify-command", summary, "let it run to the end for a full report", value=run.ended)
+    how = (
+        f"stopped by verify after {steps} steps ({'/'.join(run.signals) or 'no signal'})"
+        if run.ended == "stopped"
+        else f"ended by itself after {steps} steps ({status})"
+    )
+    if run.ended == "exited" and steps <= warmup:
+        summary = f"{cmd} ended by itself after {steps} step(s), all of them warm-up ({status})"
+        return warn("verify-command", summary, "lower --warmup or let it train longer", value=run.ended)
+    return ok("verify-command", f"{cmd}: {how}", value=run.ended)
+
+
+def _loop(lead: Rank, figs: dict[str, Any]) -> Result:
+    micro = figs["micro_batches"]
+    per = figs.get("samples_per_step")
+    batch = f", {per} samples per step" if per else ", batch size unreadable from the batches"
+    accum = f" of {micro} micro-batches" if micro > 1 else ""
+    rate = f", {figs['samples_per_s']:,.1f} samples/s" if figs.get("samples_per_s") else ""
+    summary = (
+        f"{len(lead.steps)} optimizer steps{accum} measured ({len(lead.warmup)} warm-up excluded){batch}; "
+        f"median {figs['median_s'] * 1000:.1f} ms{rate} on {lead.device.get('name') or lead.device.get('type')}"
+    )
+    return ok("verify-loop", summary, value=len(lead.steps))
+
+
+def _loss(lead: Rank | None, cfg: VerifyConfig) -> Result:
+    """A NaN/inf loss fails; one that does not go down is a warning (a user's few dozen steps can be noisy)."""
+    losses = [s["loss"] for s in ((lead.warmup + lead.steps) if lead else []) if s.get("loss") is not None]
+    if not losses:
+        return skip("verify-loss", "no loss seen (backward on a one-element tensor)")
+    t = loss_trend(losses)
+    if not t["finite"]:
+        return fail("verify-loss", "the loss is NaN/inf", "lower the learning rate; check the data and fp16 overflow")
+    summary = f"loss {t['first']:.4g} -> {t['last']:.4g} over {len(losses)} steps (first vs last quarter)"
+    if t["decreasing"] or not cfg.loss_must_decrease:
+        return ok("verify-loss", summary, value=t["last"])
+    return warn("verify-loss", summary + ": not going down yet", "check the learning rate and labels", value=t["last"])
+
+
+def plan_for(usable_cores: float, json_path: str, csv: Path, png: Path, price: float) -> Plan:
+    """The parts of verify's plan that its judging code reads (no smoke spec: the user's command is the run)."""
+    return Plan(
+        spec={},
+        data=None,
+        loader={},
+        usable_cores=usable_cores,
+        json_path=json_path,
+        csv_path=csv,
+        png_path=png,
+        ckpt_every=1,
+        ckpt_temporary=False,
+        price_per_hour=price,
+    )
