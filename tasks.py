@@ -331,6 +331,9 @@ def _show_judged(judged: Judged, every_row: bool = False) -> None:
         "all": "print every row, bootstrap's ok and skipped checks too (by default only those that need a look)",
         "hosts": "train across these hosts over SSH (DDP, rank 0 on the first): h1,h2 or user@host:port",
         "hosts_file": "train across the hosts listed in FILE (one per line; 'host slots=N' sets its ranks)",
+        "warmup": "with -- COMMAND: optimizer steps left out before measuring (default preflight.verify.warmup)",
+        "seconds": "with -- COMMAND: measure for this many seconds instead of --steps",
+        "quiet": "with -- COMMAND: hide the command's own output",
     }
 )
 def verify(
@@ -354,12 +357,29 @@ def verify(
     all: bool = False,
     hosts: str = "",
     hosts_file: str = "",
+    warmup: int = -1,
+    seconds: float = 0.0,
+    quiet: bool = False,
 ) -> None:
-    """Train a few dozen steps as the real run will and say where step time goes: verdict, fix, cost."""
+    """Train a few dozen steps as the real run will and say where step time goes: verdict, fix, cost.
+
+    With ``-- COMMAND [ARGS...]``, run and judge your own training command, unchanged.
+    """
     from checks.verify import run as run_verify
     from checks.verify.plan import Options
 
     cfg = settings(c)
+    command = sys.argv[sys.argv.index("--") + 1 :] if "--" in sys.argv else []  # until the cli branch passes it
+    if command:
+        from checks.verify.user.run import CommandRequest, verify_command
+
+        ask = CommandRequest(cfg, tuple(command), steps, warmup, seconds, json, plot, price_per_hour, quiet)
+        with interruptible(), terminate_as_interrupt():
+            judged = verify_command(dataclasses.replace(ask, echo=sys.stderr.buffer), say=_say)
+        _show_judged(judged, every_row=all)
+        if code := judged.report.exit_code(strict=cfg.report.strict):
+            raise Exit(code=code)
+        return
     options = Options(
         data=data,
         steps=steps,
