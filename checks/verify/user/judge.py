@@ -233,7 +233,9 @@ def command_result(run: CommandRun, found: Sequence[Rank], warmup: int) -> Resul
         summary = f"{cmd} crashed ({status}) after {steps} optimizer step(s): {last[-1] if last else ''}"
         return fail("verify-command", summary, "its traceback ends:\n" + "\n".join(last), value=run.ended)
     if run.ended == "no-step":
-        summary = f"{cmd}: no torch optimizer step within {run.seconds:.0f} s (stopped by verify)"
+        imported = any(e.get("event") == "hello" for e in run.events)
+        what = "no torch optimizer step" if imported else "no torch optimizer step (torch not even imported yet)"
+        summary = f"{cmd}: {what} within {run.seconds:.0f} s (stopped by verify)"
         hint = (
             "verify counts torch.optim optimizer steps: a custom update rule or a framework without a torch "
             "optimizer is not seen (see docs/verify.md, where it cannot see); or the script needs longer "

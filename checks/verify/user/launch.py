@@ -181,7 +181,7 @@ def run_command(
         run.seconds = time.monotonic() - start
     if not run.ended:
         run.ended = "exited" if proc.returncode == 0 else "crashed"
-    if not any(e.get("event") == "hello" for e in run.events) and run.ended in ("exited", "crashed", "no-step"):
+    if not any(e.get("event") == "hello" for e in run.events) and run.ended in ("exited", "crashed"):
         run.ended = "no-torch"
     return run
 
