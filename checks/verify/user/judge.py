@@ -25,6 +25,7 @@ from checks.verify.plan import Outcome, Plan
 from checks.verify.sampler import Trace
 from checks.verify.smoke.figures import breakdown, enqueue_ratio, loss_trend, step_figures
 from checks.verify.smoke.launch import ChildRun
+from checks.verify.user import advice as measured
 from checks.verify.user.launch import CommandRun
 
 ENDED = {
@@ -138,6 +139,7 @@ def judge(
     gate: Sequence[Result] | None,
     gpu_index: int | None = None,
     gpu_error: str | None = None,
+    advice: dict[str, Any] | None = None,
 ) -> tuple[list[Result], dict[str, Any], list[Verdict]]:
     """Results, measurements and verdicts of one run of the command (complete, partial or failed)."""
     found = ranks(run.events, rule_warmup, rule_steps, rule_seconds)
@@ -179,6 +181,9 @@ def judge(
         m["per_rank"] = m["ddp"]["per_rank"]
     results.append(_loss(lead, cfg))
     verdicts = diagnose(s, cfg) if s is not None else []
+    if advice is not None:
+        verdicts = measured.apply(verdicts, advice)
+        m["advice"] = advice
     results += verify_report._diagnosis(verdicts, figs, child, s, m)
     results += [verify_report._sampler(plan, outcome, m), verify_report._cost(plan, child, figs, m)]
     m["files"] = {"json": plan.json_path, "csv": str(plan.csv_path), "png": str(plan.png_path)}

@@ -51,6 +51,7 @@ class StopRule:
     seconds: float = 0.0  # > 0: measure for this long instead of ``steps``
     first_step_s: float = 900.0  # no optimizer step by then: stop and say so
     stall_s: float = 300.0  # no step for this long once steps have started
+    limit_s: float = 0.0  # > 0: stop after this long whatever happened (the advice re-runs' budget)
 
 
 @dataclass
@@ -60,7 +61,7 @@ class CommandRun:
     argv: tuple[str, ...]
     events: list[dict[str, Any]] = field(default_factory=list)
     returncode: int | None = None
-    ended: str = ""  # stopped | exited | crashed | interrupted | no-step | stalled | no-torch
+    ended: str = ""  # stopped | exited | crashed | interrupted | no-step | stalled | limit | no-torch
     stopped_by_verify: bool = False
     interrupted: bool = False
     signals: list[str] = field(default_factory=list)
@@ -243,6 +244,9 @@ def _watch(
             not rule.seconds and len(reached) >= world
         ):
             run.ended = "stopped"
+            return
+        if rule.limit_s and now - start >= rule.limit_s:
+            run.ended = "limit"
             return
         if not counts and now - start >= rule.first_step_s:
             run.ended = "no-step"

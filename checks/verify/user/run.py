@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 from checks.config import PreflightConfig
 from checks.errors import PreflightError
@@ -22,6 +22,7 @@ from checks.result import Report, Result
 from checks.verify import plan as v
 from checks.verify.run import Judged
 from checks.verify.sampler import Sampler, Trace
+from checks.verify.user import advice
 from checks.verify.user import judge as j
 from checks.verify.user.launch import CommandRun, StopRule, run_command
 from checks.verify.watch import usable_here
@@ -94,8 +95,9 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
             f"verify: {' '.join(request.command)} never imported torch ({j.describe_exit(run.returncode)})",
             hint="verify -- COMMAND times torch training scripts; check that the command is the training one",
         )
+    advice = _advice(request, run, stop, cwd, cores, say)
     results, measurements, verdicts = j.judge(
-        run, trace, plan, cfg.verify, stop.warmup, stop.steps, stop.seconds, gate_rows, gpu, gpu_error
+        run, trace, plan, cfg.verify, stop.warmup, stop.steps, stop.seconds, gate_rows, gpu, gpu_error, advice
     )
     steps = [s for r in j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)[:1] for s in r.steps]
     title = f"invoke verify -- {request.command[0]}: {verdicts[0].id if verdicts else 'cant-tell'}"
@@ -109,10 +111,32 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
         verdicts=tuple(verdicts),
         json_path=json_path,
         notes=(*problems, f"wrote {json_path}, {csv}, {png}"),
-        interrupted=run.interrupted,
+        interrupted=run.interrupted or bool((advice or {}).get("interrupted")),
         background=frozenset(r.id for r in gate_rows or []),
         focus="diagnosis",
     )
+
+
+def _advice(
+    request: CommandRequest, run: CommandRun, stop: StopRule, cwd: str, cores: float, say: Say
+) -> dict[str, Any] | None:
+    """For one process that waited for data: time candidate DataLoader settings on the command itself."""
+    cfg = request.config.verify
+    if cfg.command_advice_s <= 0 or run.interrupted or run.ended not in ("stopped", "exited"):
+        return None
+    found = j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)
+    if len(found) != 1 or found[0].loader is None:
+        return None  # under torchrun every candidate would start every rank again: not measured
+    lead = found[0]
+    figs = j.rank_figures(lead)
+    if figs is None or figs["shares"]["data_wait"] < cfg.share_warn:
+        return None
+    say(f"verify: the command waited for data: timing DataLoader settings on it (up to {cfg.command_advice_s:g} s)")
+    loader = lead.loader or {}
+    return advice.measure(
+        request.command, cwd, loader.get("asked") or {}, str(loader.get("site")), figs["mean_s"], cores,
+        lead.device.get("type") == "cuda", cfg.command_advice_s, cfg.advice_min_gain,
+    )  # fmt: skip
 
 
 def _gather(

@@ -30,7 +30,7 @@ CHECKOUT = Path(__file__).resolve().parents[4]
 
 def verify(tmp_path: Path, *command: str, steps: int = 6, warmup: int = 2, verify_cfg: dict[str, Any] | None = None,
            **kw: Any) -> Judged:  # fmt: skip
-    cfg = make_config({"verify": verify_cfg or {}})
+    cfg = make_config({"verify": {"command_advice_s": 0.0, **(verify_cfg or {})}})
     request = CommandRequest(
         cfg, tuple(command), steps=steps, warmup=warmup, json=str(tmp_path / "r.json"), gate=False, quiet=True,
         cwd=str(SCRIPTS), **kw,
@@ -53,15 +53,21 @@ def row(judged: Judged, rid: str) -> Any:
     return next(r for r in judged.report.results if r.id == rid)
 
 
-def test_data_bound_loop(tmp_path: Path) -> None:
-    judged = verify(tmp_path, sys.executable, "data_bound.py")
+def test_data_bound_loop_and_the_measured_loader_fix(tmp_path: Path) -> None:
+    judged = verify(tmp_path, sys.executable, "data_bound.py", verify_cfg={"command_advice_s": 120.0})
     m = judged.report.measurements
     assert verdict(judged) in ("data-bound", "cpu-starved")  # a busy CI box can make the waits CPU-starved
-    assert m["step_breakdown"]["data_wait"] > 0.5
+    assert m["step_breakdown"]["data_wait"] > 0.3
     assert m["samples_per_step"] == 8 and m["samples_per_s"] > 0
     assert m["dataloader"]["settings"]["num_workers"] == 0
     assert m["command"]["stopped_by_verify"] and m["command"]["signals"][0] == "SIGINT"
     assert m["step_time"]["steps"] == 6
+    advice = m["advice"]  # re-run with more workers injected at construction: sleeping reads overlap
+    assert advice["faster"]["overrides"]["num_workers"] >= 1 and advice["faster"]["speedup"] >= 1.1
+    assert advice["change"].startswith("DataLoader(..., num_workers=")
+    assert advice["change"].endswith("data_bound.py:22")  # where the script builds its loader
+    assert judged.verdicts[0].fix.startswith(advice["change"])
+    assert all(c.get("processes_left") == [] for c in advice["candidates"] if "ended" in c)
 
 
 def test_compute_bound_loop(tmp_path: Path) -> None:
