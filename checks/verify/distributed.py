@@ -25,7 +25,8 @@ from checks.config import VerifyConfig
 from checks.errors import PreflightError
 from checks.facts import MachineFacts
 from checks.result import Result, Status, ok, skip
-from checks.verify.smoke.figures import breakdown, step_total
+from checks.verify.contract import ChildResult, CommAb, DdpSpec, RankDevice, RankResult
+from checks.verify.smoke.figures import breakdown
 
 
 def processes(nproc: int, cfg: VerifyConfig, facts: MachineFacts) -> int:
@@ -49,95 +50,94 @@ def processes(nproc: int, cfg: VerifyConfig, facts: MachineFacts) -> int:
     return wanted
 
 
-def spec_block(world: int, cfg: VerifyConfig, facts: MachineFacts) -> dict[str, Any] | None:
+def spec_block(world: int, cfg: VerifyConfig, facts: MachineFacts) -> DdpSpec | None:
     """The child's ``ddp`` spec (ranks and the store are added per rank by the launcher); None for one process."""
     if world < 2:
         return None
     gpus = 0 if cfg.device == "cpu" else facts.torch.device_count
-    return {
-        "world_size": world,
-        "backend": "nccl" if gpus else "gloo",
-        "threads": 0 if gpus else max(1, int(facts.host.usable_cores) // world),
-        "windows": cfg.ddp_windows,
-        "window_steps": cfg.ddp_window_steps,
-        "solo_steps": cfg.ddp_solo_steps,
-        "timeout_s": cfg.ddp_timeout_s,
-    }
+    return DdpSpec(
+        world_size=world,
+        backend="nccl" if gpus else "gloo",
+        threads=0 if gpus else max(1, int(facts.host.usable_cores) // world),
+        windows=cfg.ddp_windows,
+        window_steps=cfg.ddp_window_steps,
+        solo_steps=cfg.ddp_solo_steps,
+        timeout_s=cfg.ddp_timeout_s,
+    )
 
 
-def describe(block: dict[str, Any], cores: float) -> str:
+def describe(block: DdpSpec, cores: float) -> str:
     """The line verify says before it starts (on the CPU: how the cores are shared)."""
     where = (
         "NCCL, one GPU each"
-        if block["backend"] == "nccl"
-        else f"gloo on the CPU, {block['threads']} thread(s) each of {cores:g} usable cores"
+        if block.backend == "nccl"
+        else f"gloo on the CPU, {block.threads} thread(s) each of {cores:g} usable cores"
     )
-    return f"verify: {block['world_size']} processes, DistributedDataParallel ({where})"
+    return f"verify: {block.world_size} processes, DistributedDataParallel ({where})"
 
 
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def per_rank(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def per_rank(ranks: Sequence[RankResult]) -> list[dict[str, Any]]:
     """Each rank's measured step median, its own speed (no_sync median), synchronised median and data wait."""
     out = []
     for r in ranks:
-        ab = (r.get("ddp") or {}).get("comm_ab") or {}
-        steps = r.get("steps") or []
-        row: dict[str, Any] = {"rank": r["rank"], "median_s": _median([step_total(s) for s in steps])}
-        row |= {"own_s": ab.get("no_sync_median_s"), "sync_s": ab.get("sync_median_s")}
-        row |= {"data_wait_share": round(breakdown(steps)["data_wait"], 4) if steps else None, "error": r.get("error")}
-        row["gpu"] = gpu_of(r.get("device"))
+        ab = (r.ddp.comm_ab if r.ddp else None) or CommAb()
+        row: dict[str, Any] = {"rank": r.rank, "median_s": _median([s.total for s in r.steps])}
+        row |= {"own_s": ab.no_sync_median_s, "sync_s": ab.sync_median_s}
+        row |= {"data_wait_share": round(breakdown(r.steps)["data_wait"], 4) if r.steps else None, "error": r.error}
+        row["gpu"] = gpu_of(r.device)
         out.append(row)
     return out
 
 
-def gpu_of(device: dict[str, Any] | None) -> int | None:
+def gpu_of(device: RankDevice | None) -> int | None:
     """The GPU a rank trained on: its NVML index where its UUID maps to one here, else its torch index on its
     host; None on the CPU or when the rank did not say."""
-    d = device or {}
-    if d.get("type") != "cuda":
+    if device is None or device.type != "cuda":
         return None
-    return d["nvml_index"] if d.get("nvml_index") is not None else d.get("index")
+    return device.nvml_index if device.nvml_index is not None else device.index
 
 
-def figures(r: dict[str, Any], samples_per_step: int) -> dict[str, Any] | None:
+def figures(r: ChildResult) -> dict[str, Any] | None:
     """``measurements.ddp`` from the combined result (None for a one-process run)."""
-    own = r.get("ddp")
+    own = r.ddp
     if not own:
         return None
-    rows = per_rank(r.get("ranks") or [])
-    world = int(own["world_size"])
-    m: dict[str, Any] = {"world_size": world, "backend": own["backend"], "per_rank": rows}
-    ab, solo = own.get("comm_ab") or {}, own.get("solo") or {}
+    samples_per_step = r.samples_per_step // own.world_size  # one rank's
+    rows = per_rank(r.ranks)
+    world = own.world_size
+    m: dict[str, Any] = {"world_size": world, "backend": own.backend, "per_rank": rows}
+    ab = own.comm_ab or CommAb()
     timed = [x for x in rows if x["own_s"] is not None and x["sync_s"] is not None]
     step = _median([x["median_s"] for x in rows if x["median_s"]])
     slowest = max(timed, key=lambda x: x["own_s"]) if timed else None
     exposed = max(0.0, slowest["sync_s"] - slowest["own_s"]) if slowest else None
-    grad = ab.get("grad_bytes")
+    grad = ab.grad_bytes
     m |= {"grad_bytes": grad, "comm_exposed_ms": None if exposed is None else round(1000 * exposed, 3)}
     m["comm_share"] = round(exposed / step, 4) if exposed is not None and step else None
     m["busbw_gbs"] = round(grad * 2 * (world - 1) / world / exposed / 1e9, 3) if grad and exposed else None
-    alone = solo.get("median_s")
+    alone = own.solo.median_s if own.solo else None
     m["scaling_efficiency"] = round(alone / step, 4) if alone and step else None
     m["samples_per_s"] = world * samples_per_step / step if step else None
     m["samples_per_s_one"] = samples_per_step / alone if alone else None
-    m["ab"] = _ab(ab)
-    if own.get("hosts"):  # --hosts: the exchange crossed the network between them
-        m["hosts"] = own["hosts"]
+    m["ab"] = _ab(own.comm_ab)
+    if own.hosts:  # --hosts: the exchange crossed the network between them
+        m["hosts"] = [h.to_json() for h in own.hosts]
         m["link_mbit_s"] = round(m["busbw_gbs"] * 8000, 1) if m["busbw_gbs"] else None
     return m
 
 
-def _ab(ab: dict[str, Any]) -> dict[str, Any] | None:
+def _ab(ab: CommAb | None) -> dict[str, Any] | None:
     """The A/B's own figures: its windows and the spread of each leg (the noise the exposed time sits in)."""
-    if not ab:
+    if ab is None:
         return None
-    out = {k: ab.get(k) for k in ("windows", "window_steps", "sync_median_s", "no_sync_median_s")}
-    for leg in ("sync_s", "no_sync_s"):
-        xs = ab.get(leg) or []
-        out[f"{leg[:-2]}_spread_s"] = round(statistics.pstdev(xs), 7) if len(xs) > 1 else None
+    out: dict[str, Any] = {"windows": ab.windows, "window_steps": ab.window_steps}
+    out |= {"sync_median_s": ab.sync_median_s, "no_sync_median_s": ab.no_sync_median_s}
+    for leg, xs in (("sync", ab.sync_s or ()), ("no_sync", ab.no_sync_s or ())):
+        out[f"{leg}_spread_s"] = round(statistics.pstdev(xs), 7) if len(xs) > 1 else None
     return out
 
 

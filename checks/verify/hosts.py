@@ -30,6 +30,7 @@ from checks.errors import PreflightError
 from checks.probe import LocalProbe
 from checks.result import Report, Result, ok
 from checks.verify import plan as v
+from checks.verify.contract import ChildResult, DdpSpec
 from checks.verify.sampler import Trace
 from checks.verify.smoke.launch import INTERRUPT_GRACE_S, ChildRun
 from provision.hosts import HostSpec
@@ -182,7 +183,7 @@ def combine(hosts: list[Host], runs: list[dict[str, Any]], order: list[int], int
         base["ranks"] = sorted(ranks, key=lambda r: r["rank"])
         if base.get("ddp"):
             base["ddp"] = {**base["ddp"], "hosts": _where(hosts, runs)}
-        run.result = base
+        run.result = ChildResult.from_json(base)
     return run
 
 
@@ -211,11 +212,11 @@ def verify_hosts(request: Any, hosts: list[HostSpec], source: str, root: Path, s
     stop, sessions = threading.Event(), dict[str, Any]()
     with ExitStack() as stack:
         p, facts = v.plan(dataclasses.replace(opts, nproc=1), cfg, LocalProbe(cfg.probe.torch_timeout_s).machine, stack)
-        p = dataclasses.replace(p, spec={**p.spec, "loader_probe": None})
+        p = dataclasses.replace(p, spec=dataclasses.replace(p.spec, loader_probe=None))
         stack.callback(_close, sessions, stop)
         say(f"verify: readying {len(hosts)} hosts from {source} (ship the checkout, probe torch)")
         readied = _ready_all(hosts, cfg, root, stop, sessions)
-        backend, counts = layout(readied, p.spec["device"])
+        backend, counts = layout(readied, p.spec.device)
         world = sum(counts)
         block = {"world_size": world, "backend": backend, "windows": cfg.verify.ddp_windows}
         block |= {"window_steps": cfg.verify.ddp_window_steps, "solo_steps": cfg.verify.ddp_solo_steps}
@@ -227,13 +228,14 @@ def verify_hosts(request: Any, hosts: list[HostSpec], source: str, root: Path, s
             for i, (f, n) in enumerate(zip(firsts, counts, strict=True))
         ]
         say(f"verify: {world} ranks ({backend}) on {len(readied)} hosts, rendezvous {addr}:{port}")
-        payloads = [node_spec(p.spec, h, block, n, cfg.verify) for h, n in zip(readied, nodes, strict=True)]
+        payloads = [node_spec(p.spec.to_json(), h, block, n, cfg.verify) for h, n in zip(readied, nodes, strict=True)]
         runs, order, interrupted = run_nodes(readied, payloads, cfg.verify.timeout_s + INTERRUPT_GRACE_S + 60, say)
         child = combine(readied, runs, order, interrupted)
         outcome = v.Outcome(child, Trace(), None, "the sampler follows this machine only: not run with --hosts")
         v.raise_usage(outcome)
-        p = dataclasses.replace(p, spec={**p.spec, "ddp": block})
-        results, measurements, verdicts = judge(p, outcome, cfg.verify)
+        p = dataclasses.replace(p, spec=dataclasses.replace(p.spec, ddp=DdpSpec.from_json(block)))
+        results, judged, verdicts = judge(p, outcome, cfg.verify)
+        measurements = judged.to_json()
         problems = v.write_outputs(p.csv_path, p.png_path, outcome.trace, "invoke verify --hosts", None, p.usable_cores)
     head = hosts_result(readied, counts, backend, source)
     report = Report(host=facts.host.hostname, machine="live", results=(head, *results), measurements=measurements)

@@ -22,21 +22,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from checks.verify.contract import DdpSpec
 from checks.verify.smoke.loop import Batches, Trainer, resolve, run_steps
 
 
-def start(ddp: dict[str, Any]) -> None:
+def start(ddp: DdpSpec) -> None:
     """Join the process group (rank 0 hosts the TCP store); an absent peer fails after ``timeout_s``."""
-    if ddp["backend"] == "gloo" and ddp.get("threads"):
-        torch.set_num_threads(int(ddp["threads"]))  # torchrun's OMP_NUM_THREADS: the ranks share the cores
-    if ddp["backend"] == "nccl":
-        torch.cuda.set_device(int(ddp.get("local_rank", ddp["rank"])))  # the GPU index on this host
+    if ddp.backend == "gloo" and ddp.threads:
+        torch.set_num_threads(ddp.threads)  # torchrun's OMP_NUM_THREADS: the ranks share the cores
+    if ddp.backend == "nccl":
+        torch.cuda.set_device(ddp.local_rank)  # the GPU index on this host
     dist.init_process_group(
-        ddp["backend"],
-        init_method=f"tcp://{ddp['addr']}:{ddp['port']}",
-        rank=int(ddp["rank"]),
-        world_size=int(ddp["world_size"]),
-        timeout=datetime.timedelta(seconds=float(ddp["timeout_s"])),
+        ddp.backend,
+        init_method=f"tcp://{ddp.addr}:{ddp.port}",
+        rank=ddp.rank,
+        world_size=ddp.world_size,
+        timeout=datetime.timedelta(seconds=ddp.timeout_s),
     )
 
 

@@ -20,11 +20,24 @@ from typing import Any
 from checks.config import VerifyConfig
 from checks.result import Result, fail, ok, skip, warn
 from checks.verify import report as verify_report
+from checks.verify.contract import (
+    PHASES,
+    ChildResult,
+    ChildRun,
+    DataInfo,
+    Device,
+    Files,
+    Measurements,
+    RunFacts,
+    RunSpec,
+    Step,
+    StepBlock,
+    StepTime,
+)
 from checks.verify.diagnosis import Verdict, diagnose
 from checks.verify.plan import Outcome, Plan
 from checks.verify.sampler import Trace
 from checks.verify.smoke.figures import breakdown, enqueue_ratio, loss_trend, step_figures
-from checks.verify.smoke.launch import ChildRun
 from checks.verify.user import advice as measured
 from checks.verify.user.launch import CommandRun
 
@@ -70,6 +83,20 @@ def ranks(events: Sequence[dict[str, Any]], warmup: int, steps: int, seconds: fl
     return out
 
 
+def step_record(line: dict[str, Any]) -> Step:
+    """The contract's ``Step`` of one agent step line (its extra keys stay in the line)."""
+    fetch = tuple((float(a), float(b)) for a, b in line.get("fetch") or ())
+    loss = line.get("loss")
+    return Step(
+        **{p: float(line[p]) for p in PHASES},
+        host_start=float(line["host_start"]),
+        host_end=float(line["host_end"]),
+        enqueue_s=float(line["enqueue_s"]),
+        fetch=fetch,
+        loss=float("nan") if loss is None else float(loss),
+    )
+
+
 def _median_int(values: Sequence[int]) -> int:
     return int(statistics.median(values)) if values else 0
 
@@ -79,10 +106,11 @@ def rank_figures(r: Rank) -> dict[str, Any] | None:
     if not r.steps:
         return None
     samples = _median_int([s["samples"] for s in r.steps])
-    figs = step_figures(r.steps, samples)
+    records = [step_record(s) for s in r.steps]
+    figs = step_figures(records, samples)
     ckpt = sum(s["checkpoint"] for s in r.steps)
     per_step = ckpt / len(r.steps)
-    figs["shares"] = breakdown(r.steps, per_step)
+    figs["shares"] = breakdown(records, per_step)
     figs["step_s"] = figs["mean_s"] + per_step
     figs["samples_per_s"] = figs["samples_per_s"] or None
     figs["samples_per_step"] = samples or None
@@ -109,23 +137,32 @@ def _every(steps: int, saves: int) -> float | int:
     return int(every) if every == int(every) else round(every, 1)
 
 
-def _child_result(lead: Rank, figs: dict[str, Any] | None) -> dict[str, Any]:
-    """The smoke child's result shape, which verify's own judging code reads."""
+def _child_result(lead: Rank, figs: dict[str, Any] | None) -> ChildResult:
+    """The contract's ``ChildResult`` of the lead process, which verify's own judging code reads."""
     micro = (figs or {}).get("micro_batches") or 1
     per_micro = ((figs or {}).get("samples_per_step") or 0) // micro
-    window = [lead.steps[0]["host_start"], lead.steps[-1]["host_end"]] if lead.steps else None
+    window = (lead.steps[0]["host_start"], lead.steps[-1]["host_end"]) if lead.steps else None
     loader = (lead.loader or {}).get("settings") or {}
-    return {
-        "steps": lead.steps,
-        "warmup": lead.warmup,
-        "device": lead.device,
-        "batch_size": per_micro or None,
-        "accum": micro,
-        "loader": loader,
-        "precision": "as the script sets it",
-        "timeline": {"measure": window} if window else {},
-        "data": {"kind": "command"},
-    }
+    d = lead.device
+    return ChildResult(
+        steps=tuple(step_record(s) for s in lead.steps),
+        warmup=tuple(step_record(s) for s in lead.warmup),
+        device=Device(type=str(d.get("type") or "cpu"), name=str(d.get("name") or "CPU"), uuid=d.get("uuid")),
+        batch_size=per_micro or None,
+        accum=micro,
+        loader=dict(loader),
+        timeline={"measure": window} if window else {},
+        data=DataInfo(kind="command"),
+    )
+
+
+def run_spec(warmup: int, steps: int, cwd: str) -> RunSpec:
+    """The plan's spec for a command run: nothing for a child to build (the command is the run)."""
+    return RunSpec(
+        device="auto", precision="auto", model_size="auto", data=None, dataset="", model="", user_path=cwd,
+        batch_size=0, batch_size_cpu=0, batch_size_gpu=0, accum=1, warmup=warmup, steps=steps, lr=0.0, seed=0,
+        loader={}, profile_steps=0,
+    )  # fmt: skip
 
 
 def judge(
@@ -141,15 +178,14 @@ def judge(
     gpu_error: str | None = None,
     advice: dict[str, Any] | None = None,
 ) -> tuple[list[Result], dict[str, Any], list[Verdict]]:
-    """Results, measurements and verdicts of one run of the command (complete, partial or failed)."""
+    """Results, measurements (the report's JSON object) and verdicts of one run of the command."""
     found = ranks(run.events, rule_warmup, rule_steps, rule_seconds)
     lead = next((r for r in found if r.key == 0), found[0] if found else None)
     figs = rank_figures(lead) if lead else None
-    child = _child_result(lead, figs) if lead else {"steps": [], "warmup": []}
-    outcome = Outcome(ChildRun(result=child, interrupted=run.interrupted), trace, gpu_index, gpu_error)
-    m: dict[str, Any] = {"command": command_facts(run, found)}
-    m["run"] = {"device": child.get("device"), "seconds": round(run.seconds, 2), "interrupted": run.interrupted}
-    m["dataloader"] = (lead.loader if lead else None) or {}
+    child = _child_result(lead, figs) if lead else ChildResult()
+    outcome = Outcome(
+        ChildRun(result=child, interrupted=run.interrupted, seconds=run.seconds), trace, gpu_index, gpu_error
+    )
     results = [command_result(run, found, rule_warmup)]
     s = None
     if figs is not None and lead is not None:
@@ -157,37 +193,72 @@ def judge(
         figs["samples_per_s"] = (figs["samples_per_s"] or 0) * world or None
         if figs.get("samples_per_s_with_checkpoints"):
             figs["samples_per_s_with_checkpoints"] *= world
-        m |= {
-            "step_breakdown": figs["shares"],
-            "step_time": {k: figs[k] for k in ("steps", "median_s", "p95_s", "mean_s")},
-            "samples_per_s": figs["samples_per_s"],
-            "tokens_per_s": None,
-            "samples_per_s_with_checkpoints": figs.get("samples_per_s_with_checkpoints"),
-            "enqueue_ratio": enqueue_ratio(lead.steps),
-            "micro_batches_per_step": figs["micro_batches"],
-            "samples_per_step": figs["samples_per_step"],
-            "forward_includes": "the forward pass and the loop's own code between the data and backward "
-            "(loss, .to(device), logging): no hook separates them",
-        }
-        if figs["checkpoint"]:
-            m["checkpoint"] = figs["checkpoint"]
         s = verify_report.signals(plan, outcome, cfg, figs, gate)
         s = dataclasses.replace(s, checkpoint=figs["checkpoint"])
         results.append(_loop(lead, figs))
     else:
         results.append(skip("verify-loop", "no measured step"))
-    if len(found) > 1:
-        m["ddp"] = {"world_size": len(found), "per_rank": per_rank(found)}
-        m["per_rank"] = m["ddp"]["per_rank"]
     results.append(_loss(lead, cfg))
     verdicts = diagnose(s, cfg) if s is not None else []
     if advice is not None:
         verdicts = measured.apply(verdicts, advice)
-        m["advice"] = advice
-    results += verify_report._diagnosis(verdicts, figs, child, s, m)
-    results += [verify_report._sampler(plan, outcome, m), verify_report._cost(plan, child, figs, m)]
-    m["files"] = {"json": plan.json_path, "csv": str(plan.csv_path), "png": str(plan.png_path)}
+    judged = verify_report._diagnosis(verdicts, figs, child, s)
+    sampler_row, sampler = verify_report._sampler(plan, outcome)
+    cost_row, priced = verify_report._cost(plan, child, figs)
+    results += [*judged.rows, sampler_row, cost_row]
+    m = Measurements(
+        run=RunFacts(
+            device=child.device, precision=None, batch_size=child.batch_size, accum=child.accum, model=None,
+            data=child.data, torch=None, threads=None, seconds=round(run.seconds, 2), interrupted=run.interrupted,
+            failure=None if run.ended in ("stopped", "exited") else run.ended, error=None,
+        ),
+        dataloader=dict((lead.loader if lead else None) or {}),
+        diagnosis=judged.diagnosis,
+        sampler=sampler,
+        files=Files(plan.json_path, str(plan.csv_path), str(plan.png_path)),
+        steps=None if figs is None or lead is None else _step_block(lead, figs),
+        upgrade=judged.upgrade,
+        mfu=judged.mfu,
+        cost=priced,
+        timeline=dict(child.timeline) or None,
+    ).to_json()  # fmt: skip
+    m |= _command_figures(run, found, figs, advice)
     return [*(gate or []), *results], m, verdicts
+
+
+def _step_block(lead: Rank, figs: dict[str, Any]) -> StepBlock:
+    return StepBlock(
+        step_breakdown=figs["shares"],
+        step_time=StepTime(figs["steps"], figs["median_s"], figs["p95_s"], figs["mean_s"]),
+        samples_per_s=figs["samples_per_s"],
+        tokens_per_s=None,
+        samples_per_s_with_checkpoints=figs.get("samples_per_s_with_checkpoints"),
+        tokens_per_s_with_checkpoints=None,
+        enqueue_ratio=enqueue_ratio([step_record(s) for s in lead.steps]),
+    )
+
+
+def _command_figures(
+    run: CommandRun, found: Sequence[Rank], figs: dict[str, Any] | None, advice: dict[str, Any] | None
+) -> dict[str, Any]:
+    """What only a command run has: ``command``, the micro-batches and samples per step, the script's own
+    saves, every rank under torchrun, the measured loader advice."""
+    out: dict[str, Any] = {"command": command_facts(run, found)}
+    if figs is not None:
+        out["micro_batches_per_step"] = figs["micro_batches"]
+        out["samples_per_step"] = figs["samples_per_step"]
+        out["forward_includes"] = (
+            "the forward pass and the loop's own code between the data and backward (loss, .to(device), logging): "
+            "no hook separates them"
+        )
+        if figs["checkpoint"]:
+            out["checkpoint"] = figs["checkpoint"]
+    if len(found) > 1:
+        out["ddp"] = {"world_size": len(found), "per_rank": per_rank(found)}
+        out["per_rank"] = out["ddp"]["per_rank"]
+    if advice is not None:
+        out["advice"] = advice
+    return out
 
 
 def per_rank(found: Sequence[Rank]) -> list[dict[str, Any]]:
@@ -294,7 +365,7 @@ def _loss(lead: Rank | None, cfg: VerifyConfig) -> Result:
 def plan_for(usable_cores: float, json_path: str, csv: Path, png: Path, price: float) -> Plan:
     """The parts of verify's plan that its judging code reads (no smoke spec: the user's command is the run)."""
     return Plan(
-        spec={},
+        spec=run_spec(0, 0, ""),
         data=None,
         loader={},
         usable_cores=usable_cores,

@@ -18,6 +18,7 @@ from checks.config import PreflightConfig, make_config
 from checks.facts import MachineFacts, NvmlFacts, TorchFacts
 from checks.probe.host import read_host
 from checks.result import Result
+from checks.verify.contract import Checkpoint
 from checks.verify.plan import Options, Outcome, plan, run
 from checks.verify.report import judge
 
@@ -48,7 +49,13 @@ def smoke(
         p, _ = plan(opts, cfg, machine, stack)
         outcome = run(p, cfg, lambda e: None)
         results, measurements, _ = judge(p, outcome, cfg.verify)
-    return outcome, {r.id: r for r in results}, measurements
+    return outcome, {r.id: r for r in results}, measurements.to_json()
+
+
+def checkpoint(outcome: Outcome) -> Checkpoint:
+    """The child's checkpoint round trip (the test fails when there is none)."""
+    assert outcome.child.result is not None and outcome.child.result.checkpoint is not None, outcome.child.log_tail
+    return outcome.child.result.checkpoint
 
 
 def test_sleeping_getitem_is_data_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,14 +135,15 @@ def test_a_loop_that_does_not_wait_for_data_does_not_time_the_loader(
 ) -> None:
     outcome, results, m = smoke(tmp_path, monkeypatch, config(image_size=32, loader_probe_s=5.0), workers=1)
     assert results["diagnosis"].value == "compute-bound"
-    assert "loader_alone" not in m and "loader_alone" not in (outcome.child.result or {})["timeline"]
+    assert outcome.child.result is not None
+    assert "loader_alone" not in m and "loader_alone" not in outcome.child.result.timeline
 
 
 def test_resume_reproduces_the_uninterrupted_loss_bit_for_bit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     outcome, results, _ = smoke(tmp_path, monkeypatch, config(steps=4), workers=1)
-    ckpt = (outcome.child.result or {})["checkpoint"]
-    assert ckpt["reproduced"] is True
-    assert ckpt["uninterrupted"] == ckpt["resumed"] and len(ckpt["resumed"]) == 2
+    ckpt = checkpoint(outcome)
+    assert ckpt.reproduced is True
+    assert ckpt.uninterrupted == ckpt.resumed and ckpt.resumed is not None and len(ckpt.resumed) == 2
     assert results["verify-checkpoint"].status.value == "ok"
 
 
