@@ -53,7 +53,8 @@ class _Writer:
             path = os.path.join(self.folder, f"events-{self.pid}.jsonl")
             self.fh = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives with the process
         assert self.fh is not None
-        self.fh.write(json.dumps({"event": event, "t": time.monotonic(), "pid": self.pid, **data}) + "\n")
+        line = json.dumps({"event": event, "t": time.monotonic(), "pid": self.pid, **data}, separators=(",", ":"))
+        self.fh.write(line + "\n")
 
 
 class _WhenImported:
@@ -150,6 +151,7 @@ class _Steps:
         self.loss: Any = None
         self.i = 0
         self.pending: list[dict[str, Any]] = []
+        self.rank = _rank()  # torchrun sets it before the script starts: read once
 
     def mark(self) -> tuple[float, Any]:
         event = None
@@ -168,10 +170,10 @@ class _Steps:
         self.since = now
 
     def leave(self, region: str) -> None:
-        while self.stack and self.stack[-1][0] != region:  # an exception skipped a leave (a failed step)
-            self.stack.pop()
-        if not self.stack:
+        if not any(s[0] == region for s in self.stack):
             return
+        while self.stack[-1][0] != region:  # an exception skipped a leave (a failed step)
+            self.stack.pop()
         self.stack[-1][1] -= 1
         if self.stack[-1][1]:
             return
@@ -196,8 +198,12 @@ class _Steps:
             device |= {"name": props.name, "uuid": f"GPU-{props.uuid}" if getattr(props, "uuid", None) else None}
         _say("device", **device, **_rank())
 
-    def end_step(self) -> None:
-        self.leave("optimizer")
+    def end_step(self, optimizer: bool = True) -> None:
+        if optimizer:
+            self.leave("optimizer")
+        elif self.cuda is None:
+            self.cuda = bool(self.torch.cuda.is_available() and self.torch.cuda.is_initialized())
+            _safely(self.describe_device)
         now = self.mark()
         self.segments.append((self.stack[-1][0] if self.stack else "rest", self.since, now))
         self.since = now
@@ -232,7 +238,7 @@ class _Steps:
         for region, a, b in raw["segments"]:
             by[region] = by.get(region, 0.0) + self.seconds(a, b)
             if region.startswith("data:"):
-                fetch.setdefault(region, []).append([round(a[0], 6), round(b[0], 6)])
+                fetch.setdefault(region, []).append([a[0], b[0]])
         feed = max(self.counts, key=lambda k: self.counts[k]) if self.counts else None
         data = by.get(feed, 0.0) if feed else 0.0
         other = {k: v for k, v in by.items() if k.startswith("data:") and k != feed}
@@ -263,7 +269,7 @@ class _Steps:
             "saves": raw["saves"],
             "ckpt_bytes": raw["ckpt_bytes"],
             "clock": "cuda-events" if self.cuda else "monotonic",
-            **_rank(),
+            **self.rank,
         }
 
     def fetched(self, key: str, batch: Any) -> None:
@@ -313,6 +319,16 @@ def _on_torch(torch: Any) -> None:
     atexit.register(lambda: _safely(st.flush, True))
     _say("hello", argv=sys.argv[:20], ppid=os.getppid(), pgid=os.getpgid(0), main=_main_process(), **_rank())
     _say("torch", version=str(torch.__version__))
+
+
+def step() -> None:
+    """The marker for a loop without a torch optimizer (a hand-written update): one call ends one step.
+
+    One line in the user's loop, harmless without verify:
+    ``getattr(sys.modules.get("_gpu_preflight_agent"), "step", lambda: None)()``
+    """
+    if _STEPS is not None:
+        _safely(_STEPS.end_step, False)
 
 
 def _step_pre(st: _Steps, opt: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

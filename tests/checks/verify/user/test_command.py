@@ -92,7 +92,7 @@ def test_transformers_dict_batches_with_accumulation(tmp_path: Path) -> None:
     assert m["micro_batches_per_step"] == 2
     assert m["samples_per_step"] == 8  # 2 micro-batches of 4, read from the dict batches' tensors
     assert m["step_time"]["steps"] == 4
-    assert verdict(judged) in ("compute-bound", "cant-tell", "data-bound", "cpu-starved", "cpu-contended")
+    assert verdict(judged) not in ("data-bound", "cpu-starved")  # cheap items: the model's steps dominate
     assert row(judged, "verify-loop").status.value == "ok"
 
 
@@ -174,3 +174,20 @@ def test_ctrl_c_gives_exit_130_and_a_partial_report(tmp_path: Path) -> None:
     assert m["command"]["ended"] == "interrupted" and m["command"]["processes_left"] == []
     assert m["step_time"]["steps"] >= 3
     assert process_tree(os.getpid()) == {os.getpid()}
+
+
+def test_lightning_trainer(tmp_path: Path) -> None:
+    judged = verify(tmp_path, sys.executable, "lightning_trainer.py", steps=5)
+    m = judged.report.measurements
+    assert m["step_time"]["steps"] == 5 and m["samples_per_step"] == 32 and m["micro_batches_per_step"] == 1
+    # The closure Lightning passes to optimizer.step holds forward and backward: they are not the optimizer's.
+    assert m["step_breakdown"]["optimizer"] < m["step_breakdown"]["forward"] + m["step_breakdown"]["backward"]
+    assert m["command"]["stopped_by_verify"]
+    assert verdict(judged) not in ("data-bound", "cpu-starved")  # batches already in memory
+
+
+def test_the_step_marker_for_a_loop_without_a_torch_optimizer(tmp_path: Path) -> None:
+    judged = verify(tmp_path, sys.executable, "marked_steps.py", steps=5)
+    m = judged.report.measurements
+    assert m["command"]["stopped_by_verify"] and m["step_time"]["steps"] == 5
+    assert m["step_breakdown"]["backward"] > 0 and m["step_breakdown"]["optimizer"] == 0
