@@ -14,7 +14,6 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from checks.verify.user import judge as j
@@ -93,33 +92,3 @@ def change(setting: dict[str, Any], asked: dict[str, Any], site: str) -> str:
     """The exact arguments to give the DataLoader, and where it is built."""
     args = ", ".join(f"{k}={v!r}" for k, v in setting.items() if asked.get(k) != v)
     return f"DataLoader(..., {args}) at {site}"
-
-
-def measured_fix(advice: dict[str, Any], rule_fix: str) -> str:
-    """The verdict's fix: the measured change, or that none measured faster (then the rule's own fix)."""
-    faster = advice.get("faster")
-    if faster:
-        base, step = advice["baseline_mean_step_s"], faster["mean_step_s"]
-        return (
-            f"{advice['change']}: measured {faster['speedup']:.2f}x faster on your command "
-            f"(mean step {base * 1000:.0f} -> {step * 1000:.0f} ms)"
-        )
-    tried = [r for r in advice.get("candidates", []) if r.get("speedup")]
-    if not tried:
-        return rule_fix
-    shown = "; ".join(f"{_args(r['overrides'])}: {r['speedup']:.2f}x" for r in tried)
-    gain = f"{advice['min_gain']:.0%}"
-    return f"no DataLoader setting measured {gain} faster on your command ({shown}); {rule_fix}"
-
-
-def _args(setting: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in setting.items())
-
-
-def apply(verdicts: list[Any], advice: dict[str, Any]) -> list[Any]:
-    """The primary data verdict with the measured fix and its evidence; the others as they were."""
-    if not verdicts or verdicts[0].id not in ("data-bound", "cpu-starved"):
-        return verdicts
-    top = verdicts[0]
-    evidence = {**top.evidence, "command_advice": advice}
-    return [replace(top, fix=measured_fix(advice, top.fix), evidence=evidence), *verdicts[1:]]

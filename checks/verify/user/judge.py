@@ -38,7 +38,6 @@ from checks.verify.diagnosis import Verdict, diagnose
 from checks.verify.plan import Outcome, Plan
 from checks.verify.sampler import Trace
 from checks.verify.smoke.figures import breakdown, enqueue_ratio, loss_trend, step_figures
-from checks.verify.user import advice as measured
 from checks.verify.user.launch import CommandRun
 
 ENDED = {
@@ -201,7 +200,7 @@ def judge(
     results.append(_loss(lead, cfg))
     verdicts = diagnose(s, cfg) if s is not None else []
     if advice is not None:
-        verdicts = measured.apply(verdicts, advice)
+        verdicts = apply_advice(verdicts, advice)
     judged = verify_report._diagnosis(verdicts, figs, child, s)
     sampler_row, sampler = verify_report._sampler(plan, outcome)
     cost_row, priced = verify_report._cost(plan, child, figs)
@@ -376,3 +375,33 @@ def plan_for(usable_cores: float, json_path: str, csv: Path, png: Path, price: f
         ckpt_temporary=False,
         price_per_hour=price,
     )
+
+
+def measured_fix(advice: dict[str, Any], rule_fix: str) -> str:
+    """The verdict's fix: the measured change, or that none measured faster (then the rule's own fix)."""
+    faster = advice.get("faster")
+    if faster:
+        base, step = advice["baseline_mean_step_s"], faster["mean_step_s"]
+        return (
+            f"{advice['change']}: measured {faster['speedup']:.2f}x faster on your command "
+            f"(mean step {base * 1000:.0f} -> {step * 1000:.0f} ms)"
+        )
+    tried = [r for r in advice.get("candidates", []) if r.get("speedup")]
+    if not tried:
+        return rule_fix
+    shown = "; ".join(f"{_args(r['overrides'])}: {r['speedup']:.2f}x" for r in tried)
+    gain = f"{advice['min_gain']:.0%}"
+    return f"no DataLoader setting measured {gain} faster on your command ({shown}); {rule_fix}"
+
+
+def _args(setting: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in setting.items())
+
+
+def apply_advice(verdicts: list[Verdict], advice: dict[str, Any]) -> list[Verdict]:
+    """The primary data verdict with the measured fix and its evidence; the others as they were."""
+    if not verdicts or verdicts[0].id not in ("data-bound", "cpu-starved"):
+        return verdicts
+    top = verdicts[0]
+    evidence = {**top.evidence, "command_advice": advice}
+    return [dataclasses.replace(top, fix=measured_fix(advice, top.fix), evidence=evidence), *verdicts[1:]]
