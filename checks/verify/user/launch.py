@@ -40,6 +40,7 @@ TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL. Tool-defined.
 TREE_EVERY_S = 0.5  # how often the process tree is read (its members are killed by id at the end)
 _POLL_S = 0.1
 _PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
+_PR_GET_CHILD_SUBREAPER = 37
 
 
 @dataclass(frozen=True)
@@ -103,11 +104,20 @@ class _Tails:
         return out
 
 
-def become_subreaper() -> bool:
-    """Make orphaned descendants this process's children (Linux ``prctl``); False where that is not possible."""
+def subreaper(on: bool) -> bool:
+    """Make orphaned descendants this process's children, or stop (Linux ``prctl``); False where not possible."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _was_subreaper() -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        flag = ctypes.c_int(0)
+        return bool(libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and flag.value)
     except (OSError, AttributeError):
         return False
 
@@ -148,7 +158,8 @@ def run_command(
     standard output (None: this process's; ``subprocess.DEVNULL`` to hide it).
     """
     run = CommandRun(argv=tuple(argv))
-    reaper = become_subreaper()
+    was = _was_subreaper()
+    reaper = subreaper(True)
     before = process_tree(os.getpid())
     with tempfile.TemporaryDirectory(prefix="gpu-preflight-command-") as tmp:
         folder = Path(tmp)
@@ -176,6 +187,8 @@ def run_command(
                 _stop(proc, run)
             proc.wait()
             _clean_up(run, before, reaper)
+            if reaper and not was:  # orphans of later work go to init again, as before
+                subreaper(False)
             tee.join(timeout=5)
             run.events += tails.read()
         run.returncode = proc.returncode
