@@ -187,7 +187,9 @@ def verify(c: Context, f: fl.VerifyFlags) -> None:
     from checks.verify.plan import Options
 
     cfg = settings(c)
-    request = run_verify.VerifyRequest(config=cfg, options=fill(Options, f), command=f.command)
+    if f.command:
+        return _verify_command(cfg, f)
+    request = run_verify.VerifyRequest(config=cfg, options=fill(Options, f))
     specs, source = select_hosts(f.hosts, f.hosts_file, os.environ, cfg.hosts.slurm)
     if specs and f.nproc:
         raise PreflightError("--nproc is per box; with --hosts each host runs one rank per GPU (slots=N caps it)")
@@ -198,6 +200,23 @@ def verify(c: Context, f: fl.VerifyFlags) -> None:
             judged = verify_hosts(request, specs, source, CHECKOUT, say)
         else:
             judged = run_verify.verify(request, say=say)
+    _show_judged(judged, every_row=f.all)
+    exit_with(judged.report.exit_code(strict=cfg.report.strict))
+
+
+def _verify_command(cfg: PreflightConfig, f: fl.VerifyFlags) -> None:
+    """verify -- COMMAND: run the user's own command under the agent and judge it (checks/verify/user/)."""
+    from checks.verify.user.run import CommandRequest, verify_command
+
+    own = fl.own_loop_flags(f)
+    if own:
+        raise PreflightError(
+            f"verify: {own[0]} sets verify's own loop, not your command's",
+            hint="leave it out, or run verify without -- COMMAND",
+        )
+    request = fill(CommandRequest, f, config=cfg, echo=sys.stderr.buffer)
+    with interruptible(), terminate_as_interrupt():
+        judged = verify_command(request, say=say)
     _show_judged(judged, every_row=f.all)
     exit_with(judged.report.exit_code(strict=cfg.report.strict))
 

@@ -215,6 +215,7 @@ class VerifyConfig:
     profile_steps: int
     loader_probe_s: float
     advice_min_gain: float
+    command_advice_s: float
     contended_min_share: float
     timeout_s: float
     stall_timeout_s: float

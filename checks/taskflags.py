@@ -7,6 +7,7 @@ request has a field of the same name, ``checks.flags.fill`` copies it over.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from checks.flags import command, flag
@@ -102,7 +103,16 @@ class StageFlags:
 
 
 @dataclass(frozen=True)
-class VerifyFlags(Outputs, EveryRow, Hosts):
+class Command:
+    """The flags that apply to ``verify -- COMMAND``; last among verify's bases, so the older flags keep their letters."""
+
+    warmup: int = flag(-1, "with -- COMMAND: optimizer steps left out before measuring (-1: preflight.verify.warmup)")
+    seconds: float = flag(0.0, "with -- COMMAND: measure for this many seconds instead of --steps (0: count steps)")
+    quiet: bool = flag(False, "with -- COMMAND: hide the command's own output")
+
+
+@dataclass(frozen=True)
+class VerifyFlags(Outputs, EveryRow, Hosts, Command):
     data: str = flag("", "a staged dataset DIR (invoke stage-data's npy layout); default: synthetic data")
     steps: int = flag(0, "measured steps (default preflight.verify.steps; warm-up steps come first)")
     batch_size: int = flag(0, "batch size per step (default preflight.verify.batch_size_gpu / _cpu)")
@@ -170,3 +180,18 @@ class PlanFlags(Machine):
     from_: str = flag("", "a verify JSON report of this model: step time and cost per card")
     epoch_samples: int = flag(0, "samples in one epoch (the cost per epoch; else per million samples)")
     json: str = flag("", JSON_TEXT)
+
+
+COMMAND_FLAGS = frozenset(f.name for f in dataclasses.fields(Command)) | {
+    "steps",
+    "price_per_hour",
+    "all",
+    "json",
+    "plot",
+}
+
+
+def own_loop_flags(f: VerifyFlags) -> list[str]:
+    """The verify flags given (not at their default) that shape verify's own loop, which ``-- COMMAND`` does not run."""
+    given = [x for x in dataclasses.fields(f) if "help" in x.metadata and getattr(f, x.name) != x.default]
+    return ["--" + x.name.replace("_", "-") for x in given if x.name not in COMMAND_FLAGS]

@@ -838,23 +838,34 @@ def test_the_words_after_two_dashes_reach_verify_as_its_command(
 ) -> None:
     from checks.result import Report
     from checks.verify import run as run_verify
+    from checks.verify.user import run as run_user
 
-    asked: list[run_verify.VerifyRequest] = []
+    asked: list[run_user.CommandRequest] = []
+    own: list[run_verify.VerifyRequest] = []
 
-    def judged(request: run_verify.VerifyRequest, say: Callable[[str], None]) -> run_verify.Judged:
-        asked.append(request)  # what the package is given; nothing trains
+    def judged(request: run_user.CommandRequest, say: Callable[[str], None]) -> run_verify.Judged:
+        asked.append(request)  # what the package is given; nothing runs
         return run_verify.Judged(Report("box", "live", ()), (), "", (), False)
 
-    monkeypatch.setattr(run_verify, "verify", judged)
-    run = here(home, "verify", "--steps", "3", "--", "python", "train.py", "--lr", "3e-4")
+    def own_loop(request: run_verify.VerifyRequest, say: Callable[[str], None]) -> run_verify.Judged:
+        own.append(request)
+        return run_verify.Judged(Report("box", "live", ()), (), "", (), False)
+
+    monkeypatch.setattr(run_user, "verify_command", judged)
+    monkeypatch.setattr(run_verify, "verify", own_loop)
+    run = here(home, "verify", "--steps", "3", "-q", "--seconds", "2.5", "--", "python", "train.py", "--lr", "3e-4")
     assert run.code == 0, run.why()
-    assert asked[0].command == ("python", "train.py", "--lr", "3e-4") and asked[0].options.steps == 3
-    assert here(home, "verify").code == 0 and asked[1].command == ()
+    assert asked[0].command == ("python", "train.py", "--lr", "3e-4")
+    assert (asked[0].steps, asked[0].quiet, asked[0].seconds, asked[0].warmup) == (3, True, 2.5, -1)
+    assert not own
+    assert here(home, "verify").code == 0 and len(own) == 1 and len(asked) == 1  # without --: verify's own loop
 
 
-def test_verify_refuses_a_command_until_it_can_run_one(here: Here, home: Path) -> None:
-    """Until issue 18 lands, the built-in model never trains in place of the user's command."""
-    assert_usage_error(here(home, "verify", "--", "python", "train.py"), "verify -- COMMAND is not built yet")
+@pytest.mark.parametrize("flag", [("--nproc", "2"), ("--model", "m:f"), ("--hosts", "h1,h2"), ("--sweep",)])
+def test_verify_refuses_its_own_loop_flags_with_a_command(here: Here, home: Path, flag: tuple[str, ...]) -> None:
+    """Flags that shape verify's built-in loop would be silently ignored by the user's command: refused instead."""
+    run = here(home, "verify", *flag, "--", "python", "train.py")
+    assert_usage_error(run, f"verify: {flag[0]} sets verify's own loop, not your command's")
 
 
 @pytest.mark.parametrize("task", [("bootstrap",), ("stage-data", "--source", "x"), ("watch",)])

@@ -29,7 +29,6 @@ class VerifyRequest:
 
     config: PreflightConfig
     options: v.Options
-    command: tuple[str, ...] = ()  # the user's own command, the words after `invoke verify ... --` (issue 18)
 
 
 @dataclass(frozen=True)
@@ -60,8 +59,6 @@ def verify(request: VerifyRequest, say: Say) -> Judged:
     """Plan the smoke run, gate on bootstrap's fast checks, train under the sampler, judge it, write the files."""
     from checks.verify.report import judge
 
-    if request.command:  # until issue 18 runs it: never train the built-in model in place of the user's command
-        raise PreflightError("verify -- COMMAND is not built yet", hint="run verify without -- for now")
     cfg = request.config
     with ExitStack() as stack:
         p, facts = v.plan(request.options, cfg, LocalProbe(cfg.probe.torch_timeout_s).machine, stack)
