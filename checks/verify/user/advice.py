@@ -43,7 +43,7 @@ def mean_step_s(run: CommandRun, warmup: int, steps: int) -> float | None:
     found = j.ranks(run.events, warmup, steps, 0)
     lead = next((r for r in found if r.key == 0), found[0] if found else None)
     figs = j.rank_figures(lead) if lead else None
-    return figs["mean_s"] if figs else None
+    return figs.fig.mean_s if figs else None
 
 
 def measure(

@@ -37,7 +37,7 @@ from checks.verify.contract import (
 from checks.verify.diagnosis import Verdict, diagnose
 from checks.verify.plan import Outcome, Plan
 from checks.verify.sampler import Trace
-from checks.verify.smoke.figures import breakdown, enqueue_ratio, loss_trend, step_figures
+from checks.verify.smoke.figures import StepFigures, breakdown, enqueue_ratio, loss_trend, step_figures
 from checks.verify.user.launch import CommandRun
 
 ENDED = {
@@ -100,7 +100,18 @@ def _median_int(values: Sequence[int]) -> int:
     return int(statistics.median(values)) if values else 0
 
 
-def rank_figures(r: Rank) -> dict[str, Any] | None:
+@dataclasses.dataclass(frozen=True)
+class RankFigures:
+    """One process's figures: verify's ``StepFigures`` (checkpoints amortised over the measured steps) and what
+    only a command run has (micro-batches and samples per optimizer step, the script's own saves)."""
+
+    fig: StepFigures
+    micro_batches: int
+    samples_per_step: int | None
+    checkpoint: dict[str, Any] | None
+
+
+def rank_figures(r: Rank) -> RankFigures | None:
     """Step time, shares (checkpoints amortised over the measured steps) and samples/s of one process."""
     if not r.steps:
         return None
@@ -109,14 +120,18 @@ def rank_figures(r: Rank) -> dict[str, Any] | None:
     figs = step_figures(records, samples)
     ckpt = sum(s["checkpoint"] for s in r.steps)
     per_step = ckpt / len(r.steps)
-    figs["shares"] = breakdown(records, per_step)
-    figs["step_s"] = figs["mean_s"] + per_step
-    figs["samples_per_s"] = figs["samples_per_s"] or None
-    figs["samples_per_step"] = samples or None
-    figs["micro_batches"] = _median_int([s["micro"] for s in r.steps]) or 1
-    figs["checkpoint_s_per_step"] = per_step
+    step_s = figs.mean_s + per_step
+    rate = figs.samples_per_s or None
+    figs = dataclasses.replace(
+        figs,
+        shares=breakdown(records, per_step),
+        step_s=step_s,
+        samples_per_s=rate,
+        checkpoint_s_per_step=per_step,
+        samples_per_s_with_checkpoints=samples / step_s if rate else None,
+    )
     saves = sum(s["saves"] for s in r.steps)
-    figs["checkpoint"] = (
+    checkpoint = (
         {
             "save_s": ckpt / saves,
             "bytes": sum(s["ckpt_bytes"] for s in r.steps) / saves,
@@ -126,9 +141,8 @@ def rank_figures(r: Rank) -> dict[str, Any] | None:
         if saves
         else None
     )
-    if figs["samples_per_s"]:
-        figs["samples_per_s_with_checkpoints"] = samples / figs["step_s"]
-    return figs
+    micro = _median_int([s["micro"] for s in r.steps]) or 1
+    return RankFigures(figs, micro, samples or None, checkpoint)
 
 
 def _every(steps: int, saves: int) -> float | int:
@@ -136,10 +150,10 @@ def _every(steps: int, saves: int) -> float | int:
     return int(every) if every == int(every) else round(every, 1)
 
 
-def _child_result(lead: Rank, figs: dict[str, Any] | None) -> ChildResult:
+def _child_result(lead: Rank, figs: RankFigures | None) -> ChildResult:
     """The contract's ``ChildResult`` of the lead process, which verify's own judging code reads."""
-    micro = (figs or {}).get("micro_batches") or 1
-    per_micro = ((figs or {}).get("samples_per_step") or 0) // micro
+    micro = figs.micro_batches if figs else 1
+    per_micro = ((figs.samples_per_step if figs else None) or 0) // micro
     window = (lead.steps[0]["host_start"], lead.steps[-1]["host_end"]) if lead.steps else None
     loader = (lead.loader or {}).get("settings") or {}
     d = lead.device
@@ -189,11 +203,15 @@ def judge(
     s = None
     if figs is not None and lead is not None:
         world = max(1, len(found))
-        figs["samples_per_s"] = (figs["samples_per_s"] or 0) * world or None
-        if figs.get("samples_per_s_with_checkpoints"):
-            figs["samples_per_s_with_checkpoints"] *= world
-        s = verify_report.signals(plan, outcome, cfg, figs, gate)
-        s = dataclasses.replace(s, checkpoint=figs["checkpoint"])
+        with_ckpt = figs.fig.samples_per_s_with_checkpoints
+        whole = dataclasses.replace(
+            figs.fig,
+            samples_per_s=(figs.fig.samples_per_s or 0) * world or None,
+            samples_per_s_with_checkpoints=with_ckpt * world if with_ckpt else with_ckpt,
+        )
+        figs = dataclasses.replace(figs, fig=whole)
+        s = verify_report.signals(plan, outcome, cfg, figs.fig, gate)
+        s = dataclasses.replace(s, checkpoint=figs.checkpoint)
         results.append(_loop(lead, figs))
     else:
         results.append(skip("verify-loop", "no measured step"))
@@ -201,9 +219,9 @@ def judge(
     verdicts = diagnose(s, cfg) if s is not None else []
     if advice is not None:
         verdicts = apply_advice(verdicts, advice)
-    judged = verify_report._diagnosis(verdicts, figs, child, s)
+    judged = verify_report._diagnosis(verdicts, figs.fig if figs else None, child, s)
     sampler_row, sampler = verify_report._sampler(plan, outcome)
-    cost_row, priced = verify_report._cost(plan, child, figs)
+    cost_row, priced = verify_report._cost(plan, child, figs.fig if figs else None)
     results += [*judged.rows, sampler_row, cost_row]
     m = Measurements(
         run=RunFacts(
@@ -225,33 +243,34 @@ def judge(
     return [*(gate or []), *results], m, verdicts
 
 
-def _step_block(lead: Rank, figs: dict[str, Any]) -> StepBlock:
+def _step_block(lead: Rank, figs: RankFigures) -> StepBlock:
+    f = figs.fig
     return StepBlock(
-        step_breakdown=figs["shares"],
-        step_time=StepTime(figs["steps"], figs["median_s"], figs["p95_s"], figs["mean_s"]),
-        samples_per_s=figs["samples_per_s"],
+        step_breakdown=f.shares,
+        step_time=StepTime(f.steps, f.median_s, f.p95_s, f.mean_s),
+        samples_per_s=f.samples_per_s,
         tokens_per_s=None,
-        samples_per_s_with_checkpoints=figs.get("samples_per_s_with_checkpoints"),
+        samples_per_s_with_checkpoints=f.samples_per_s_with_checkpoints,
         tokens_per_s_with_checkpoints=None,
         enqueue_ratio=enqueue_ratio([step_record(s) for s in lead.steps]),
     )
 
 
 def _command_figures(
-    run: CommandRun, found: Sequence[Rank], figs: dict[str, Any] | None, advice: dict[str, Any] | None
+    run: CommandRun, found: Sequence[Rank], figs: RankFigures | None, advice: dict[str, Any] | None
 ) -> dict[str, Any]:
     """What only a command run has: ``command``, the micro-batches and samples per step, the script's own
     saves, every rank under torchrun, the measured loader advice."""
     out: dict[str, Any] = {"command": command_facts(run, found)}
     if figs is not None:
-        out["micro_batches_per_step"] = figs["micro_batches"]
-        out["samples_per_step"] = figs["samples_per_step"]
+        out["micro_batches_per_step"] = figs.micro_batches
+        out["samples_per_step"] = figs.samples_per_step
         out["forward_includes"] = (
             "the forward pass and the loop's own code between the data and backward (loss, .to(device), logging): "
             "no hook separates them"
         )
-        if figs["checkpoint"]:
-            out["checkpoint"] = figs["checkpoint"]
+        if figs.checkpoint:
+            out["checkpoint"] = figs.checkpoint
     if len(found) > 1:
         out["ddp"] = {"world_size": len(found), "per_rank": per_rank(found)}
         out["per_rank"] = out["ddp"]["per_rank"]
@@ -266,8 +285,8 @@ def per_rank(found: Sequence[Rank]) -> list[dict[str, Any]]:
         figs = rank_figures(r)
         row: dict[str, Any] = {"rank": r.key, "pid": r.pid, "steps": len(r.steps), "device": r.device}
         if figs:
-            row |= {"median_s": figs["median_s"], "step_breakdown": figs["shares"]}
-            row |= {"samples_per_s": figs["samples_per_s"], "micro_batches_per_step": figs["micro_batches"]}
+            row |= {"median_s": figs.fig.median_s, "step_breakdown": figs.fig.shares}
+            row |= {"samples_per_s": figs.fig.samples_per_s, "micro_batches_per_step": figs.micro_batches}
         out.append(row)
     return out
 
@@ -334,15 +353,15 @@ def command_result(run: CommandRun, found: Sequence[Rank], warmup: int) -> Resul
     return ok("verify-command", f"{cmd}: {how}", value=run.ended)
 
 
-def _loop(lead: Rank, figs: dict[str, Any]) -> Result:
-    micro = figs["micro_batches"]
-    per = figs.get("samples_per_step")
+def _loop(lead: Rank, figs: RankFigures) -> Result:
+    micro = figs.micro_batches
+    per = figs.samples_per_step
     batch = f", {per} samples per step" if per else ", batch size unreadable from the batches"
     accum = f" of {micro} micro-batches" if micro > 1 else ""
-    rate = f", {figs['samples_per_s']:,.1f} samples/s" if figs.get("samples_per_s") else ""
+    rate = f", {figs.fig.samples_per_s:,.1f} samples/s" if figs.fig.samples_per_s else ""
     summary = (
         f"{len(lead.steps)} optimizer steps{accum} measured ({len(lead.warmup)} warm-up excluded){batch}; "
-        f"median {figs['median_s'] * 1000:.1f} ms{rate} on {lead.device.get('name') or lead.device.get('type')}"
+        f"median {figs.fig.median_s * 1000:.1f} ms{rate} on {lead.device.get('name') or lead.device.get('type')}"
     )
     return ok("verify-loop", summary, value=len(lead.steps))
 

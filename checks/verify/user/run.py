@@ -129,12 +129,12 @@ def _advice(
         return None  # under torchrun every candidate would start every rank again: not measured
     lead = found[0]
     figs = j.rank_figures(lead)
-    if figs is None or figs["shares"]["data_wait"] < cfg.share_warn:
+    if figs is None or figs.fig.shares["data_wait"] < cfg.share_warn:
         return None
     say(f"verify: the command waited for data: timing DataLoader settings on it (up to {cfg.command_advice_s:g} s)")
     loader = lead.loader or {}
     return advice.measure(
-        request.command, cwd, loader.get("asked") or {}, str(loader.get("site")), figs["mean_s"], cores,
+        request.command, cwd, loader.get("asked") or {}, str(loader.get("site")), figs.fig.mean_s, cores,
         lead.device.get("type") == "cuda", cfg.command_advice_s, cfg.advice_min_gain,
     )  # fmt: skip
 

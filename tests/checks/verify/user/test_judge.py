@@ -31,10 +31,10 @@ def test_shares_add_up_with_checkpoints_amortised_over_the_measured_steps() -> N
     (r,) = j.ranks(events, warmup=1, steps=4, seconds=0)
     figs = j.rank_figures(r)
     assert figs is not None
-    assert abs(sum(figs["shares"].values()) - 1.0) < 1e-9
-    assert figs["checkpoint"] == {"save_s": 0.1, "bytes": 1e6, "every_steps": 2, "saves": 2}
-    assert abs(figs["shares"]["data_wait"] - 0.06 / 0.15) < 1e-9  # 0.1 step + 0.05 amortised save
-    assert figs["micro_batches"] == 2 and figs["samples_per_step"] == 16
+    assert abs(sum(figs.fig.shares.values()) - 1.0) < 1e-9
+    assert figs.checkpoint == {"save_s": 0.1, "bytes": 1e6, "every_steps": 2, "saves": 2}
+    assert abs(figs.fig.shares["data_wait"] - 0.06 / 0.15) < 1e-9  # 0.1 step + 0.05 amortised save
+    assert figs.micro_batches == 2 and figs.samples_per_step == 16
 
 
 def test_every_rank_counts_and_the_world_size_comes_from_the_ranks() -> None:
