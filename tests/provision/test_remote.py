@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests.fakes.cli import default_sigint
 from tests.netns import Cluster, cluster, controller_env, python_for_hosts, unavailable
-from tests.test_tasks import default_sigint
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 
