@@ -22,7 +22,7 @@ import pytest
 from checks.config import make_config
 from tests.fakes.smoke import PLUGINS, config, smoke
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.measures]
 GAIN = make_config().verify.advice_min_gain
 
 

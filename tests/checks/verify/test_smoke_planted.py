@@ -13,7 +13,7 @@ import pytest
 
 from tests.fakes.smoke import PLUGINS, config, smoke
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.measures]
 
 
 def test_sleeping_getitem_is_data_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
