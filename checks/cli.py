@@ -1,23 +1,33 @@
-"""The hooks Invoke's program runs for gpu-preflight: flag and configuration mistakes become one line and exit 2.
+"""gpu-preflight's own Invoke program: flag and configuration mistakes are one line and exit 2.
 
-Invoke 2.2.1 gives a task collection no seam before it parses the task flags, so ``tasks.py`` hands the running
-program to :func:`adopt` once, and from then on that one program (not Invoke's ``Program`` class) is a
-:class:`PreflightProgram` whose configuration is a :class:`CheckedConfig`. Every check runs when the program
-reaches the step it guards, never at import:
+``invoke TASK`` is Invoke's own program (``invoke.main.program``): it finds tasks.py and executes it while loading
+the collection. tasks.py ends with :func:`take_over`, which from there runs the whole command line with
+:class:`PreflightProgram` (Invoke's ``Program``, built with its public constructor over tasks.py's collection) and
+ends the process with that program's exit code; imported any other way (the tests, ``import tasks``) it does
+nothing. Invoke's parser has no public hook for the task flags' errors, so the project ships its own program and
+keeps Invoke's for finding it. ``PreflightProgram`` overrides documented steps of ``Program`` only:
 
-- the task flags (``PreflightProgram.parse_tasks``): Invoke rejects an unknown flag or stray word with
-  ``ParseError("No idea what '--jsn' is!")`` (exit 1, without naming the task), a value flag given last with
-  ``ParseError("Flag <Argument: json (j)> needed value ...")``, and lets a value its flag's type cannot cast
-  (``--steps abc``) escape from ``Argument.set_value`` as a ``ValueError`` traceback. Each becomes a
-  ``PreflightError`` naming the task and the flag, with the closest real flag or task and the
-  ``invoke --help TASK`` that lists them;
-- the configuration files (``CheckedConfig.load_project`` / ``load_runtime``): each ``preflight`` section is
-  validated before Invoke merges it (a value where a section belongs, or a YAML error, is a traceback in
-  Invoke), and a ``-f`` / ``INVOKE_RUNTIME_CONFIG`` file that does not exist is an error (Invoke goes on
-  without it, and without saying so);
-- the ``INVOKE_PREFLIGHT_*`` variables (``CheckedConfig.load_shell_env``): Invoke casts the string to the
-  default's type, so a bad number would end in a traceback, an unknown name is silently ignored, and a boolean
-  is true for any value but "0" and "" ("false" would mean true). All three are caught first.
+- ``core_args`` keeps ``-c`` / ``-r`` / ``--no-dedupe`` (Invoke's own program found tasks.py with them);
+- ``parse_collection`` also loads the checkout's ``invoke.yaml`` (Invoke loads a project file only for a
+  collection it found on disk itself);
+- ``parse_tasks``: Invoke rejects an unknown flag or stray word with ``ParseError("No idea what '--jsn' is!")``
+  (exit 1, not naming the task), a value flag given last with ``ParseError("Flag <Argument: json (j)> needed value
+  ...")``, and lets a value its flag's type cannot cast (``--steps abc``) escape as a ``ValueError`` traceback.
+  Each becomes a ``PreflightError`` naming the task and the flag, with the closest real flag or task and the
+  ``invoke --help TASK`` that lists them. The words after ``--`` go to the task whose flags declare a command
+  (:func:`checks.flags.command`); any other task refuses them;
+- ``run`` prints a ``PreflightError`` from any step (configuration, parsing, a task's body) as its one line and
+  exits with its code. The library raises plain exceptions; this is the one place they become exit codes.
+
+Its configuration is a :class:`CheckedConfig`, which validates each source just before Invoke loads it:
+
+- the configuration files (``load_project`` / ``load_runtime``): each ``preflight`` section is validated before
+  Invoke merges it (a value where a section belongs, or a YAML error, is a traceback in Invoke), and a ``-f`` /
+  ``INVOKE_RUNTIME_CONFIG`` file that does not exist is an error (Invoke goes on without it, and without saying
+  so);
+- the ``INVOKE_PREFLIGHT_*`` variables (``load_shell_env``): Invoke casts the string to the default's type, so a
+  bad number would end in a traceback, an unknown name is silently ignored, and a boolean is true for any value
+  but "0" and "" ("false" would mean true). All three are caught first.
 """
 
 from __future__ import annotations
@@ -26,15 +36,16 @@ import ast
 import difflib
 import os
 import re
-import traceback
+import sys
+import typing
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from invoke import Config, Program
+import invoke.main
+from invoke import Collection, Config, Program
 from invoke.exceptions import ParseError
 from invoke.parser import Argument, Parser, ParserContext, to_flag
-from invoke.parser.parser import ParseMachine
 
 from checks.config import load_defaults, validate_files
 from checks.errors import PreflightError
@@ -75,34 +86,8 @@ def _unknown(token: str, context: ParserContext | None, tasks: Iterable[str]) ->
     )
 
 
-def _cast_failure(exc: ValueError) -> tuple[ParseMachine, Argument, object] | None:
-    """The parser state and flag of a value Invoke could not cast, read from the traceback's frames."""
-    machine: ParseMachine | None = None
-    found: tuple[Argument, object] | None = None
-    for frame, _ in traceback.walk_tb(exc.__traceback__):
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, ParseMachine):
-            machine = owner
-        elif isinstance(owner, Argument) and "value" in frame.f_locals:
-            found = owner, frame.f_locals["value"]
-    return (machine, *found) if machine is not None and found is not None else None
-
-
-def _bad_value(exc: ValueError) -> PreflightError | None:
-    failure = _cast_failure(exc)
-    if failure is None:
-        return None  # a ValueError from somewhere else (a broken task definition): keep its traceback
-    machine, arg, value = failure
-    task = machine.context.name if machine.context is not None else None
-    flag = to_flag(arg.name or "")
-    kind = _KINDS.get(arg.kind, f"a {getattr(arg.kind, '__name__', 'value')}")
-    return PreflightError(f"{' '.join(filter(None, (task, flag)))} takes {kind}, not {value!r}", hint=_help(task))
-
-
 def usage_error(exc: Exception, tasks: Iterable[str]) -> PreflightError | None:
-    """The one-line usage error for ``exc`` from parsing the task flags; None when it is no parse failure."""
-    if isinstance(exc, ValueError):
-        return _bad_value(exc)
+    """The one-line usage error for a ``ParseError`` from parsing the task flags; None for any other exception."""
     if not isinstance(exc, ParseError):
         return None
     context = exc.context
@@ -114,6 +99,43 @@ def usage_error(exc: Exception, tasks: Iterable[str]) -> PreflightError | None:
         flag = to_flag(no_value.group(1))
         return PreflightError(f"{' '.join(filter(None, (task, flag)))} needs a value", hint=_help(task))
     return PreflightError(message.rstrip("!"), hint=_help(task))
+
+
+def cast_error(initial: ParserContext, contexts: list[ParserContext], tokens: list[str]) -> PreflightError | None:
+    """The usage error for the first value in ``tokens`` that its flag's type cannot cast; None when none fails.
+
+    Invoke casts a value while it parses and lets the ``ValueError`` go without the flag. Parsed again with every
+    number flag of ``contexts`` taking text, the same tokens show which flag and value it was.
+    """
+    kinds: dict[tuple[str | None, str | None], type] = {}
+    for context in contexts:
+        for arg in context.args.values():
+            if arg.kind in _KINDS:
+                kinds[context.name, arg.name], arg.kind = arg.kind, str
+    try:
+        parsed = Parser(initial=initial, contexts=contexts).parse_argv(tokens)
+    except ParseError as exc:  # a later mistake on the same line
+        return usage_error(exc, [c.name for c in contexts if c.name])
+    for context in parsed[1:]:
+        for arg in context.args.values():
+            kind = kinds.get((context.name, arg.name))
+            if kind is None or not arg.got_value:
+                continue
+            try:
+                kind(arg.value)
+            except ValueError:
+                flag = f"{context.name} {to_flag(arg.name or '')}"
+                return PreflightError(f"{flag} takes {_KINDS[kind]}, not {arg.value!r}", hint=_help(context.name))
+    return None
+
+
+def help_asked(tokens: list[str], collection: Any) -> str | None:
+    """The task named before a ``-h`` / ``--help`` in ``tokens`` (``invoke diff -h``), or None."""
+    names = {alias: primary for primary, aliases in collection.task_names.items() for alias in (primary, *aliases)}
+    task = next((i for i, token in enumerate(tokens) if token in names), None)
+    if task is None or not {"-h", "--help"} & set(tokens[task + 1 :]):
+        return None
+    return names[tokens[task]]
 
 
 # --- INVOKE_PREFLIGHT_* variables ---------------------------------------------------------------------------
@@ -184,20 +206,42 @@ INVOKE_KEYS = tuple(Config.global_defaults())  # run, runners, sudo, tasks, time
 class CheckedConfig(Config):
     """Invoke's configuration, each source validated just before Invoke loads, merges or casts it."""
 
-    def _candidates(self, prefix: str | None) -> list[Path]:
+    # Real attributes, not settings: Invoke's Config makes setting any name it does not have a configuration change.
+    checked_prefixes: tuple[str | None, ...] = ()
+    checked_project: str | None = None
+    checked_runtime: str | None = None
+
+    def __init__(self, system_prefix: str | None = None, user_prefix: str | None = None, **kwargs: Any) -> None:
+        # Invoke's defaults for the two prefixes (documented: /etc/invoke.yaml, ~/.invoke.yaml)
+        system = system_prefix if system_prefix is not None or os.name == "nt" else "/etc/"
+        self.checked_prefixes = (system, "~/." if user_prefix is None else user_prefix)
+        super().__init__(system_prefix=system_prefix, user_prefix=user_prefix, **kwargs)
+
+    def files_at(self, prefix: str | None) -> list[Path]:
+        """The data files Invoke reads for ``prefix`` (``~/.`` gives ~/.invoke.yaml, .yml and .json)."""
         stem = (prefix or "") + (self.file_prefix or self.prefix)
         return [Path(os.path.expanduser(f"{stem}.{suffix}")) for suffix in _SUFFIXES] if prefix else []
 
+    def set_project_location(self, path: str | os.PathLike[str] | None) -> None:
+        """Invoke's step; the folder is kept for :meth:`load_project`."""
+        self.checked_project = None if path is None else os.path.join(path, "")
+        super().set_project_location(path)
+
+    def set_runtime_path(self, path: str | os.PathLike[str] | None) -> None:
+        """Invoke's step; the path is kept for :meth:`load_runtime`."""
+        self.checked_runtime = None if path is None else os.fspath(path)
+        super().set_runtime_path(typing.cast(Any, path))  # Invoke passes the text of -f / INVOKE_RUNTIME_CONFIG
+
     def load_project(self, merge: bool = True) -> None:
         """Validate the system, user and project files (the project's is loaded next), then load it."""
-        shared = [path for prefix in (self._system_prefix, self._user_prefix) for path in self._candidates(prefix)]
+        shared = [path for prefix in self.checked_prefixes for path in self.files_at(prefix)]
         validate_files(shared, INVOKE_KEYS, own=False)  # these may serve other Invoke projects too
-        validate_files(self._candidates(self._project_prefix), INVOKE_KEYS)
+        validate_files(self.files_at(self.checked_project), INVOKE_KEYS)
         super().load_project(merge=merge)
 
     def load_runtime(self, merge: bool = True) -> None:
         """Refuse a runtime file that does not exist and validate the one that does, then load it."""
-        path = self._runtime_path
+        path = self.checked_runtime
         if error := missing_runtime_file(path):
             raise error
         if path:
@@ -213,73 +257,90 @@ class CheckedConfig(Config):
 # --- the program ------------------------------------------------------------------------------------------
 
 
-# Invoke gives every task flag the first free letter of its name as a short flag, so ``--hosts`` took ``-h`` and
-# ``invoke bootstrap -h`` asked for a host instead of showing the help. After a task, ``-h`` is the core help
-# flag (which Invoke then reads as "help for this task") only when no task flag has it.
-RESERVED_SHORT_FLAGS = ("h",)
-
-
-def task_contexts(collection: Any, ignore_unknown_help: bool | None = None) -> list[ParserContext]:
-    """``Collection.to_contexts`` with the reserved short flags taken off every task flag.
-
-    ``Task.get_arguments`` pops each flag's help text out of ``task.help``; it is put back, so that a second
-    program over the same tasks (the in-process tests) still shows it.
-    """
-    contexts = []
-    for primary, aliases in collection.task_names.items():
-        task = collection[primary]
-        kept = dict(task.help)
-        args = task.get_arguments(ignore_unknown_help=ignore_unknown_help)
-        task.help = kept
-        for arg in args:
-            arg.names = tuple(n for n in arg.names if n not in RESERVED_SHORT_FLAGS)
-        contexts.append(ParserContext(name=primary, aliases=aliases, args=args))
-    return contexts
-
-
-def help_asked(tokens: list[str], collection: Any) -> str | None:
-    """The task named before a ``-h`` / ``--help`` in ``tokens`` (``invoke diff -h``), or None."""
-    names = {alias: primary for primary, aliases in collection.task_names.items() for alias in (primary, *aliases)}
-    task = next((i for i, token in enumerate(tokens) if token in names), None)
-    if task is None or not {"-h", "--help"} & set(tokens[task + 1 :]):
-        return None
-    return names[tokens[task]]
-
-
 class PreflightProgram(Program):
-    """Invoke's program with the task flags' parse errors as one-line usage errors and a checked configuration."""
+    """Invoke's program with one-line usage errors, a checked configuration and the command after ``--``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("config_class", CheckedConfig)
         super().__init__(*args, **kwargs)
 
-    def _make_parser(self) -> Parser:
-        ignore = self.config.tasks.ignore_unknown_help
-        return Parser(initial=self.initial_context, contexts=task_contexts(self.collection, ignore))
+    def run(self, argv: list[str] | None = None, exit: bool = True) -> None:
+        """Invoke's run; a ``PreflightError`` from any step is its one line on stderr and its exit code."""
+        try:
+            super().run(argv, exit)
+        except PreflightError as error:
+            print(error, file=sys.stderr)
+            if exit:
+                sys.exit(error.code)
+
+    def core_args(self) -> list[Argument]:
+        """Invoke's core flags, with the ones that find tasks.py (``-c``, ``-r``, ``--no-dedupe``) kept.
+
+        Invoke's own program has used ``-c`` / ``-r`` to find tasks.py (``invoke -r CHECKOUT verify``); Invoke drops
+        them for a program given its collection, which would refuse the command line they are on."""
+        args: list[Argument] = super().core_args()
+        return args + self.task_args() if self.namespace is not None else args
+
+    def task_list_opener(self, extra: str = "") -> str:
+        """``invoke --list``'s heading as Invoke writes it for a collection it found (not "Subcommands")."""
+        return "Available tasks" + (f" ({extra})" if extra else "")
+
+    def parse_collection(self) -> None:
+        """Invoke's step, and the project file of a collection given to the program (Invoke skips it then)."""
+        super().parse_collection()
+        if self.namespace is not None and self.collection.loaded_from:
+            self.config.set_project_location(self.collection.loaded_from)
+            self.config.load_project()
 
     def parse_tasks(self) -> None:
+        """Invoke's step with its parse errors as usage errors; then hand the command after ``--`` to its task."""
         asked = help_asked(list(self.core.unparsed), self.collection)
         if asked:  # a task's positional argument would swallow -h / --help: answer it before parsing
             self.core.unparsed = []
             self.args.help.value = asked
         try:
             super().parse_tasks()
-        except (ParseError, ValueError) as exc:
-            parser = getattr(self, "parser", None)
-            error = usage_error(exc, parser.contexts if parser is not None else ())
+        except ParseError as exc:
+            raise usage_error(exc, self.parser.contexts) or exc from None
+        except ValueError:
+            ignore = self.config.tasks.ignore_unknown_help
+            contexts = self.collection.to_contexts(ignore_unknown_help=ignore)
+            error = cast_error(self.initial_context, contexts, list(self.core.unparsed))
             if error is None:
-                raise
+                raise  # a ValueError from somewhere else (a broken task definition): keep its traceback
             raise error from None
+        self.give_command()
+
+    def command(self) -> list[str]:
+        """The words after the first ``--``, one per argument as the shell passed them.
+
+        Invoke's ``core.remainder`` holds the same words joined by spaces, which loses where each one ends."""
+        words = self.argv[1:]
+        return words[words.index("--") + 1 :] if "--" in words else []
+
+    def give_command(self) -> None:
+        """Put the words after ``--`` in the command field of each task to run; refuse them for a task without one."""
+        words = self.command()
+        for context in self.tasks if words else ():
+            field = getattr(self.collection[context.name], "command_field", None)
+            if field is None:
+                takers = [n for n in self.collection.task_names if getattr(self.collection[n], "command_field", None)]
+                runs = " or ".join(f"`invoke {n} [flags] -- COMMAND`" for n in takers) or "no task"
+                hint = f"only {runs} runs a command; " + _help(context.name)
+                raise PreflightError(f"{context.name} takes no command after --", hint=hint)
+            context.add_arg(Argument(name=field, default=tuple(words)))
 
 
-def adopt(program: Program) -> None:
-    """Make the running ``program`` (and its configuration) the checked kinds; a second call changes nothing.
+def take_over(namespace: Collection) -> None:
+    """When Invoke's own program is loading tasks.py, run its command line with :class:`PreflightProgram` and exit.
 
-    Invoke imports ``tasks.py`` inside ``Program.load_collection``: after the core flags are parsed and the system
-    and user files are read, before the project file, the task flags, the runtime file and the environment.
+    ``invoke.main.program`` (the ``invoke`` command) sets its ``argv`` first and its ``collection`` only once
+    tasks.py has run: between the two it is loading this collection. The process then ends here, with the exit code
+    of the project's program, so Invoke's own goes no further.
     """
-    if type(program) is Program:
-        program.__class__ = PreflightProgram
-    config = getattr(program, "config", None)
-    if type(config) is Config:
-        config.__class__ = CheckedConfig
+    stock = invoke.main.program
+    if not stock.argv or hasattr(stock, "collection"):
+        return
+    names = {"name": stock.name, "binary": stock.binary, "binary_names": stock.binary_names}
+    PreflightProgram(namespace=namespace, version=stock.version, **names).run(stock.argv)
+    raise SystemExit(0)

@@ -217,6 +217,7 @@ class VerifyConfig:
     profile_steps: int
     loader_probe_s: float
     advice_min_gain: float
+    command_advice_s: float
     contended_min_share: float
     timeout_s: float
     stall_timeout_s: float
@@ -284,6 +285,15 @@ class PlanConfig:
 
 
 @dataclass(frozen=True)
+class SlurmConfig:
+    """``invoke bootstrap --hook`` and ``--drain``: the hook's budget, the drain reason, scontrol's timeout."""
+
+    hook_budget_s: float
+    reason_max_chars: int
+    scontrol_timeout_s: float
+
+
+@dataclass(frozen=True)
 class PreflightConfig:
     report: ReportConfig
     probe: ProbeConfig
@@ -301,6 +311,7 @@ class PreflightConfig:
     verify: VerifyConfig
     env: EnvConfig
     plan: PlanConfig
+    slurm: SlurmConfig
 
 
 def load_defaults() -> dict[str, Any]:

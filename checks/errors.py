@@ -1,4 +1,8 @@
-"""The project's one error type (an Invoke ``Exit`` that carries a hint and an exit code), and how signals stop work."""
+"""The project's one error type (a plain exception carrying a hint and an exit code), and how signals stop work.
+
+Nothing here knows the CLI framework: the task layer (``checks/cli.py``) turns a ``PreflightError`` into its one
+line on stderr and its exit code.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,6 @@ import threading
 from collections.abc import Iterator
 from enum import IntEnum
 from types import FrameType
-
-from invoke.exceptions import Exit
 
 
 class ExitStatus(IntEnum):
@@ -21,16 +23,24 @@ class ExitStatus(IntEnum):
     INTERRUPTED = 130  # Ctrl-C
 
 
-class PreflightError(Exit):
-    """A user-facing error: one line naming the thing, and what to do about it."""
+class PreflightError(Exception):
+    """A user-facing error: one line naming the thing, and what to do about it.
+
+    ``message`` is that line as printed (``gpu-preflight: ...`` with the hint in brackets), ``hint`` the hint alone,
+    ``code`` the exit status the CLI ends with (usage errors: 2).
+    """
 
     def __init__(self, message: str, hint: str | None = None, code: int = ExitStatus.USAGE) -> None:
+        self.message = f"gpu-preflight: {message}" + (f" ({hint})" if hint else "")
         self.hint = hint
-        text = f"gpu-preflight: {message}" + (f" ({hint})" if hint else "")
-        super().__init__(text, code=int(code))
+        self.code = int(code)
+        super().__init__(self.message)
 
     def __str__(self) -> str:
-        return self.message or ""
+        return self.message
+
+    def __reduce__(self) -> tuple[object, ...]:  # a worker process's error arrives whole, whatever the subclass
+        return Exception.__new__, (type(self),), self.__dict__
 
 
 class SnapshotError(PreflightError):

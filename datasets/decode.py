@@ -58,7 +58,7 @@ class ChunkDone:
 
 
 def usable_cores() -> int:
-    """Decode processes this machine runs at once: the usable cores (affinity, cgroup quota; ref §6.4) rounded up."""
+    """Decode processes this machine runs at once: the usable cores (affinity, cgroup quota; docs/sources.md#usable-cores) rounded up."""
     from checks.probe.host import read_host  # the staging process only: workers import nothing of the probe
 
     return read_host(processes=lambda: []).process_slots

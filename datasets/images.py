@@ -1,6 +1,6 @@
 """Decode one image file to an S x S x 3 uint8 array: the fast path, every mode to RGB, EXIF orientation.
 
-The recipe (ref/data-staging.md §4.2): let libjpeg-turbo downscale in the DCT domain by 1/2, 1/4 or 1/8
+The recipe (docs/sources.md#jpeg-draft-decode): let libjpeg-turbo downscale in the DCT domain by 1/2, 1/4 or 1/8
 (Pillow's ``draft`` picks the largest power of two that keeps the image at least S x S; other factors are
 slower than a full decode), then one antialiased resize of only the region that survives the crop.
 """
@@ -59,7 +59,7 @@ def decode_file(path: str, spec: Resize) -> np.ndarray:
 
 def decode_bytes(data: bytes, spec: Resize) -> np.ndarray:
     """Decode encoded image bytes to a (S, S, 3) uint8 array."""
-    # Pillow would otherwise pad a truncated JPEG with grey and return it as if it were whole (ref §4.2).
+    # Pillow would otherwise pad a truncated JPEG with grey and return it as if it were whole (docs/sources.md#jpeg-draft-decode).
     ImageFile.LOAD_TRUNCATED_IMAGES = False
     try:
         with warnings.catch_warnings():

@@ -3,7 +3,7 @@
 The journal is append-only JSON lines, each written whole with one ``write`` and fsynced after the data it
 describes is on disk: a kill at any moment leaves at most a torn last line, which is dropped on reading.
 Completion is known from the journal, never from files existing: rsync and half-written outputs leave files
-under their final names (ref/data-staging.md §4.5).
+under their final names (docs/sources.md#rsync-resume).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import fcntl
 import json
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from datasets.errors import StageFailure
+from datasets.errors import StageFailure, UsageError
 
 
 class Journal:
@@ -85,23 +85,56 @@ def _read(path: Path) -> list[dict[str, Any]]:
 
 @contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (created); another run on the same destination fails at once.
+    """Hold an exclusive lock on ``path`` (created, and removed on release); another run on the same destination
+    fails at once.
 
-    flock is released by the kernel when the process dies, so a kill -9 leaves no stale lock behind
-    (stale locks after a crash are a top complaint, ref/data-staging.md §5 item 7).
+    flock is released by the kernel when the process dies, so a kill -9 leaves at most an unlocked file that the
+    next run takes (stale locks after a crash are a top complaint, docs/sources.md#stale-locks). The file is
+    removed while still locked; a run that opened it just before then holds a removed file once its flock
+    succeeds, sees that the path names another file (or none), and takes the file at the path instead.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _lock_fd(path)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            raise StageFailure(
-                f"another stage-data run (pid {holder}) is writing this destination ({path})",
-                hint="wait for it to finish, or stop it; a killed run releases the lock by itself",
-            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
-        os.close(fd)
+        try:
+            with suppress(FileNotFoundError):
+                os.unlink(path)
+        finally:
+            os.close(fd)
+
+
+def _lock_fd(path: Path) -> int:
+    """Open and flock ``path``, retrying when the file locked is no longer the one at ``path``."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # a read-only filesystem, a folder this user cannot write
+            dest = path.with_name(path.name.removeprefix(".").removesuffix(".lock"))
+            raise UsageError(
+                f"--dest {dest}: cannot write in {path.parent}: {exc.strerror or exc}",
+                hint="give --dest a path under a folder you can write",
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StageFailure(
+                f"another stage-data run (pid {holder}) is writing this destination ({path})",
+                hint="wait for it to finish, or stop it; a killed run releases the lock by itself",
+            ) from None
+        if _same_file(fd, path):
+            return fd
+        os.close(fd)  # the run that held it has just ended and removed it
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    held = os.fstat(fd)
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)

@@ -3,11 +3,12 @@
 Without ``--dest``, the dataset goes under one of the configured roots (``preflight.stage.dest_roots``), one per
 filesystem. Only local disks count: network filesystems (NFS, SMB, Lustre, virtiofs, ...), FUSE mounts (s3fs,
 gcsfuse, rclone, sshfs) and RAM (tmpfs) are left out, and an overlay (a container's own root) only counts when
-nothing better is there (ref/data-staging.md §6.3); the mount table and the kinds are bootstrap's
-(checks/probe/mounts.py). Among those with room, the one that reads fastest for a data loader wins, measured by
-bootstrap's disk checks (checks/probe/disk_cache.py) or, when bootstrap has not measured it since this boot,
-measured now (checks/probe/disk.py, a few seconds per disk). A root that already holds this dataset
-(staged, or an unfinished run) is kept, so a re-run is a no-op or a resume wherever the disk speeds now rank.
+nothing better is there (docs/sources.md#staging-disk-choice); the mount table, the kinds and the timeout on
+statvfs (a dead network mount hangs it) are bootstrap's (checks/probe/mounts.py). Among those with room, the one
+that reads fastest for a data loader wins, measured by bootstrap's disk checks (checks/probe/disk_cache.py) or,
+when bootstrap has not measured it since this boot, measured now (checks/probe/disk.py, a few seconds per disk).
+A root that already holds this dataset (staged, or an unfinished run) is kept, so a re-run is a no-op or a resume
+wherever the disk speeds now rank.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from checks.facts import LocationFacts
 from checks.machine.disk import data_score, rate
-from checks.probe.mounts import fs_kind, mount_table
+from checks.probe.mounts import STAT_TIMEOUT_S, fs_kind, holder, mount_table, with_timeout
 from datasets.errors import StageFailure
 
 GIB = 1024**3
@@ -54,25 +56,9 @@ def gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
-def _holder(path: Path, table: list[tuple[str, str]]) -> tuple[str, str]:
-    """Return (mount point, type) of the filesystem holding ``path``: the longest mount point above it."""
-    real = os.path.realpath(path)
-    best, kind = "", "unknown"
-    for point, fstype in table:
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, kind = point, fstype
-    return best, kind
-
-
-def fstype_of(path: Path, table: list[tuple[str, str]]) -> str:
-    """Return the type of the filesystem holding ``path``."""
-    return _holder(path, table)[1]
-
-
 def mount_point(path: Path, table: list[tuple[str, str]]) -> str:
     """Return the mount point of the filesystem holding ``path`` ("" when the table has none above it)."""
-    return _holder(path, table)[0]
+    return holder(path, table)[0]
 
 
 def existing_ancestor(path: Path) -> Path:
@@ -83,26 +69,45 @@ def existing_ancestor(path: Path) -> Path:
     return path
 
 
-def place_of(path: Path, table: list[tuple[str, str]] | None = None) -> Place:
-    """Describe the filesystem that ``path`` (or its nearest existing parent) is on."""
+def _read_place(path: Path, table: list[tuple[str, str]]) -> Place:
     anchor = existing_ancestor(path)
     st = os.statvfs(anchor)
     return Place(
-        path=path,
-        fstype=fstype_of(anchor, mount_table() if table is None else table),
-        free=st.f_frsize * st.f_bavail,
-        device=os.stat(anchor).st_dev,
+        path=path, fstype=holder(anchor, table)[1], free=st.f_frsize * st.f_bavail, device=os.stat(anchor).st_dev
     )
 
 
-def candidates(roots: list[str], table: list[tuple[str, str]] | None = None) -> list[Place]:
-    """Return the configured roots that exist and are writable, one per filesystem (the first listed)."""
+def place_of(path: Path, table: list[tuple[str, str]] | None = None, stat_timeout_s: float = STAT_TIMEOUT_S) -> Place:
+    """Describe the filesystem that ``path`` (or its nearest existing parent) is on, within ``stat_timeout_s``
+    (bootstrap's ``preflight.disk.stat_timeout_s``): a dead network mount hangs statvfs, and is a StageFailure."""
+    table = mount_table() if table is None else table
+    try:
+        return with_timeout(lambda: _read_place(path, table), stat_timeout_s)
+    except TimeoutError as exc:
+        raise StageFailure(
+            f"{path}: statvfs {exc} (a dead network mount?)",
+            hint="check the mount (mount, dmesg) or pick another --dest",
+        ) from None
+
+
+def _writable_place(path: Path, table: list[tuple[str, str]]) -> Place | None:
+    return _read_place(path, table) if path.is_dir() and os.access(path, os.W_OK | os.X_OK) else None
+
+
+def candidates(
+    roots: list[str], table: list[tuple[str, str]] | None = None, stat_timeout_s: float = STAT_TIMEOUT_S
+) -> list[Place]:
+    """Return the configured roots that exist and are writable, one per filesystem (the first listed); a root
+    that does not answer within ``stat_timeout_s`` (a dead network mount) is left out, as bootstrap leaves it."""
     table = mount_table() if table is None else table
     found: dict[int, Place] = {}
     for raw in roots:
         path = Path(os.path.expanduser(raw))
-        if path.is_dir() and os.access(path, os.W_OK | os.X_OK):
-            place = place_of(path, table)
+        try:
+            place = with_timeout(partial(_writable_place, path, table), stat_timeout_s)
+        except TimeoutError:
+            continue
+        if place is not None:
             found.setdefault(place.device, place)
     return list(found.values())
 
@@ -181,9 +186,17 @@ def _speed(loc: LocationFacts) -> str:
     return f"{rate(loc.cold_read_mb_s)} cold read{small}"
 
 
-def check_space(where: Path, name: str, needed: int, what: str, alternatives: list[Place], smaller: str = "") -> None:
+def check_space(
+    where: Path,
+    name: str,
+    needed: int,
+    what: str,
+    alternatives: list[Place],
+    smaller: str = "",
+    stat_timeout_s: float = STAT_TIMEOUT_S,
+) -> None:
     """Raise StageFailure (exit 1) naming the numbers and the alternatives when ``needed`` bytes do not fit."""
-    place = place_of(where)
+    place = place_of(where, stat_timeout_s=stat_timeout_s)
     if needed <= place.free:
         return
     here = place.device

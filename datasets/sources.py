@@ -21,7 +21,7 @@ import requests
 
 from checks.probe.net import HIDDEN, looks_secret, redact
 from datasets import archives, transfer
-from datasets.errors import UsageError
+from datasets.errors import StageFailure, UsageError
 from datasets.journal import Journal
 from datasets.progress import Progress
 
@@ -90,6 +90,29 @@ def identity(src: Source, how: Fetch, session: requests.Session) -> str:
         return json.dumps({"listing": listing.digest, "files": listing.files, "bytes": listing.bytes})
     st = os.stat(src.location)
     return json.dumps({"path": src.location, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
+
+
+def check_sha256(src: Source, expected: str, progress: Progress) -> None:
+    """Check a local file's ``--sha256`` (every run, so a no-op rerun checks it too); a download is checked as it
+    lands (transfer.download); a folder or an SSH source has no one file to check: refused."""
+    if not expected or src.scheme == "http":
+        return
+    path = Path(src.location)
+    if src.scheme == "ssh" or path.is_dir():
+        what = "is copied over SSH" if src.scheme == "ssh" else "is a folder"
+        raise UsageError(
+            f"--sha256 checks one file (a download or a local archive); {src.spec} {what}",
+            hint="drop --sha256, or give the archive or URL it belongs to",
+        )
+    bar = progress.bar("sha256", path.stat().st_size, "B")
+    try:
+        digest = transfer.file_sha256(path, bar.update)
+    finally:
+        bar.close()
+    if digest != expected.lower():
+        raise StageFailure(
+            f"sha256 of {src.spec} is {digest}, expected {expected}", hint="the file changed or is damaged"
+        )
 
 
 def fetch(src: Source, work: Path, journal: Journal, how: Fetch, session: requests.Session, progress: Progress) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -23,17 +24,16 @@ from checks.config import DiskConfig
 from checks.errors import PreflightError
 from checks.facts import LocationFacts, MountFacts
 from checks.probe import disk_cache
-from checks.probe.mounts import mount_table
+from checks.probe.mounts import STAT_TIMEOUT_S, mount_table
 from checks.probe.net import scrub, secrets_of
-from datasets import manifest, places, run_images, run_text, sources
+from datasets import manifest, places, run_images, run_text, sources, workdir
 from datasets.errors import StageFailure, UsageError
-from datasets.finalize import fsync_dir
 from datasets.inventory import Inventory, scan
 from datasets.journal import Journal, locked
 from datasets.manifest import Contents, Manifest, SourceInfo
 from datasets.progress import Progress, Silent
 from datasets.request import FORMATS, KINDS, Outcome, Request, allowed_rejects
-from datasets.text import tokenizer_id
+from datasets.text import load_tokenizer, tokenizer_id
 
 
 def stage(
@@ -76,19 +76,24 @@ def _stage(
     session = session or requests.Session()
     progress = progress or Silent()
     src = sources.parse(req.source)
-    try:
+    try:  # the source is read (or reached) before a disk is picked or anything is written
+        sources.check_sha256(src, req.fetch.sha256, progress)
         inv = _scan_local(req, src)
+        ident = inv.digest if inv is not None else sources.identity(src, req.fetch, session)
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
         raise StageFailure(f"cannot read the source: {exc.strerror or exc}{where}", hint="check --source") from None
     dest = _destination(req, src, inv, say or (lambda _: None))
     work = dest.with_name(f".{dest.name}.staging")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with locked(dest.with_name(f".{dest.name}.lock")):
+    with workdir.made_folders(dest), locked(dest.with_name(f".{dest.name}.lock")):
         try:
-            return _locked_stage(req, src, inv, dest, work, session, progress)
+            return _locked_stage(req, src, inv, ident, dest, work, session, progress)
         except OSError as exc:
+            workdir.drop_if_empty(work)
             raise _disk_error(exc, work) from None
+        except BaseException:
+            workdir.drop_if_empty(work)
+            raise
 
 
 def verify(folder: Path, progress: Progress | None = None) -> list[str]:
@@ -118,6 +123,7 @@ def _locked_stage(
     req: Request,
     src: sources.Source,
     inv: Inventory | None,
+    ident: str,
     dest: Path,
     work: Path,
     session: requests.Session,
@@ -125,12 +131,11 @@ def _locked_stage(
 ) -> Outcome:
     """Decide what to do (nothing, resume, start over), then do it."""
     started = time.monotonic()
-    ident = inv.digest if inv is not None else sources.identity(src, req.fetch, session)
     params = _params(req, inv)
     fp = sources.fingerprint(ident, params)
     existing = manifest.read(dest)
     if existing is not None and existing.fingerprint == fp and manifest.looks_complete(dest, existing):
-        _clean_leftovers(dest, work)
+        workdir.clean_leftovers(dest, work)
         return Outcome(dest, True, existing)
     _refuse_foreign(dest, existing)
     notes = _why_restage(existing, ident, params)
@@ -139,7 +144,7 @@ def _locked_stage(
     journal = _journal(work, fp, notes)
     ready = manifest.read(work / "out") if journal.has("ready") else None
     if ready is not None:  # killed while publishing
-        _publish(work / "out", dest, work)
+        workdir.publish(work / "out", dest, work)
         return Outcome(dest, False, ready, tuple(notes))
     contents, scanned = _produce(req, src, inv, work, journal, session, progress)
     contents = replace(contents, timings=replace(contents.timings, total_s=round(time.monotonic() - started, 3)))
@@ -153,7 +158,7 @@ def _locked_stage(
     )
     manifest.write(work / "out", doc)
     journal.append({"event": "ready"})
-    _publish(work / "out", dest, work)
+    workdir.publish(work / "out", dest, work)
     return Outcome(dest, False, manifest.read(dest) or doc, tuple(notes))
 
 
@@ -213,6 +218,10 @@ def _validate(req: Request) -> None:
     req.images.validate()
     req.text.validate()
     allowed_rejects(req.max_rejects, 1)  # a malformed value fails before any work
+    if req.fetch.sha256 and not re.fullmatch(r"[0-9a-fA-F]{64}", req.fetch.sha256):
+        raise UsageError(f"--sha256 {req.fetch.sha256} is not a sha256", hint="64 hexadecimal digits")
+    if req.text.tokenizer:  # a missing file or package fails before anything is written, not mid-run
+        load_tokenizer(req.text.tokenizer)
     if req.format == "pt":
         try:
             import torch  # noqa: F401
@@ -235,12 +244,17 @@ def _destination(req: Request, src: sources.Source, inv: Inventory | None, say: 
     measured = list(cached.locations) if cached else []
     when = f"measured by bootstrap {_ago(cached.age_s)} ago" if cached else ""
     table = mount_table()
-    roots = places.candidates(list(req.dest_roots), table)
+    roots = places.candidates(list(req.dest_roots), table, _stat_timeout(req))
     choice = places.choose_root(roots, name, need, measured, _measurer(req.disk), when, table)
     if choice is None:
         raise UsageError("no local disk among preflight.stage.dest_roots to stage onto", hint="give --dest DIR")
     say(choice.why)
     return choice.place.path / "staged" / name
+
+
+def _stat_timeout(req: Request) -> float:
+    """How long a statvfs may take before its mount counts as dead: bootstrap's setting (preflight.disk)."""
+    return req.disk.stat_timeout_s if req.disk is not None else STAT_TIMEOUT_S
 
 
 def _measurer(cfg: DiskConfig | None) -> places.Measure | None:
@@ -335,27 +349,7 @@ def _check_space(req: Request, inv: Inventory | None, work: Path, fetch_bytes: i
     else:
         need, what, smaller = _estimate(req, inv, work)
         need, what = need + fetch_bytes, what + (" plus the copied source" if fetch_bytes else "")
-    alternatives = places.candidates(list(req.dest_roots))
+    alternatives = places.candidates(list(req.dest_roots), stat_timeout_s=_stat_timeout(req))
     name = work.name.removeprefix(".").removesuffix(".staging")
-    places.check_space(work, name, int(need * (1 + req.headroom_fraction)), what, alternatives, smaller)
-
-
-def _publish(out: Path, dest: Path, work: Path) -> None:
-    """Swap the finished folder in by rename; the old version is moved aside first, then removed."""
-    fsync_dir(out)
-    old = dest.with_name(f".{dest.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if dest.exists():
-        dest.rename(old)
-    out.rename(dest)
-    fsync_dir(dest.parent)
-    shutil.rmtree(old, ignore_errors=True)
-    shutil.rmtree(work, ignore_errors=True)
-
-
-def _clean_leftovers(dest: Path, work: Path) -> None:
-    """Remove what a run killed after publishing left behind."""
-    journal = Journal(work / "journal.jsonl")
-    if work.exists() and journal.has("ready") and not (work / "out").exists():
-        shutil.rmtree(work, ignore_errors=True)
-    shutil.rmtree(dest.with_name(f".{dest.name}.old"), ignore_errors=True)
+    need = int(need * (1 + req.headroom_fraction))
+    places.check_space(work, name, need, what, alternatives, smaller, _stat_timeout(req))

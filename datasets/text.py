@@ -3,7 +3,7 @@
 A .txt file is one document; each .jsonl line is one, its text under a configurable field. Byte-level by default
 (the UTF-8 bytes are the tokens: nothing to download, nothing to trust); a Hugging Face ``tokenizer.json`` through
 the ``tokenizers`` package when given. uint16 when the vocabulary fits, else uint32; a token id that does not fit
-the chosen type stops the run, never wraps (nanoGPT's uint16 only has a comment: ref/data-staging.md §6.8).
+the chosen type stops the run, never wraps (nanoGPT's uint16 only has a comment: docs/sources.md#token-dtype).
 """
 
 from __future__ import annotations

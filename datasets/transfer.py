@@ -2,7 +2,7 @@
 
 rsync resumes instead of starting over: ``--partial-dir`` keeps a broken file out of its final name, and
 ``--no-whole-file`` for local-to-local copies, where rsync otherwise implies ``--whole-file`` and throws the
-partial file away (ref/data-staging.md §4.5: 400 MB re-sent of 400 MB, against 191 MB matched). Completion is
+partial file away (docs/sources.md#rsync-resume: 400 MB re-sent of 400 MB, against 191 MB matched). Completion is
 journaled by the caller, never read off files existing.
 """
 
@@ -22,7 +22,7 @@ import sh
 from checks.probe.net import redact, scrub
 from datasets.errors import StageFailure
 
-# Worth retrying (ref/data-staging.md §4.5): socket I/O, protocol stream, signal, partial transfer, vanished
+# Worth retrying (docs/sources.md#rsync-resume): socket I/O, protocol stream, signal, partial transfer, vanished
 # source files, timeout, daemon timeout.
 RSYNC_RETRY_CODES = frozenset({10, 12, 20, 23, 24, 30, 35})
 PARTIAL_DIR = ".rsync-partial"
@@ -182,10 +182,12 @@ def _total(r: requests.Response, have: int) -> int | None:
     return int(length) if length else None
 
 
-def file_sha256(path: Path) -> str:
-    """Hash a file in 1 MiB blocks."""
+def file_sha256(path: Path, progress: Callable[[int], object] | None = None) -> str:
+    """Hash a file in 1 MiB blocks; ``progress`` hears the size of each block."""
     h = hashlib.sha256()
     with path.open("rb") as fh:
         while block := fh.read(1 << 20):
             h.update(block)
+            if progress is not None:
+                progress(len(block))
     return h.hexdigest()

@@ -56,7 +56,7 @@ def variables_for(torch_version: str | None) -> tuple[str, ...]:
 
     PYTORCH_CUDA_ALLOC_CONF always: torch 2.9-2.11 silently ignored expandable_segments given only through
     PYTORCH_ALLOC_CONF (pytorch/pytorch#183387). PYTORCH_ALLOC_CONF too from 2.9, where it is the documented
-    name (ref/diagnosis.md §1.11); the same value in both cannot conflict.
+    name (docs/sources.md#allocator-env-names); the same value in both cannot conflict.
     """
     if _version(torch_version) >= (2, 9):
         return ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from checks.errors import PreflightError
+from checks.hostlist import expand_nodelist  # the one expander; re-exported for callers of this module
 
 NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?$")
 IPV6 = re.compile(r"^\[([0-9A-Fa-f:.]+)\]$")
@@ -111,50 +112,6 @@ def _unique(specs: list[HostSpec]) -> list[HostSpec]:
             raise PreflightError(f"host {spec.name} is listed twice")
         seen.add(spec.name)
     return specs
-
-
-def _split_top(text: str) -> list[str]:
-    """Split at commas outside brackets: 'a[1-2,4],b' -> ['a[1-2,4]', 'b']."""
-    parts, depth, current = [], 0, ""
-    for ch in text:
-        depth += (ch == "[") - (ch == "]")
-        if depth < 0 or depth > 1:
-            raise ValueError("unbalanced brackets")
-        if ch == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += ch
-    if depth:
-        raise ValueError("unbalanced brackets")
-    return [*parts, current]
-
-
-def _range_values(spec: str) -> list[str]:
-    values = []
-    for piece in spec.split(","):
-        low, sep, high = piece.partition("-")
-        if not low.isdigit() or (sep and not high.isdigit()):
-            raise ValueError(f"bad range {piece!r}")
-        width = len(low)
-        values += [str(i).zfill(width) for i in range(int(low), int(high if sep else low) + 1)]
-    return values
-
-
-def _expand(item: str) -> list[str]:
-    match = re.search(r"\[([^\]]*)\]", item)
-    if not match:
-        return [item]
-    head, tail = item[: match.start()], item[match.end() :]
-    return [head + value + rest for value in _range_values(match.group(1)) for rest in _expand(tail)]
-
-
-def expand_nodelist(text: str) -> list[str]:
-    """Expand a SLURM node list: 'gpu[01-03,07],login1' -> gpu01 gpu02 gpu03 gpu07 login1."""
-    try:
-        return [name for item in _split_top(text.strip()) if item for name in _expand(item)]
-    except ValueError as exc:
-        raise PreflightError(f"SLURM_JOB_NODELIST {text!r} cannot be read: {exc}") from None
 
 
 def select_hosts(

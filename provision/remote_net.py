@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import json
 import shlex
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from checks.config import NetworkConfig
 from checks.facts import AllreduceFacts, LinkFacts
-from provision.remote import Completed, Prepared, RemoteError, Session
+from provision.flow import Ready, at_once, json_tail, module_script, run_module, stop_all
+from provision.remote import Completed, RemoteError
 
 Notify = Callable[[str], None]
-
-
-Host = tuple[Session, Prepared]
+AGENT = "checks.probe.tcp"  # the link agent, run from each host's checkout
 
 
 def rounds(n: int) -> list[list[tuple[int, int]]]:
@@ -41,52 +39,37 @@ def rounds(n: int) -> list[list[tuple[int, int]]]:
     return out
 
 
-def agent(host: Prepared, args: list[str]) -> str:
-    """Write the shell line that runs ``python -m checks.probe.tcp ARGS`` from the host's checkout."""
-    return f"cd {shlex.quote(host.directory)} && exec {host.python} -m checks.probe.tcp {shlex.join(args)}"
-
-
-def _json_tail(done: Completed) -> dict[str, Any]:
-    lines = done.out.strip().splitlines()
+def _client(host: Ready, args: list[str], timeout: float) -> dict[str, Any]:
     try:
-        return dict(json.loads(lines[-1]))
-    except (IndexError, ValueError):
-        tail = (done.err.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"exit {done.code}: {tail[:200]}"}
-
-
-def _client(host: Host, args: list[str], timeout: float) -> dict[str, Any]:
-    session, prepared = host
-    try:
-        return _json_tail(session.run(agent(prepared, args), timeout, track=True))
+        return run_module(host, AGENT, args, timeout)
     except RemoteError as exc:
         return {"error": str(exc)}
 
 
-def _start_server(host: Host, cfg: NetworkConfig) -> dict[str, Any]:
-    session, prepared = host
+def _start_server(host: Ready, cfg: NetworkConfig) -> dict[str, Any]:
     idle = str(cfg.link_seconds * 4 + cfg.link_omit_s * 4 + 120)
-    args = ["serve", "--idle", idle, "--iperf3-port", str(cfg.iperf3_port if cfg.use_iperf3 and prepared.iperf3 else 0)]
+    iperf3 = cfg.iperf3_port if cfg.use_iperf3 and host.prepared.iperf3 else 0
+    args = ["serve", "--idle", idle, "--iperf3-port", str(iperf3)]
     try:
-        return dict(json.loads(session.start(agent(prepared, args), 60)))
+        return dict(json.loads(host.session.start(module_script(host.prepared, AGENT, args), 60)))
     except (RemoteError, ValueError) as exc:
         return {"error": f"the link agent did not start: {exc}"}
 
 
-def _direction(client: Host, server: dict[str, Any], addr: str, cfg: NetworkConfig, reverse: bool) -> dict[str, Any]:
+def _direction(client: Ready, server: dict[str, Any], addr: str, cfg: NetworkConfig, reverse: bool) -> dict[str, Any]:
     timing = ["--streams", str(cfg.link_streams), "--seconds", str(cfg.link_seconds), "--omit", str(cfg.link_omit_s)]
     timing += ["--reverse"] if reverse else []
     timeout = cfg.link_seconds + cfg.link_omit_s + 90
-    if server.get("iperf3_port") and client[1].iperf3:
+    if server.get("iperf3_port") and client.prepared.iperf3:
         found = _client(client, ["iperf3", addr, str(server["iperf3_port"]), *timing], timeout)
         if "error" not in found:
             return found
     return _client(client, ["client", addr, str(server["port"]), *timing], timeout)
 
 
-def measure_pair(a: Host, b: Host, server: dict[str, Any], cfg: NetworkConfig) -> list[LinkFacts]:
+def measure_pair(a: Ready, b: Ready, server: dict[str, Any], cfg: NetworkConfig) -> list[LinkFacts]:
     """b -> a and a -> b, measured from b against a's agent; the RTT is shared by both directions."""
-    name_a, name_b, addr = a[0].spec.name, b[0].spec.name, a[0].peer_address()
+    name_a, name_b, addr = a.spec.name, b.spec.name, a.session.peer_address()
     if "error" in server:
         return [LinkFacts(s, d, error=server["error"]) for s, d in ((name_b, name_a), (name_a, name_b))]
     ping = _client(b, ["rtt", addr, str(server["port"]), "--count", str(cfg.rtt_pings)], 60)
@@ -108,36 +91,23 @@ def measure_pair(a: Host, b: Host, server: dict[str, Any], cfg: NetworkConfig) -
     return links
 
 
-def _parallel(jobs: Sequence[Callable[[], Any]]) -> list[Any]:
-    results: list[Any] = [None] * len(jobs)
-
-    def run(i: int) -> None:
-        results[i] = jobs[i]()
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
-
-
-def measure_links(hosts: list[Host], cfg: NetworkConfig, notify: Notify) -> tuple[list[LinkFacts], str | None]:
+def measure_links(hosts: list[Ready], cfg: NetworkConfig, notify: Notify) -> tuple[list[LinkFacts], str | None]:
     """Every ordered pair of hosts: TCP throughput at the receiver and RTT; agents stopped afterwards."""
     if not cfg.links:
         return [], "disabled (preflight.network.links: false)"
     if len(hosts) < 2:
         return [], "needs two or more hosts that ran bootstrap"
-    servers = _parallel([partial(_start_server, h, cfg) for h in hosts])
+    started = at_once([partial(_start_server, h, cfg) for h in hosts])
+    servers = [s if s is not None else {"error": "the link agent did not start"} for s in started]
     links: list[LinkFacts] = []
     try:
         for number, pairs in enumerate(rounds(len(hosts)), 1):
             jobs = [partial(measure_pair, hosts[a], hosts[b], servers[a], cfg) for a, b in pairs]
-            found = _parallel(jobs) if cfg.concurrent_pairs else [job() for job in jobs]
-            links += [link for pair in found for link in pair]
+            found = at_once(jobs) if cfg.concurrent_pairs else [job() for job in jobs]
+            links += [link for pair in found for link in pair or ()]
             notify(f"links: round {number} of {len(hosts) - 1 + len(hosts) % 2} measured")
     finally:
-        _parallel([s.kill for s, _ in hosts])
+        stop_all(hosts)
     return links, None
 
 
@@ -145,23 +115,22 @@ def _inventory(report: dict[str, Any] | None) -> dict[str, Any]:
     return dict(((report or {}).get("measurements") or {}).get("inventory") or {})
 
 
-def plan_allreduce(hosts: list[Host], reports: dict[str, Any]) -> tuple[str, list[int]] | str:
+def plan_allreduce(hosts: list[Ready], reports: dict[str, Any]) -> tuple[str, list[int]] | str:
     """(backend, processes per host), or why the all-reduce cannot run."""
-    inventories = [_inventory(reports.get(s.spec.name)) for s, _ in hosts]
-    for (session, _), inv in zip(hosts, inventories, strict=True):
+    inventories = [_inventory(reports.get(h.spec.name)) for h in hosts]
+    for host, inv in zip(hosts, inventories, strict=True):
         if not inv.get("torch"):
-            return f"torch is not importable on {session.spec.name}"
+            return f"torch is not importable on {host.spec.name}"
     if all(inv.get("cuda") and inv.get("gpus") and inv.get("nccl") for inv in inventories):
         counts = [
-            min(int(inv["gpus"]), s.spec.slots or int(inv["gpus"]))
-            for (s, _), inv in zip(hosts, inventories, strict=True)
+            min(int(inv["gpus"]), h.spec.slots or int(inv["gpus"])) for h, inv in zip(hosts, inventories, strict=True)
         ]
         return "nccl", counts
     return "gloo", [1] * len(hosts)
 
 
-def _launch(host: Host, rank: int, plan: tuple[str, list[int]], master: tuple[str, int], cfg: NetworkConfig) -> str:
-    prepared, (backend, counts) = host[1], plan
+def _launch(host: Ready, rank: int, plan: tuple[str, list[int]], master: tuple[str, int], cfg: NetworkConfig) -> str:
+    prepared, (backend, counts) = host.prepared, plan
     script, tmp = shlex.quote(f"{prepared.directory}/checks/probe/scripts/allreduce.py"), shlex.quote(prepared.tmp)
     return (
         f"cd {tmp} && exec env -u SLURM_JOB_NODELIST TMPDIR={tmp} {prepared.python} -m torch.distributed.run "
@@ -172,7 +141,7 @@ def _launch(host: Host, rank: int, plan: tuple[str, list[int]], master: tuple[st
 
 
 def measure_allreduce(
-    hosts: list[Host], reports: dict[str, Any], links: list[LinkFacts], cfg: NetworkConfig, notify: Notify
+    hosts: list[Ready], reports: dict[str, Any], links: list[LinkFacts], cfg: NetworkConfig, notify: Notify
 ) -> tuple[list[AllreduceFacts], str | None]:
     """All-reduce sweep across the hosts; ([], reason) when it was skipped or failed."""
     if not cfg.allreduce:
@@ -185,26 +154,26 @@ def measure_allreduce(
     port = _client(hosts[0], ["free-port"], 60).get("port")
     if not port:
         return [], "failed: no free port for the rendezvous on the first host"
-    master = (hosts[0][0].peer_address(), int(port))
+    master = (hosts[0].session.peer_address(), int(port))
     notify(f"all-reduce: {plan[0]}, {sum(plan[1])} processes on {len(hosts)} hosts")
     jobs = [partial(_run_rank, h, _launch(h, i, plan, master, cfg), cfg) for i, h in enumerate(hosts)]
-    done = _parallel(jobs)
+    done = at_once(jobs)
     return _read_sweep(done, hosts)
 
 
-def _run_rank(host: Host, script: str, cfg: NetworkConfig) -> Completed | str:
+def _run_rank(host: Ready, script: str, cfg: NetworkConfig) -> Completed | str:
     try:
-        return host[0].run(script, cfg.allreduce_timeout_s + 30, track=True)
+        return host.session.run(script, cfg.allreduce_timeout_s + 30, track=True)
     except RemoteError as exc:
         return str(exc)
 
 
-def _read_sweep(done: list[Completed | str], hosts: list[Host]) -> tuple[list[AllreduceFacts], str | None]:
-    for result, (session, _) in zip(done, hosts, strict=True):
-        if isinstance(result, str) or result.code != 0:
-            why = result if isinstance(result, str) else _json_tail(result).get("error")
-            return [], f"failed on {session.spec.name}: {why}"
-    data = _json_tail(done[0]) if not isinstance(done[0], str) else {}
+def _read_sweep(done: list[Completed | str | None], hosts: list[Ready]) -> tuple[list[AllreduceFacts], str | None]:
+    for result, host in zip(done, hosts, strict=True):
+        if not isinstance(result, Completed) or result.code != 0:
+            why = json_tail(result).get("error") if isinstance(result, Completed) else result
+            return [], f"failed on {host.spec.name}: {why}"
+    data = json_tail(done[0]) if isinstance(done[0], Completed) else {}
     if "error" in data or not data.get("rows"):
         return [], f"failed: {data.get('error', 'no result from the first host')}"
     return [AllreduceFacts(**row) for row in data["rows"]], None

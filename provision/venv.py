@@ -12,6 +12,7 @@ checkout, shipped with it) pip installs ``--no-index --find-links`` from it: for
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shlex
 from dataclasses import dataclass
@@ -106,8 +107,38 @@ def _last(text: str) -> str:
 
 
 def requirements(root: Path) -> tuple[str, ...]:
-    """The checkout's dependencies, as ``pyproject.toml`` lists them (torch is deliberately not among them)."""
-    import tomllib
+    """The checkout's dependencies, as ``pyproject.toml`` lists them (torch is deliberately not among them).
 
-    with (root / "pyproject.toml").open("rb") as fh:
-        return tuple(tomllib.load(fh)["project"]["dependencies"])
+    Read with ``tomllib`` (Python 3.11+), else ``tomli`` where it is installed (its backport for 3.10), else with
+    ``project_dependencies``: gpu-preflight supports 3.10 without asking for another package.
+    """
+    text = (root / "pyproject.toml").read_text(encoding="utf-8")
+    try:
+        import tomllib as toml
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as toml
+        except ModuleNotFoundError:
+            return project_dependencies(text)
+    return tuple(toml.loads(text)["project"]["dependencies"])
+
+
+def project_dependencies(text: str) -> tuple[str, ...]:
+    """Read ``[project] dependencies = [...]`` from a pyproject.toml's text without a TOML library: the strings of
+    that one array ("..." or '...'; comments and line breaks between them are allowed, as TOML allows)."""
+    table = re.search(r"^\[project\][ \t]*(?:#.*)?$(.*?)(?=^\[|\Z)", text, re.M | re.S)
+    start = re.search(r"^dependencies\s*=\s*\[", table.group(1), re.M) if table else None
+    if table is None or start is None:
+        raise ValueError("pyproject.toml has no [project] dependencies array")
+    found, rest = [], table.group(1)[start.end() :]
+    token = re.compile(r"\s+|#[^\n]*|,|\]|\"((?:[^\"\\\n]|\\.)*)\"|'([^'\n]*)'")
+    at = 0
+    while (match := token.match(rest, at)) is not None and match.group(0) != "]":
+        if match.group(1) is not None:
+            found.append(json.loads(f'"{match.group(1)}"'))  # TOML's basic-string escapes are JSON's
+        elif match.group(2) is not None:
+            found.append(match.group(2))
+        at = match.end()
+    if match is None:
+        raise ValueError(f"pyproject.toml: cannot read [project] dependencies near {rest[at : at + 40]!r}")
+    return tuple(found)

@@ -192,3 +192,53 @@ def test_the_path_scan_sees_a_planted_reader(tmp_path: Path) -> None:
         '"""Reads /proc/meminfo (a docstring: not a read)."""\nopen("/proc/self/mountinfo")\nroot / "sys"\n'
     )
     assert [line for _, line in pseudo_paths(planted)] == [2, 3]
+
+
+# --- the picture at the top of docs/architecture.md ------------------------------------------------------------
+
+
+def drawn_as(layer: str, layers: list[str]) -> str:
+    """How the picture names a layer: its folder (``checks/verify/``); ``checks/*.py`` for a package whose
+    subfolders are layers of their own (the core is only the modules directly in it); ``tasks.py`` for a module."""
+    path = layer.replace(".", "/")
+    if not (REPO / path).is_dir():
+        return path + ".py"
+    return path + ("/*.py" if any(other.startswith(layer + ".") for other in layers) else "/")
+
+
+def diagram_problems(doc: str, table: dict[str, set[str]]) -> list[str]:
+    """Layers the picture (the first code block of the page) leaves out or draws twice, and imports the table
+    allows that the picture does not draw below the importing layer."""
+    picture = doc.split("\n## ", 1)[0].split("```", 2)[1].splitlines()
+    layers = list(table)
+    floor: dict[str, int] = {}
+    out = []
+    for layer in layers:
+        name = re.compile(rf"(?<![\w/]){re.escape(drawn_as(layer, layers))}(?![\w/*])")
+        rows = [i for i, line in enumerate(picture) for _ in name.finditer(line)]
+        if len(rows) != 1:
+            out.append(f"{layer} is drawn {len(rows)} times as {drawn_as(layer, layers)}")
+        elif rows:
+            floor[layer] = rows[0]
+    for layer, allowed in table.items():
+        out += [
+            f"{layer} may import {other} but is not drawn above it"
+            for other in sorted(allowed)
+            if layer in floor and other in floor and other != layer and floor[other] <= floor[layer]
+        ]
+    return out
+
+
+def test_the_picture_draws_every_layer_above_what_it_may_import() -> None:
+    assert diagram_problems(DOC.read_text(), allowed_table()) == []
+
+
+def test_the_picture_check_sees_a_missing_layer_and_a_wrong_floor() -> None:
+    table = {"checks": set(), "checks.probe": {"checks"}, "checks.plan": {"checks", "checks.probe"}}
+    doc = "intro\n```\n  checks/probe/\n      |\n  checks/*.py\n```\n## table\n"
+    assert diagram_problems(doc, table) == ["checks.plan is drawn 0 times as checks/plan/"]
+    upside_down = "intro\n```\n  checks/*.py   checks/plan/\n      |\n  checks/probe/\n```\n"
+    assert diagram_problems(upside_down, table) == [
+        "checks.probe may import checks but is not drawn above it",
+        "checks.plan may import checks but is not drawn above it",  # the same floor is not above
+    ]

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -720,6 +721,51 @@ def test_ctrl_c_exits_130_with_one_line(home: Path, tmp_path: Path) -> None:
     assert "Traceback" not in out + err
     assert pid_gone(int(pid_file.read_text())), "the torch child outlived the interrupt"
     assert rc_bytes(home) == {".bashrc": None, ".profile": None}
+
+
+# --- 7b. the command after -- (invoke verify [flags] -- COMMAND) -------------------------------------------
+
+
+def test_the_words_after_two_dashes_reach_verify_as_its_command(
+    here: Here, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from checks.result import Report
+    from checks.verify import run as run_verify
+    from checks.verify.user import run as run_user
+
+    asked: list[run_user.CommandRequest] = []
+    own: list[run_verify.VerifyRequest] = []
+
+    def judged(request: run_user.CommandRequest, say: Callable[[str], None]) -> run_verify.Judged:
+        asked.append(request)  # what the package is given; nothing runs
+        return run_verify.Judged(Report("box", "live", ()), (), "", (), False)
+
+    def own_loop(request: run_verify.VerifyRequest, say: Callable[[str], None]) -> run_verify.Judged:
+        own.append(request)
+        return run_verify.Judged(Report("box", "live", ()), (), "", (), False)
+
+    monkeypatch.setattr(run_user, "verify_command", judged)
+    monkeypatch.setattr(run_verify, "verify", own_loop)
+    run = here(home, "verify", "--steps", "3", "-q", "--seconds", "2.5", "--", "python", "train.py", "--lr", "3e-4")
+    assert run.code == 0, run.why()
+    assert asked[0].command == ("python", "train.py", "--lr", "3e-4")
+    assert (asked[0].steps, asked[0].quiet, asked[0].seconds, asked[0].warmup) == (3, True, 2.5, -1)
+    assert not own
+    assert here(home, "verify").code == 0 and len(own) == 1 and len(asked) == 1  # without --: verify's own loop
+
+
+@pytest.mark.parametrize("flag", [("--nproc", "2"), ("--model", "m:f"), ("--hosts", "h1,h2"), ("--sweep",)])
+def test_verify_refuses_its_own_loop_flags_with_a_command(here: Here, home: Path, flag: tuple[str, ...]) -> None:
+    """Flags that shape verify's built-in loop would be silently ignored by the user's command: refused instead."""
+    run = here(home, "verify", *flag, "--", "python", "train.py")
+    assert_usage_error(run, f"verify: {flag[0]} sets verify's own loop, not your command's")
+
+
+@pytest.mark.parametrize("task", [("bootstrap",), ("stage-data", "--source", "x"), ("watch",)])
+def test_other_tasks_refuse_a_command_after_two_dashes(here: Here, home: Path, task: tuple[str, ...]) -> None:
+    run = here(home, *task, "--", "python", "train.py")
+    assert_usage_error(run, f"{task[0]} takes no command after --", "invoke verify [flags] -- COMMAND")
+    assert run.out == "" and rc_bytes(home) == {".bashrc": None, ".profile": None}  # the task never started
 
 
 # --- 8. invoke --list ---------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """``invoke diff A B``: what differs between a box that worked (A) and this one (B), ranked by what it breaks.
 
-break: training will not start or will hang (torch's CUDA build vs the driver, GPU arch vs the build's arch
-list, NCCL major/minor, Python minor, a package A has and B lacks); slow: it runs slower (power cap, PCIe, clocks,
-NUMA placement, cores, memory, shm); info: everything else. Versions compare by PEP 440 (``packaging.version``),
+break: training will not start or will hang (losing the GPUs, the driver or torch's CUDA build, torch's CUDA
+build vs the driver, GPU arch vs the build's arch list, NCCL major/minor, Python minor, a package A has and B
+lacks); slow: it runs slower (fewer GPUs, power cap, PCIe, clocks, NUMA placement, cores, memory, shm); info:
+everything else. Versions compare by PEP 440 (``packaging.version``),
 not as strings.
 
 JSON (``"diff": 1``)::
@@ -30,11 +31,11 @@ RANKS = ("break", "slow", "info")
 _ENV_ONLY = frozenset({"os", "glibc", "nvcc", "cpu_flags"})
 _SLOW = {
     "power_limit_w": "a lower power limit runs the GPU slower (a 4090 capped at 250 W of 450 W: ~20%, the seed article §1.3)",
-    "pcie": "a narrower or older PCIe link slows host-device copies (ref/compat.md §4)",
+    "pcie": "a narrower or older PCIe link slows host-device copies (docs/sources.md#pcie-link)",
     "sm_clock_max_mhz": "a lower clock ceiling caps compute",
     "cores": "fewer usable cores feed fewer DataLoader workers (the seed article §4.2)",
     "mem_gib": "less RAM limits workers, page cache and pinned memory",
-    "shm_mib": "a smaller /dev/shm limits DataLoader workers and NCCL's shared memory (ref/communication-and-planning.md)",
+    "shm_mib": "a smaller /dev/shm limits DataLoader workers and NCCL's shared memory (docs/sources.md#dev-shm)",
     "local_cpus": "fewer CPUs on this GPU's NUMA node: its DataLoader workers and pinned copies beyond them cross the socket",
 }
 # Fields where more is slower (B having fewer is info).
@@ -44,8 +45,6 @@ _SLOW_MORE = {
 }
 _INFO = {
     "torch": "a different torch release: kernels, defaults and numerics can differ",
-    "driver": "a different driver; the build it supports is judged under torch_cuda",
-    "gpu_count": "a different number of GPUs: per-GPU fields are compared for the GPUs both have",
     "nvcc": "the CUDA toolkit builds extensions (flash-attn, apex, DeepSpeed ops): rebuild them for this one",
     "glibc": "wheels built against a newer glibc do not load on an older one",
 }
@@ -111,6 +110,7 @@ def direction(a: Any, b: Any) -> str:
 def diff(a: Side, b: Side) -> Diff:
     """Every field both sides can speak of that differs, ranked; plus what could not be compared."""
     out: list[Difference] = []
+    fit = driver_fit(a, b)
     keys = [k for k in {**a.fields, **b.fields} if (k in a.fields and k in b.fields) or _one_sided_ok(k, a, b)]
     for key in keys:
         va, vb = a.fields.get(key), b.fields.get(key)
@@ -120,8 +120,8 @@ def diff(a: Side, b: Side) -> Diff:
             continue  # a file that predates the environment section: listed under not_compared
         if va is not None and vb is not None and version(va) is not None and version(va) == version(vb):
             continue  # "2.1" and "2.1.0" are the same version (PEP 440)
-        out.append(rank(key, va, vb))
-    out += driver_fit(a, b) + arch_fit(a, b)
+        out.append(cuda_stack(key, va, vb, b, fit) if key in _STACK else rank(key, va, vb))
+    out += fit + arch_fit(a, b)
     out.sort(key=lambda d: RANKS.index(d.rank))
     not_compared = [f"A ({a.label}): {m}" for m in a.missing] + [f"B ({b.label}): {m}" for m in b.missing]
     if ("cross_socket_pairs" in a.fields) != ("cross_socket_pairs" in b.fields):
@@ -161,10 +161,6 @@ def rank(key: str, a: Any, b: Any) -> Difference:
                 "break", key, a, b, "Python minor differs: compiled extensions and wheels are built per minor"
             )
         return Difference("info", key, a, b, "Python patch release differs")
-    if key == "torch_cuda":
-        return Difference(
-            "info", key, a, b, "torch is built for another CUDA; whether B's driver runs it is judged below"
-        )
     leaf = key.rsplit(".", 1)[-1]
     if leaf == "numa_node":
         return Difference("info", key, a, b, "this GPU sits on another NUMA node: pin its rank and workers to its CPUs")
@@ -180,8 +176,60 @@ def rank(key: str, a: Any, b: Any) -> Difference:
     return Difference("info", key, a, b, _INFO.get(leaf, "differs") + (direction(a, b) if leaf in _INFO else ""))
 
 
+_STACK = frozenset({"gpu_count", "driver", "driver_cuda", "torch_cuda"})
+_FIT_ROW = "torch_cuda vs driver"
+
+
+def cuda_stack(key: str, a: Any, b: Any, bside: Side, fit: list[Difference]) -> Difference:
+    """Rank a difference of what CUDA training stands on: the GPUs, the driver and torch's CUDA build.
+
+    Losing one of them (A has it, B has none) is a break; a reason that refers to another row names one that
+    this diff holds (``fit`` is the driver-fit row, when there is one)."""
+    if key == "gpu_count":
+        return _gpu_count(a, b)
+    if key == "torch_cuda":
+        if a and not b:
+            return Difference(
+                "break", key, a, b, f"B's torch ({bside.fields.get('torch')}) is not built for CUDA (a CPU or ROCm "
+                "build): torch.cuda.is_available() is False, training on the GPU cannot start",
+            )  # fmt: skip
+        if not a:
+            return Difference("info", key, a, b, "only B's torch is built for CUDA")
+        b_driver = bside.fields.get("driver_cuda")
+        if fit:
+            runs = f"B's driver cannot run it: see the `{_FIT_ROW}` row"
+        elif b_driver:
+            runs = f"B's driver (CUDA {b_driver}) runs it"
+        else:
+            runs = "B has no driver to run it"
+        return Difference("info", key, a, b, f"torch is built for another CUDA; {runs}")
+    if key == "driver" and a and not b:
+        return Difference(
+            "break", key, a, b, "B has no NVIDIA driver (NVML cannot load one): no GPU is usable, CUDA cannot start"
+        )
+    if not a:
+        return Difference("info", key, a, b, "only B has it")
+    if key == "driver_cuda":
+        return Difference("info", key, a, b, "the newest CUDA the driver supports" + direction(a, b))
+    too_old = f"; too old for B's torch: see the `{_FIT_ROW}` row" if fit else ""
+    return Difference("info", key, a, b, "a different driver" + direction(a, b) + too_old)
+
+
+def _gpu_count(a: Any, b: Any) -> Difference:
+    """No GPU on B is a break; fewer is slow; more is info (per-GPU fields compare the GPUs both have)."""
+    have, had = _magnitude(b) or (0.0,), _magnitude(a) or (0.0,)
+    if had[0] and not have[0]:
+        return Difference("break", "gpu_count", a, b, f"B has no GPU (A has {a}): training on CUDA cannot start")
+    if have < had:
+        return Difference(
+            "slow", "gpu_count", a, b, f"B has fewer GPUs ({b} of {a}): a job sized for A runs on fewer ranks, "
+            f"or does not start if it asks for {a} (torchrun --nproc-per-node {a})",
+        )  # fmt: skip
+    return Difference("info", "gpu_count", a, b, "B has more GPUs: per-GPU fields are compared for the GPUs both have")
+
+
 def driver_fit(a: Side, b: Side) -> list[Difference]:
-    """B's torch needs a driver for its CUDA major (minor-version compatibility covers the rest, ref/compat.md §1)."""
+    """B's torch needs a driver for its CUDA major (minor-version compatibility covers the rest, docs/sources.md#cuda-driver-compat)."""
     build, driver = parse_cuda(b.fields.get("torch_cuda")), parse_cuda(b.fields.get("driver_cuda"))
     if build is None or driver is None or build[0] <= driver[0]:
         return []
@@ -192,12 +240,12 @@ def driver_fit(a: Side, b: Side) -> list[Difference]:
         f"B's torch is built for CUDA {build[0]}.{build[1]} but B's driver supports CUDA {driver[0]}.{driver[1]}: "
         "torch.cuda.is_available() is False there"
     )
-    return [Difference("break", "torch_cuda vs driver", f"{a.fields.get('torch_cuda')} on driver CUDA {a.fields.get('driver_cuda')}",
+    return [Difference("break", _FIT_ROW, f"{a.fields.get('torch_cuda')} on driver CUDA {a.fields.get('driver_cuda')}",
                        f"{b.fields.get('torch_cuda')} on driver CUDA {b.fields.get('driver_cuda')}", reason)]  # fmt: skip
 
 
 def arch_fit(a: Side, b: Side) -> list[Difference]:
-    """Each of B's GPUs needs code in B's torch arch list (SASS for it, or PTX to JIT, ref/compat.md §2)."""
+    """Each of B's GPUs needs code in B's torch arch list (SASS for it, or PTX to JIT, docs/sources.md#torch-device-requirement)."""
     if b.arch_list is None or not b.arch_list:
         return []
     out = []

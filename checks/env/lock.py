@@ -203,7 +203,7 @@ def env_lock(m: MachineFacts, lock: Lock) -> list[Result]:
 
 
 def _torch_vs_driver(m: MachineFacts, lock: Lock) -> list[Result]:
-    """The lock's torch wheel for CUDA X needs a driver for CUDA X's major (minor compatibility, ref/compat.md §1)."""
+    """The lock's torch wheel for CUDA X needs a driver for CUDA X's major (minor compatibility, docs/sources.md#cuda-driver-compat)."""
     torch = next((p for p in lock.pins if p.name == "torch"), None)
     local = Version(torch.version).local if torch and _valid(torch.version) else None
     match = _CUDA_LOCAL.match(local or "")

@@ -1,7 +1,7 @@
 """The allocator configuration written by ``provision/alloc_env.py`` is live in a fresh login shell.
 
 Writing an export proves nothing: the check starts a new login shell, runs Python in it, and reads the
-allocator settings back from torch itself (ref/health-checks.md §5 item 3).
+allocator settings back from torch itself (docs/sources.md#allocator-readback).
 """
 
 from __future__ import annotations

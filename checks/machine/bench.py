@@ -14,6 +14,7 @@ from checks.config import BenchConfig, PreflightConfig
 from checks.facts import GpuBench, GpuFacts, MachineFacts
 from checks.machine import datasheet
 from checks.machine.datasheet import GpuSpec
+from checks.machine.grading import grade
 from checks.result import Result, Status, skip
 
 
@@ -135,10 +136,8 @@ def _judge_one(
     if expected:
         frac = value / expected
         parts.append(f"{frac:.0%} of the {expected:g} {metric.unit} datasheet figure")
-        if frac < metric.fail(cfg):
-            status, hint = Status.FAIL, metric.hint
-        elif frac < metric.warn(cfg):
-            status, hint = Status.WARN, metric.hint
+        status = grade(frac, metric.warn(cfg), metric.fail(cfg))
+        hint = None if status is Status.OK else metric.hint
     else:
         parts.append(f"no datasheet figure for {name}")
     if median and value < cfg.outlier_fraction * median:

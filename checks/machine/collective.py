@@ -2,7 +2,7 @@
 
 A pair's copy bandwidth is judged against its path's line rate: NVLinks x 25 GB/s per direction (50 on NVLink 5,
 compute capability 10 and newer), or the slower card's PCIe x16 rate; without peer access the copy goes through
-host memory and crosses the link twice, so half that [derived] (ref/communication-and-planning.md §2.1, §2.2). The
+host memory and crosses the link twice, so half that [derived] (docs/sources.md#pcie-p2p-host). The
 all-reduce's peak busbw is judged against ``templates/nccl.yaml`` for the card and the box's path.
 """
 
@@ -18,12 +18,13 @@ import yaml
 from checks.config import PreflightConfig, TopologyConfig
 from checks.facts import GpuFacts, MachineFacts, P2PBandwidth
 from checks.machine.datasheet import PCIE_X16_GB_S, form_factor, lookup
+from checks.machine.grading import grade, graded
 from checks.machine.topology import answering, p2p_ok, pair_of, path_name
-from checks.result import Result, fail, ok, skip, warn
+from checks.result import Result, fail, ok, skip
 
 EXPECTATIONS_FILE = Path(__file__).resolve().parents[2] / "templates" / "nccl.yaml"
 MIB = 1024**2
-_NVLINK_GB_S = {True: 50.0, False: 25.0}  # per link and direction: NVLink 5 (cc >= 10), NVLink 2-4 (ref §2.1)
+_NVLINK_GB_S = {True: 50.0, False: 25.0}  # per link and way: NVLink 5 (cc 10+), 2-4 (docs/sources.md#nvlink-per-link)
 
 
 @functools.cache
@@ -128,11 +129,7 @@ def gpu_p2p(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
         f"gpu{row.src}->gpu{row.dst} copies at {fraction:.0%} of its {path} line rate: "
         "`nvidia-smi topo -m` and `nvidia-smi nvlink --status` for the path, `nvidia-smi -q -d PERFORMANCE` for throttling"
     )
-    if fraction < tc.p2p_fail_fraction:
-        return [fail("gpu-p2p", summary, hint, **kw)]
-    if fraction < tc.p2p_warn_fraction:
-        return [warn("gpu-p2p", summary, hint, **kw)]
-    return [ok("gpu-p2p", summary, **kw)]
+    return [graded("gpu-p2p", grade(fraction, tc.p2p_warn_fraction, tc.p2p_fail_fraction), summary, hint, **kw)]
 
 
 def expected_busbw(m: MachineFacts) -> tuple[float | None, str]:
@@ -175,7 +172,7 @@ def gpu_allreduce(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     ar = m.allreduce_local
     if n < 2:
         return [skip("gpu-allreduce", "fewer than two GPUs: nothing to all-reduce between")]
-    if ar is None or ar.skipped:
+    if ar is None or ar.skipped or not (ar.rows or ar.error):  # no figures and no failure: nothing was measured
         return [
             skip(
                 "gpu-allreduce",
@@ -210,11 +207,8 @@ def _judge_allreduce(m: MachineFacts, tc: TopologyConfig) -> Result:
         f"all-reduce reaches {fraction:.0%} of what {basis} should give{_slow_pair_text(m)}: see gpu-topology, "
         "gpu-p2p and nccl-env; NCCL_DEBUG=INFO shows the transport (P2P/IPC, SHM, NET) NCCL picked"
     )
-    if fraction < tc.allreduce_fail_fraction:
-        return fail("gpu-allreduce", summary, hint, **kw)
-    if fraction < tc.allreduce_warn_fraction:
-        return warn("gpu-allreduce", summary, hint, **kw)
-    return ok("gpu-allreduce", summary, **kw)
+    status = grade(fraction, tc.allreduce_warn_fraction, tc.allreduce_fail_fraction)
+    return graded("gpu-allreduce", status, summary, hint, **kw)
 
 
 def collective_measurements(m: MachineFacts) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Driver, CUDA and torch-build compatibility: can this torch run on this driver and these GPUs?
 
-Rules and error numbers: ref/compat.md §1 (driver vs CUDA), §2 (wheel arch lists), §5 (error strings).
+Rules and error numbers: docs/sources.md#cuda-driver-compat, docs/sources.md#torch-wheel-arch-lists, docs/sources.md#cuda-error-strings.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def _init_error(m: MachineFacts) -> _Problem:
     return Status.FAIL, f"CUDA initialisation failed in torch: {err.strip().splitlines()[0][:200]}", hint
 
 
-# CUDA error numbers in torch's init message -> what to do (ref/compat.md §5).
+# CUDA error numbers in torch's init message -> what to do (docs/sources.md#cuda-error-strings).
 _INIT_HINTS = {
     "802": "802: NVSwitch system without a running Fabric Manager: systemctl start nvidia-fabricmanager",
     "803": "803: kernel module and user-space driver differ: reboot (or reload the nvidia modules)",

@@ -18,7 +18,7 @@ from checks.facts import GpuFacts
 
 TABLE_FILE = Path(__file__).resolve().parents[2] / "templates" / "gpus.yaml"
 
-# Unidirectional x16 payload bandwidth per PCIe generation, GB/s (ref/health-checks.md §3 "PCIe").
+# Unidirectional x16 payload bandwidth per PCIe generation, GB/s (docs/sources.md#pcie-link).
 PCIE_X16_GB_S = {1: 4.0, 2: 8.0, 3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}
 
 
@@ -85,13 +85,13 @@ class FormFactor:
     links: int | None = None  # active NVLink links the datasheet table expects of an SXM part
 
 
-# NVML has no form-factor query (ref/compat.md §0.6, §3.1 "Form factor"): the name, NVSwitches on the host and
+# NVML has no form-factor query (docs/sources.md#nvml-form-factor): the name, NVSwitches on the host and
 # the default power limit say it. PCIe markers first: "NVIDIA H100 NVL" carries HBM3 but is a PCIe board.
 _PCIE_NAME = re.compile(r"(?<![a-z])(pcie|nvl)(?![a-z])", re.IGNORECASE)
-# "A100-SXM4-80GB", "Tesla V100-SXM2-32GB"; H100/H800 SXM5 report "... 80GB HBM3" with no "SXM" (ref/compat.md §4).
+# "A100-SXM4-80GB", "Tesla V100-SXM2-32GB"; H100/H800 SXM5 report "... 80GB HBM3" with no "SXM" (docs/sources.md#nvml-form-factor).
 _SXM_NAME = re.compile(r"sxm\d?|(?<![a-z])hbm3e?(?![a-z])", re.IGNORECASE)
-# Default power limit at or above this with NVLink links is an SXM module (ref/compat.md §3.1: "400/700 W is
-# SXM"); PCIe boards with NVLink bridges top out at 350-400 W and the 400-600 W ones say NVL in their name.
+# Default power limit at or above this with NVLink links is an SXM module (docs/sources.md#nvml-form-factor: "400/700 W
+# is SXM"); PCIe boards with NVLink bridges top out at 350-400 W and the 400-600 W ones say NVL in their name.
 SXM_MIN_DEFAULT_POWER_MW = 400_000
 
 

@@ -1,6 +1,6 @@
 """Per-GPU hardware state through NVML: power cap, PCIe link, NVLink, throttling, ECC, MIG, other tenants.
 
-Units: NVML milliwatts, bytes, MHz (ref/compat.md §3.1). A field that is ``None`` was not supported on the
+Units: NVML milliwatts, bytes, MHz (docs/sources.md#nvml-api). A field that is ``None`` was not supported on the
 card (consumer boards answer NotSupported for ECC, MIG, NVLink): that is "n/a", never a failure.
 """
 
@@ -12,11 +12,12 @@ from checks.config import PreflightConfig
 from checks.facts import GpuFacts, MachineFacts
 from checks.machine import datasheet
 from checks.machine.datasheet import PCIE_X16_GB_S
+from checks.machine.grading import grade, graded
 from checks.result import Result, Status, fail, ok, skip, warn
 
 GIB = 1024**3
 
-# Clock event reason bits (nvmlClocksEventReason*, ref/compat.md §3.1). Idle (0x1), application clocks
+# Clock event reason bits (nvmlClocksEventReason*, docs/sources.md#nvml-api). Idle (0x1), application clocks
 # (0x2), sync boost (0x10) and display (0x100) are not problems and are ignored.
 SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x4, 0x8, 0x20, 0x40, 0x80
 _REASONS = {
@@ -99,13 +100,11 @@ def _power_one(g: GpuFacts, cfg: PreflightConfig) -> Result:
     frac, need = limit / default, cfg.gpu.power_min_fraction * default / 1000
     summary = f"power limit {limit / 1000:.0f} W is {frac:.0%} of the default {default / 1000:.0f} W"
     kw = {"value": round(limit / 1000, 1), "expected": f">= {need:.0f} W", "subject": _sub(g)}
-    if frac < cfg.gpu.power_min_fraction:
-        hint = (
-            f"the card is capped: `nvidia-smi -i {g.index} -pl {default / 1000:.0f}` as root on the host; on a "
-            "rented box ask the provider or pick another offer (expect ~10-20% lower throughput)"
-        )
-        return warn("gpu-power", summary, hint, **kw)
-    return ok("gpu-power", summary, **kw)
+    hint = (
+        f"the card is capped: `nvidia-smi -i {g.index} -pl {default / 1000:.0f}` as root on the host; on a "
+        "rented box ask the provider or pick another offer (expect ~10-20% lower throughput)"
+    )
+    return graded("gpu-power", grade(frac, cfg.gpu.power_min_fraction), summary, hint, **kw)
 
 
 def _link_rate(gen: int | None, width: int | None) -> float | None:
@@ -140,10 +139,8 @@ def _pcie_one(g: GpuFacts, cfg: PreflightConfig) -> Result:
     slot = _slot_limit(g, gpu_gen, gpu_width)
     if slot:
         summary += f"; the slot tops out at {slot}"
-    if frac < 1.0:
-        hint = _pcie_hint(g, slot, gpu_gen, gpu_width)
-        return (fail if frac < cfg.gpu.pcie_fail_fraction else warn)("gpu-pcie", summary, hint, **kw)
-    return ok("gpu-pcie", summary, **kw)
+    status = grade(frac, 1.0, cfg.gpu.pcie_fail_fraction)  # anything under the GPU's own link is a warn
+    return graded("gpu-pcie", status, summary, _pcie_hint(g, slot, gpu_gen, gpu_width), **kw)
 
 
 def _slot_limit(g: GpuFacts, gpu_gen: int | None, gpu_width: int) -> str:
@@ -189,7 +186,7 @@ def _nvlink_one(g: GpuFacts, nvswitches: int) -> Result:
     form = datasheet.form_factor(g, nvswitches)
     active, total = g.nvlink_active or 0, g.nvlink_total or 0
     kw = {"value": active, "subject": _sub(g)}
-    if form.sxm:  # no bridge on an SXM module: every link is on the board (ref/compat.md §4: A100 12, H100/H200 18)
+    if form.sxm:  # no bridge on an SXM module: every link is on the board (docs/sources.md#nvlink-per-link: A100 12, H100/H200 18)
         return _sxm_links(active, form.links or total, form.why, kw)
     if total == 0:
         return ok("gpu-nvlink", "no NVLink (PCIe part): multi-GPU traffic goes over PCIe", **kw)

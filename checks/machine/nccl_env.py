@@ -1,7 +1,7 @@
 """Environment variables inherited from the image that silently cripple or redirect NCCL (issue 10).
 
 What each does is from the NCCL user guide's environment page and NCCL 2.30.7's source
-(ref/communication-and-planning.md §3); CUDA_VISIBLE_DEVICES from the CUDA Programming Guide.
+(docs/sources.md#nccl-env-vars); CUDA_VISIBLE_DEVICES from the CUDA Programming Guide.
 """
 
 from __future__ import annotations

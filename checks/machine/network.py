@@ -1,7 +1,7 @@
 """Network checks: downloads from configured URLs (per host), TCP links and the all-reduce (across hosts).
 
 The seed article §3.3: two rented boxes joined by 1 Gbit/s make DDP crawl; measure the link (iperf3) before
-training across them. ref/health-checks.md §5 items 10 and 13: judge inter-node TCP against what the link
+training across them. docs/sources.md#inter-node-link: judge inter-node TCP against what the link
 should carry, and read all-reduce figures correctly (busbw, message size).
 """
 
@@ -12,12 +12,17 @@ from typing import Any
 from checks.config import NetworkConfig, PreflightConfig
 from checks.facts import AllreduceFacts, DownloadFacts, LinkFacts, MachineFacts
 from checks.machine import datasheet
-from checks.result import Result, fail, ok, skip, warn
+from checks.machine.grading import grade, graded
+from checks.result import Result, Status, fail, ok, skip, warn
 
 MIB = 1024**2
 # NVLink 3 and 4 carry 25 GB/s per link and direction (18 x 25 = 450 GB/s on H100, 12 x 25 = 300 on A100:
-# ref/health-checks.md §3 "NVLink / P2P").
+# docs/sources.md#nvlink-per-link).
 NVLINK_LINK_GB_S = 25.0
+_LINK_HINTS = {
+    Status.FAIL: "too slow for data-parallel training across these hosts: train on one box, or rent hosts with a fast interconnect",
+    Status.WARN: "gradient all-reduce will be network-bound: keep DDP within one host or use gradient compression",
+}
 
 
 def _download_result(d: DownloadFacts, cfg: NetworkConfig) -> Result:
@@ -82,15 +87,9 @@ def link_results(links: list[LinkFacts], cfg: NetworkConfig) -> list[Result]:
             continue
         rtt = f", RTT {link.rtt_ms:.2f} ms" if link.rtt_ms is not None else ""
         summary = f"{mbit(link.tcp_mbit_s)} TCP ({link.tool}, {link.streams} streams){rtt}"
-        expected = f">= {mbit(cfg.link_warn_mbit_s)}"
-        if link.tcp_mbit_s < cfg.link_fail_mbit_s:
-            hint = "too slow for data-parallel training across these hosts: train on one box, or rent hosts with a fast interconnect"
-            out.append(fail("net-link", summary, hint, subject=subject, value=link.tcp_mbit_s, expected=expected))
-        elif link.tcp_mbit_s < cfg.link_warn_mbit_s:
-            hint = "gradient all-reduce will be network-bound: keep DDP within one host or use gradient compression"
-            out.append(warn("net-link", summary, hint, subject=subject, value=link.tcp_mbit_s, expected=expected))
-        else:
-            out.append(ok("net-link", summary, subject=subject, value=link.tcp_mbit_s, expected=expected))
+        kw = {"subject": subject, "value": link.tcp_mbit_s, "expected": f">= {mbit(cfg.link_warn_mbit_s)}"}
+        status = grade(link.tcp_mbit_s, cfg.link_warn_mbit_s, cfg.link_fail_mbit_s)
+        out.append(graded("net-link", status, summary, _LINK_HINTS.get(status), **kw))
     return out
 
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from checks.config import PreflightConfig
 from checks.facts import MachineFacts
+from checks.machine.grading import grade, graded
 from checks.machine.topology import numa_reason
-from checks.result import Result, fail, ok, warn
+from checks.result import Result, Status, fail, ok, warn
 
 GIB, MIB = 1024**3, 1024**2
 
@@ -46,11 +47,8 @@ def cpu_cores(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
         "too few cores to decode and augment data for the GPU: pick an offer with more vCPUs per GPU, or "
         "pre-decode the dataset once into fixed-size uint8 arrays on local disk so workers only copy them"
     )
-    if per < cfg.host.cores_per_gpu_fail:
-        return [fail("cpu-cores", summary, hint, **kw)]
-    if per < cfg.host.cores_per_gpu_warn:
-        return [warn("cpu-cores", summary, hint, **kw)]
-    return [ok("cpu-cores", summary, **kw)]
+    status = grade(per, cfg.host.cores_per_gpu_warn, cfg.host.cores_per_gpu_fail)
+    return [graded("cpu-cores", status, summary, hint, **kw)]
 
 
 def _ram_bytes(m: MachineFacts) -> int | None:
@@ -73,10 +71,8 @@ def ram(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     need = cfg.host.ram_per_gpu_min_ratio * max(g.memory_total or 0 for g in gpus)
     summary = f"{per / GIB:.0f} GiB RAM per GPU{limited} for {need / GIB / cfg.host.ram_per_gpu_min_ratio:.0f} GiB GPUs"
     kw = {"value": round(per / GIB, 1), "expected": f">= {need / GIB:.0f} GiB per GPU"}
-    if per < need:
-        hint = "loading checkpoints and worker prefetch need host RAM: expect swapping or OOM kills; pick an offer with more RAM"
-        return [warn("ram", summary, hint, **kw)]
-    return [ok("ram", summary, **kw)]
+    hint = "loading checkpoints and worker prefetch need host RAM: expect swapping or OOM kills; pick an offer with more RAM"
+    return [graded("ram", grade(per, need), summary, hint, **kw)]
 
 
 @dataclass(frozen=True)
@@ -144,11 +140,9 @@ def shm(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     summary = f"/dev/shm {size / MIB:.0f} MiB for {wanted_workers} worker(s){per}"
     kw = {"value": round(size / MIB), "expected": f">= {need / MIB:.0f} MiB"}
     hint = f"docker run --shm-size={math.ceil(need / GIB)}g (or remount /dev/shm larger); too small ends in 'Bus error' in workers"
-    if size < cfg.host.shm_min_mib * MIB:
-        return [fail("shm", summary + ": DataLoader workers will die with 'Bus error'", hint, **kw)]
-    if size < need:
-        return [warn("shm", summary + ": fewer workers fit", hint, **kw)]
-    return [ok("shm", summary, **kw)]
+    status = grade(size, need, cfg.host.shm_min_mib * MIB)  # need is at least shm_min_mib
+    why = {Status.FAIL: ": DataLoader workers will die with 'Bus error'", Status.WARN: ": fewer workers fit"}
+    return [graded("shm", status, summary + why.get(status, ""), hint, **kw)]
 
 
 def _nofile_hint(hard: int | None, soft: int, wanted: int) -> str:

@@ -1,6 +1,6 @@
 """GPU to GPU inside one box: the path between every pair, P2P, NUMA placement (issue 10).
 
-Paths are named as ``nvidia-smi topo -m`` names them (ref/communication-and-planning.md §1.2): NV# for # NVLinks,
+Paths are named as ``nvidia-smi topo -m`` names them (docs/sources.md#nvml-topology): NV# for # NVLinks,
 else the common PCIe ancestor: PIX (one PCIe switch), PXB (several switches), PHB (a CPU host bridge), NODE (host
 bridges of one NUMA node), SYS (across the CPU interconnect, UPI/QPI). Verdicts: a pair the card and box should
 join by NVLink but do not, P2P not available where it should be, and GPUs split across sockets.
@@ -27,7 +27,7 @@ def path_name(pair: GpuPair) -> str:
 
 
 def p2p_ok(pair: GpuPair) -> bool | None:
-    """Both read and write P2P are OK (NCCL drops P2P unless both are: ref §1.2); None when NVML did not say."""
+    """Both read and write P2P are OK (NCCL drops P2P unless both are: docs/sources.md#nvml-topology); None when NVML did not say."""
     if pair.p2p_read is None and pair.p2p_write is None:
         return None
     return pair.p2p_read == _P2P_OK and pair.p2p_write == _P2P_OK
@@ -126,7 +126,7 @@ def _p2p_problems(m: MachineFacts, topo: TopologyFacts) -> list[Result]:
     nvlink_off = [p for p in topo.pairs if p.nvlinks and p2p_ok(p) is False]
     if nvlink_off:
         pair = nvlink_off[0]
-        hint = "NCCL stops with an error on an NVLink path without P2P (ref §1.2): check the driver and fabric manager; never set NCCL_IGNORE_DISABLED_P2P"
+        hint = "NCCL stops with an error on an NVLink path without P2P (docs/sources.md#nvml-topology): check the driver and fabric manager; never set NCCL_IGNORE_DISABLED_P2P"
         out.append(
             fail(
                 "gpu-topology",

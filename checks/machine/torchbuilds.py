@@ -1,5 +1,5 @@
 """Facts about PyTorch CUDA builds: which GPU architectures a build's kernels run on, and which build to
-install for a GPU and driver. Pure data and arithmetic; sources are ref/compat.md §2.
+install for a GPU and driver. Pure data and arithmetic; sources are docs/sources.md#torch-wheel-arch-lists.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 _ARCH = re.compile(r"^(sm|compute)_(\d+)(\d)([af]?)$")
 
 # Devices a code SM must not run on although the "same major, lower minor" rule says it would: the Jetson
-# parts (torch 2.14 DEVICE_REQUIREMENT, ref/compat.md §2.3).
+# parts (torch 2.14 DEVICE_REQUIREMENT, docs/sources.md#torch-device-requirement).
 _EXCLUDED = {
     (7, 0): {(7, 2)},
     (8, 0): {(8, 7)},
@@ -42,7 +42,7 @@ def parse_arch(text: str) -> Arch | None:
 
 
 def sass_runs_on(arch: Arch, device: tuple[int, int]) -> bool:
-    """SASS runs on the same major with an equal or higher minor (ref/compat.md §0.2, §2.3)."""
+    """SASS runs on the same major with an equal or higher minor (docs/sources.md#torch-device-requirement)."""
     if arch.kind != "sm":
         return False
     if arch.suffix:
@@ -86,7 +86,7 @@ class Variant:
     torch: str  # which torch releases publish it
 
 
-# Newest first. ref/compat.md §2.1-2.2: cu128 carries sm_70 only for torch 2.8-2.10, so it is left out here
+# Newest first. docs/sources.md#torch-wheel-arch-lists: cu128 carries sm_70 only for torch 2.8-2.10, so it is left out here
 # (V100 gets cu126); cu118-cu126 carry 5.0 ... 9.0.
 _OLD = frozenset({(5, 0), (6, 0), (7, 0), (7, 5), (8, 0), (8, 6), (9, 0)})
 _NEW = frozenset({(7, 5), (8, 0), (8, 6), (9, 0), (10, 0), (12, 0)})
@@ -115,7 +115,7 @@ def best_variant(devices: list[tuple[int, int]], driver_cuda: tuple[int, int] | 
 
 
 # PyTorch's own wheel index: one folder per build (cpu, cu118 ... cu128, cu130). pytorch.org/get-started/locally
-# prints these commands, and torch 2.14's reinstall hint names the same address (ref/compat.md §5).
+# prints these commands, and torch 2.14's reinstall hint names the same address (docs/sources.md#cuda-error-strings).
 PYTORCH_WHEEL_INDEX = "https://download.pytorch.org/whl"
 CPU_BUILD = "cpu"
 

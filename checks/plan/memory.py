@@ -1,14 +1,14 @@
-"""Training memory per GPU, term by term (ref/communication-and-planning.md §6).
+"""Training memory per GPU, term by term (docs/sources.md#zero-model-states).
 
-Model states per parameter (ZeRO, Rajbhandari et al. 2020, §6.1): mixed precision keeps 16-bit weights (2 B) and
+Model states per parameter (ZeRO, Rajbhandari et al. 2020, docs/sources.md#zero-model-states): mixed precision keeps 16-bit weights (2 B) and
 grads (2 B), an fp32 master copy (4 B) and the optimizer's state: AdamW two fp32 moments (8 B), SGD with momentum
 one (4 B), 8-bit Adam 2 B (Dettmers et al. 2021; tensors under 4096 elements keep 8 B). ``fp32`` has 4 B weights
 and grads and no master; ``bf16`` keeps everything in 16-bit (AdamW moments 4 B). LoRA (Hu et al. 2021) trains
 r x (d_in + d_out) per Linear layer, the base frozen in the compute dtype; QLoRA (Dettmers et al. 2023) stores
-the Linear weights in NF4 with double quantisation, 0.516 B per parameter (§6.2).
+the Linear weights in NF4 with double quantisation, 0.516 B per parameter (docs/sources.md#qlora).
 
-Across N GPUs (§6.1): DDP keeps all of it (and, with PyTorch's default gradient_as_bucket_view=False, a second
-copy of the grads in its buckets: §0 item 11); ZeRO-1 shards the optimizer and master (4Ψ + 12Ψ/N), ZeRO-2 the
+Across N GPUs (docs/sources.md#zero-model-states): DDP keeps all of it (and, with PyTorch's default gradient_as_bucket_view=False, a second
+copy of the grads in its buckets: docs/sources.md#ddp-exposed-comm); ZeRO-1 shards the optimizer and master (4Ψ + 12Ψ/N), ZeRO-2 the
 grads too (2Ψ + 14Ψ/N), ZeRO-3 / FSDP full shard everything (16Ψ/N) plus the block being gathered and the next
 one prefetched (2 x the largest block's 16-bit weights, derived). Fixed costs come from ``preflight.plan``.
 """
@@ -21,7 +21,7 @@ from checks.config import PlanConfig
 from checks.plan.model import ModelSize
 
 MiB = 1 << 20
-QLORA_BYTES = 0.516  # NF4 + double-quantised constants: 4.127 bits (ref §6.2, QLoRA pp. 5-6)
+QLORA_BYTES = 0.516  # NF4 + double-quantised constants: 4.127 bits (docs/sources.md#qlora, QLoRA pp. 5-6)
 OPTIMIZER_BYTES = {"adamw": 8.0, "sgd": 4.0, "adam8bit": 2.0}
 SHARD_ORDER = ("ddp", "zero1", "zero2", "zero3")  # least communication first
 

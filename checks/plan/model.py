@@ -3,10 +3,10 @@
 Three sources, one record. ``from_measurement`` reads the child's result (meta device, saved-for-backward bytes
 at two batch sizes: a straight line through them). ``transformer`` is the analytic form for ``--params/--layers
 ...`` and ``--hf-config`` without transformers: parameters from the shapes, activations per layer from
-Korthikanti et al. 2022 (ref/communication-and-planning.md §6.3): attention 11sbh + 5as²b (a fused kernel
+Korthikanti et al. 2022 (docs/sources.md#activation-memory): attention 11sbh + 5as²b (a fused kernel
 instead: a b·a·s fp32 logsumexp), MLP 2sbh input + 1sbh dropout mask + 4sbi (GeLU input and fc2 input; 8sbi for
 a gated MLP's gate, activation, up and product), two LayerNorms 4sbh; with 4h GeLU that is sbh(34 + 5as/h).
-Logits add b·s·V x 6 bytes (16-bit plus the fp32 copy the loss makes, §6.3 "Extras").
+Logits add b·s·V x 6 bytes (16-bit plus the fp32 copy the loss makes, docs/sources.md#activation-memory).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Per sample, the report's step splits into shares (checks/verify/smoke/figures.py
 the dense peak of the dtype (the same MFU on every card); the optimizer step, an elementwise pass over ~16 B per
 parameter, scales with memory bandwidth; data wait, host-to-device copies and checkpoints do not scale (Amdahl).
 With N > 1 GPUs each step adds a ring all-reduce of the gradients, 2(N-1)/N x bytes at a bus bandwidth of ~80%
-of the one-way line rate (ref/communication-and-planning.md §0 items 6 and 9: NVLink links x 25 GB/s, else the
-PCIe link), not overlapped with compute (an upper bound); ZeRO-3 moves ~50% more (§6.1).
+of the one-way line rate (docs/sources.md#nccl-ring-efficiency, docs/sources.md#pcie-p2p-host: NVLink links x 25 GB/s, else the
+PCIe link), not overlapped with compute (an upper bound); ZeRO-3 moves ~50% more (docs/sources.md#zero-model-states).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from checks.machine.datasheet import GpuSpec
 
 SCALES_WITH_PEAK = ("forward", "backward")
 SCALES_WITH_BANDWIDTH = ("optimizer",)
-BUS_EFFICIENCY = 0.8  # ring busbw / one-way line rate (ref §0 item 6, nccl-tests#149 and #212)
-NVLINK_GB_S_PER_LINK = 25.0  # one direction, NVLink 2-4 (ref §2.1)
-ZERO3_COMM = 1.5  # parameter partitioning adds ~50% communication (ZeRO §7, ref §6.1)
+BUS_EFFICIENCY = 0.8  # ring busbw / one-way line rate (docs/sources.md#nccl-ring-efficiency)
+NVLINK_GB_S_PER_LINK = 25.0  # one direction, NVLink 2-4 (docs/sources.md#nvlink-per-link)
+ZERO3_COMM = 1.5  # parameter partitioning adds ~50% communication (ZeRO §7, docs/sources.md#zero-model-states)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from checks.probe.disk import measure_disks
 from checks.probe.env import read_env
 from checks.probe.host import read_host
 from checks.probe.net import measure_downloads
-from checks.probe.nvml import PcieLinkSampler, read_nvml
+from checks.probe.nvml import PcieLinkSampler, read_nvml, uuid_key
 from checks.probe.torch import read_alloc, read_torch, run_bench
 from checks.snapshot import load_snapshot
 
@@ -91,20 +91,16 @@ def _disks_and_net(facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
     return dataclasses.replace(facts, disks=disks, net=downloads)
 
 
-def _bare_uuid(uuid: str) -> str:
-    return uuid.lower().removeprefix("gpu-")
-
-
 def _align_to_nvml(bench: BenchFacts, facts: MachineFacts) -> BenchFacts:
-    """Renumber benchmark rows from CUDA indices to NVML indices by UUID (ref/compat.md §7 "Index mapping").
+    """Renumber benchmark rows from CUDA indices to NVML indices by UUID (docs/sources.md#nvml-cuda-index).
 
     Without a UUID (torch < 2.1) the child ran with CUDA_DEVICE_ORDER=PCI_BUS_ID, which is NVML's order as
     long as CUDA_VISIBLE_DEVICES does not hide GPUs.
     """
-    by_uuid = {_bare_uuid(g.uuid): g.index for g in facts.nvml.gpus if g.uuid}
+    by_uuid = {uuid_key(g.uuid): g.index for g in facts.nvml.gpus if g.uuid}
     rows = tuple(
-        dataclasses.replace(row, index=by_uuid[_bare_uuid(row.uuid)])
-        if row.uuid and _bare_uuid(row.uuid) in by_uuid
+        dataclasses.replace(row, index=by_uuid[uuid_key(row.uuid)])
+        if row.uuid and uuid_key(row.uuid) in by_uuid
         else row
         for row in bench.gpus
     )

@@ -18,24 +18,20 @@ from typing import Any
 
 from checks.config import PreflightConfig
 from checks.facts import AllreduceFacts, LocalAllreduceFacts, MachineFacts, P2PBandwidth, P2PFacts, TopologyFacts
-from checks.probe.nvml import read_topology
+from checks.probe.nvml import read_topology, uuid_key
 from checks.probe.torch import SCRIPTS, ChildFailed, run_child
-
-
-def _bare(uuid: str) -> str:
-    return uuid.lower().removeprefix("gpu-")
 
 
 def p2p_facts(data: Mapping[str, Any], nvml_uuids: Sequence[str | None] = ()) -> P2PFacts:
     """Turn p2p_bench.py's JSON into facts, renumbering CUDA indices to NVML's by UUID where both are known."""
     if data.get("skipped"):
         return P2PFacts(skipped=str(data["skipped"]))
-    by_uuid = {_bare(u): i for i, u in enumerate(nvml_uuids) if u}
+    by_uuid = {uuid_key(u): i for i, u in enumerate(nvml_uuids) if u}
     cuda_uuids = list(data.get("uuids") or [])
 
     def nvml_index(cuda: int) -> int:
         uuid = cuda_uuids[cuda] if cuda < len(cuda_uuids) else None
-        return by_uuid.get(_bare(uuid), cuda) if uuid else cuda
+        return by_uuid.get(uuid_key(uuid), cuda) if uuid else cuda
 
     pairs = tuple(
         P2PBandwidth(

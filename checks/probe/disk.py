@@ -32,7 +32,7 @@ from checks.probe.diskio import (
     sweep_stale,
 )
 from checks.probe.fio import fio_available, fio_sequential
-from checks.probe.mounts import mount_of, read_mounts, with_timeout
+from checks.probe.mounts import mount_of, read_mounts, statvfs
 from checks.probe.smallfiles import small_files
 
 
@@ -80,7 +80,7 @@ def precondition(path: str, mount: MountFacts | None, cfg: DiskConfig) -> str | 
     if not os.access(path, os.W_OK | os.X_OK):
         return "not writable by this user (permission denied)"
     try:
-        st = with_timeout(lambda: os.statvfs(path), cfg.stat_timeout_s)
+        st = statvfs(path, cfg.stat_timeout_s)
     except (OSError, TimeoutError) as exc:
         return f"statvfs failed: {exc}"
     free = st.f_bavail * st.f_frsize

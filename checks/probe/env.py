@@ -25,7 +25,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from checks.facts import EnvFacts
 from checks.probe.net import redact
 
-# Prefixes and names of the variables that change what training does (ref/communication-and-planning.md's
+# Prefixes and names of the variables that change what training does (docs/sources.md#nccl-env-vars:
 # NCCL_* table; CUDA_*, PYTORCH_* and the thread counts change kernels, devices and the allocator).
 VARIABLE_PREFIXES = ("CUDA_", "NCCL_", "PYTORCH_", "TORCH_", "MKL_", "HF_", "TRANSFORMERS_", "NVIDIA_")
 VARIABLE_NAMES = (

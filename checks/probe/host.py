@@ -26,8 +26,8 @@ from checks.facts import HostFacts
 _CUDA_KEYS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_HOME", "CUDA_VERSION", "CUDA_MODULE_LOADING")
 _LOADER_KEYS = ("LD_LIBRARY_PATH", "LD_PRELOAD", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
 _TORCH_KEYS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NVML_BASED_CUDA_CHECK")
-# The last three are debugging settings that change what NCCL does when left set (ref/communication-and-planning.md
-# §3): nccl-env names them.
+# The last three are debugging settings that change what NCCL does when left set (docs/sources.md#nccl-env-vars):
+# nccl-env names them.
 _NCCL_KEYS = (
     "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_IB_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NVLS_ENABLE",
     "NCCL_ALGO", "NCCL_PROTO", "NCCL_IGNORE_DISABLED_P2P",

@@ -18,6 +18,7 @@ from checks.facts import MountFacts
 
 T = TypeVar("T")
 MIB = 1024**2
+STAT_TIMEOUT_S = 2.0  # preflight.disk.stat_timeout_s's default, for callers without the config
 
 # Filesystems that hold no data of their own (kernel interfaces, container plumbing, read-only images).
 PSEUDO_FS = frozenset({
@@ -113,7 +114,7 @@ def mount_facts(entry: tuple[str, str, str, bool], stat_timeout_s: float) -> Mou
     mountpoint, fs_type, source, read_only = entry
     base = MountFacts(mountpoint, fs_type, source, fs_kind(fs_type), read_only)
     try:
-        st = with_timeout(lambda: os.statvfs(mountpoint), stat_timeout_s)
+        st = statvfs(mountpoint, stat_timeout_s)
     except TimeoutError as exc:
         return replace(base, error=f"statvfs {exc} (a dead network mount?)")
     except OSError as exc:
@@ -144,7 +145,9 @@ def mount_table(root: Path = Path("/")) -> list[tuple[str, str]]:
     return [(mountpoint, fs_type) for mountpoint, fs_type, _, _ in _mountinfo(root)]
 
 
-def read_mounts(stat_timeout_s: float = 2.0, root: Path = Path("/"), home: str | None = None) -> list[MountFacts]:
+def read_mounts(
+    stat_timeout_s: float = STAT_TIMEOUT_S, root: Path = Path("/"), home: str | None = None
+) -> list[MountFacts]:
     """List the relevant mounts this process sees, in mount order."""
     home = home or os.path.expanduser("~")
     entries = [e for e in _mountinfo(root) if relevant(e[0], e[1], home) and _is_dir(root, e[0])]
@@ -156,14 +159,32 @@ def _is_dir(root: Path, mountpoint: str) -> bool:
     return (root / mountpoint.lstrip("/")).is_dir()
 
 
+def _longest(path: str | os.PathLike[str], points: Iterable[str]) -> int | None:
+    """The position of the mount point ``path`` lives under: the longest that is a prefix of its real path (a
+    later mount over the same point wins, as in the mount table); None when none is."""
+    real = os.path.realpath(path)
+    best, length = None, -1
+    for i, point in enumerate(points):
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= length:
+            best, length = i, len(point)
+    return best
+
+
 def mount_of(path: str, mounts: Iterable[MountFacts]) -> MountFacts | None:
     """Find the mount a path lives on: the longest mountpoint that is a prefix of its real path."""
-    real = os.path.realpath(path)
-    best: MountFacts | None = None
-    for m in mounts:
-        prefix = m.mountpoint.rstrip("/") + "/"
-        if (real == m.mountpoint or real.startswith(prefix) or m.mountpoint == "/") and (
-            best is None or len(m.mountpoint) > len(best.mountpoint)
-        ):
-            best = m
-    return best
+    listed = list(mounts)
+    found = _longest(path, (m.mountpoint for m in listed))
+    return None if found is None else listed[found]
+
+
+def holder(path: str | os.PathLike[str], table: Iterable[tuple[str, str]]) -> tuple[str, str]:
+    """Return (mount point, type) of the filesystem holding ``path`` in a ``mount_table()``; ("", "unknown") when
+    the table has no mount point above it."""
+    listed = list(table)
+    found = _longest(path, (point for point, _ in listed))
+    return ("", "unknown") if found is None else listed[found]
+
+
+def statvfs(path: str | os.PathLike[str], timeout_s: float) -> os.statvfs_result:
+    """``os.statvfs`` bounded by ``timeout_s`` (TimeoutError "no answer within N s"): a dead NFS server hangs it."""
+    return with_timeout(lambda: os.statvfs(path), timeout_s)

@@ -94,6 +94,21 @@ class Query:
             raise Unanswered("; ".join(self.errors) or f"NVML gave no handle for GPU {index}")
         return handle
 
+    def handles(self) -> dict[int, Any]:
+        """Return a handle per GPU that has one, by NVML index; GPUs already lost (or no count) are left out."""
+        found: dict[int, Any] = {}
+        with contextlib.suppress(Unanswered):
+            for index in range(self("nvmlDeviceGetCount") or 0):
+                with contextlib.suppress(Unanswered):
+                    found[index] = self.handle(index)
+        return found
+
+
+def uuid_key(uuid: str) -> str:
+    """The one rule for matching a GPU's UUID between NVML and torch: case-blind, without NVML's ``GPU-`` prefix
+    (NVML says ``GPU-5d0a...``; torch >= 2.1 prints the same UUID bare)."""
+    return uuid.strip().lower().removeprefix("gpu-")
+
 
 def start_nvml(nvml: Any | None) -> tuple[Any, NvmlFacts | None]:
     """Import (when ``nvml`` is None) and initialise NVML; on failure return the facts that say why."""
@@ -334,7 +349,7 @@ class PcieLinkSampler:
         nvml, failure = start_nvml(self._nvml)
         if failure is None:
             self._query = Query(nvml)
-            self._handles = self._open_handles(self._query)
+            self._handles = self._query.handles()
             self._peak = {index: (None, None) for index in self._handles}
         return self
 
@@ -342,16 +357,6 @@ class PcieLinkSampler:
         if self._query is not None:
             stop_nvml(self._query.nvml)
             self._query = None
-
-    @staticmethod
-    def _open_handles(q: Query) -> dict[int, Any]:
-        """Return a handle per GPU that has one; GPUs already lost are left out."""
-        handles: dict[int, Any] = {}
-        with contextlib.suppress(Unanswered):
-            for index in range(q("nvmlDeviceGetCount") or 0):
-                with contextlib.suppress(Unanswered):
-                    handles[index] = q.handle(index)
-        return handles
 
     def sample(self) -> None:
         """Read the current link generation and width of every GPU and keep the highest of each."""
@@ -373,12 +378,12 @@ class PcieLinkSampler:
         return dict(self._peak)
 
 
-# --- topology (issue 10; ref/communication-and-planning.md §1) ------------------------------------------------
+# --- topology (issue 10; docs/sources.md#nvml-topology) ---------------------------------------------------------
 
-# NVML_P2P_STATUS_* value -> nvidia-smi topo -p2p letter (ref/communication-and-planning.md §1.2).
+# NVML_P2P_STATUS_* value -> nvidia-smi topo -p2p letter (docs/sources.md#nvml-topology).
 P2P_LETTERS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
 # NVML_P2P_CAPS_INDEX_*: READ is the tuple (0,) in nvidia-ml-py 13.615.71 (a stray comma) and ctypes refuses it,
-# so the integers are spelled out here (ref/communication-and-planning.md §1.3 "Tuple bug").
+# so the integers are spelled out here (docs/sources.md#pynvml-p2p-index).
 _P2P_INDICES = {"p2p_read": 0, "p2p_write": 1, "p2p_nvlink": 2, "p2p_atomics": 3}
 _NVLINK_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
 _MASK_BITS = 64  # CPU and node masks come as c_ulonglong words
@@ -399,11 +404,7 @@ def read_topology(nvml: Any | None = None, cpu_count: int | None = None) -> Topo
 
 
 def _read_topology(q: Query, cpu_count: int) -> TopologyFacts:
-    handles: dict[int, Any] = {}
-    with contextlib.suppress(Unanswered):
-        for index in range(q("nvmlDeviceGetCount") or 0):
-            with contextlib.suppress(Unanswered):
-                handles[index] = q.handle(index)
+    handles = q.handles()
     gpus = {i: _locality(q, i, h, cpu_count) for i, h in handles.items()}
     pairs = tuple(_pair(q, gpus[a], gpus[b], handles[a], handles[b]) for a, b in combinations(sorted(handles), 2))
     return TopologyFacts(gpus=tuple(gpus.values()), pairs=pairs)
@@ -416,7 +417,7 @@ def _bits(mask: Any) -> tuple[int, ...]:
 
 def _numa_node(q: Query, handle: Any) -> int | None:
     """The NUMA node nearest the GPU: its memory affinity on x86; nvmlDeviceGetNumaNodeId where the GPU is a
-    node itself (Grace). ref/communication-and-planning.md §0 item 3."""
+    node itself (Grace). docs/sources.md#nvml-numa."""
     nodes = q("nvmlDeviceGetMemoryAffinity", handle, 4, q.nvml.NVML_AFFINITY_SCOPE_NODE)
     found = _bits(nodes) if nodes is not None else ()
     if len(found) == 1:
@@ -452,7 +453,7 @@ def _locality(q: Query, index: int, handle: Any, cpu_count: int) -> GpuLocality:
 
 def _pair(q: Query, a: GpuLocality, b: GpuLocality, ha: Any, hb: Any) -> GpuPair:
     """One cell of nvidia-smi topo -m and of topo -p2p: NV# counts the links whose far end is the peer
-    [derived, ref/communication-and-planning.md §1.2], or through NVSwitches the fewer of the two GPUs' links."""
+    [derived, docs/sources.md#nvml-topology], or through NVSwitches the fewer of the two GPUs' links."""
     direct = sum(peer == b.bus_id for peer in a.nvlink_peers) if b.bus_id else 0
     switched = min(a.nvlink_switch_links, b.nvlink_switch_links)
     try:

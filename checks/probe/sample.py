@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from checks.probe.nvml import Query, Unanswered, start_nvml, stop_nvml
+from checks.probe.nvml import Query, Unanswered, start_nvml, stop_nvml, uuid_key
 
 MIB = 1024**2
 # nvmlDeviceGetPcieThroughput counts bytes over a 20 ms window per call (NVML API reference): two calls per
@@ -52,12 +52,11 @@ class GpuReader:
             self.error = failure.error
             return self
         self._query = q = Query(nvml)
-        with contextlib.suppress(Unanswered):
-            for index in range(q("nvmlDeviceGetCount") or 0):
-                with contextlib.suppress(Unanswered):
-                    self._handles[index] = handle = q.handle(index)
-                    self.uuids[index] = q("nvmlDeviceGetUUID", handle)
-                    self._max_clock[index] = q("nvmlDeviceGetMaxClockInfo", handle, nvml.NVML_CLOCK_SM)
+        self._handles = q.handles()
+        for index, handle in self._handles.items():
+            with contextlib.suppress(Unanswered):
+                self.uuids[index] = q("nvmlDeviceGetUUID", handle)
+                self._max_clock[index] = q("nvmlDeviceGetMaxClockInfo", handle, nvml.NVML_CLOCK_SM)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -72,7 +71,8 @@ class GpuReader:
 
     def index_of(self, uuid: str | None) -> int | None:
         """Return the NVML index of the GPU with ``uuid`` (torch and NVML can order GPUs differently)."""
-        return next((i for i, u in self.uuids.items() if uuid and u and u.endswith(uuid.removeprefix("GPU-"))), None)
+        key = uuid_key(uuid) if uuid else None
+        return next((i for i, u in self.uuids.items() if key and u and uuid_key(u) == key), None)
 
     def processes(self) -> dict[int, set[int]]:
         """PIDs with a CUDA context on each GPU (host PIDs: inside a container they may not match).

@@ -88,11 +88,12 @@ def rtt(host: str, port: int, count: int) -> dict[str, Any]:
     return {"rtt_ms": round(statistics.median(times[1:]) * 1000, 3), "count": count}
 
 
-def free_port() -> dict[str, Any]:
-    """Find a TCP port nobody listens on right now (for torch.distributed's rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return {"port": s.getsockname()[1]}
+def free_port(host: str = "") -> int:
+    """Find a TCP port nothing listens on right now at ``host`` ("": every address, as a rendezvous that other
+    hosts reach needs; "127.0.0.1" for one box), the kernel's pick, so a busy 29500 never blocks torch.distributed."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def route(host: str) -> dict[str, Any]:
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         actions = {
             "rtt": lambda: rtt(args.host, args.port, args.count),
-            "free-port": free_port,
+            "free-port": lambda: {"port": free_port()},
             "route": lambda: route(args.host),
         }
         result = actions[args.command]() if args.command in actions else _client(args)

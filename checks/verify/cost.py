@@ -1,6 +1,6 @@
 """Time into money: the cost of an epoch at the measured throughput, and of each share of it that is lost.
 
-ref/diagnosis.md §4 item 1: ``$ / epoch = price/h x (steps_per_epoch x step time, checkpoints amortised) / 3600``,
+docs/sources.md#cost-per-epoch: ``$ / epoch = price/h x (steps_per_epoch x step time, checkpoints amortised) / 3600``,
 and the saving a fix would bring ("data wait costs $N per epoch"). The seed article §2.3 asks for exactly this
 figure ("what does one epoch cost", not "what does an hour cost"). Pure functions.
 """

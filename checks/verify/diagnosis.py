@@ -1,8 +1,8 @@
 """Verdicts: where a training step's time goes, what to fix, how sure we are. Pure: signals in, verdicts out.
 
-Rules, thresholds and their sources are ref/diagnosis.md §2.6 (V1-V11); every threshold is a key under
+Rules, thresholds and their sources are docs/sources.md#verdict-rules (V1-V11); every threshold is a key under
 ``preflight.verify``. A rule abstains when its inputs are missing (never reads a missing signal as zero), and
-GPU utilisation is never a verdict on its own (§3 item 2). Verdict ids (the ``diagnosis`` result's value):
+GPU utilisation is never a verdict on its own (docs/sources.md#nvml-utilization). Verdict ids (the ``diagnosis`` result's value):
 
 - ``data-bound``: the device waits for the next batch (V1: data wait share >= share_warn).
 - ``cpu-starved``: data-bound while the training process tree keeps the usable cores saturated (V1a).
@@ -31,6 +31,7 @@ from checks.machine.gpu import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER
 from checks.result import Result
 from checks.verify import advice as fixes
 from checks.verify import distributed
+from checks.verify.contract import DdpFigures
 
 TIME_VERDICTS = ("data-bound", "cpu-starved", "h2d-bound", "launch-bound", "checkpoint-bound", "comm-bound")
 _THROTTLE_BITS = SW_POWER_CAP | HW_SLOWDOWN | SW_THERMAL | HW_THERMAL | HW_POWER_BRAKE
@@ -95,7 +96,7 @@ class Signals:
     loader_alone: dict[str, Any] | None = None  # checks.verify.smoke.candidates.loader_alone: the DataLoader alone
     loader_advice: dict[str, Any] | None = None  # checks.verify.advice.loader_advice over loader_alone's candidates
     data_cost: dict[str, Any] | None = None  # checks.verify.smoke.candidates.data_cost: a sample's time, split
-    ddp: dict[str, Any] | None = None  # measurements.ddp (checks.verify.distributed.figures); None: one process
+    ddp: DdpFigures | None = None  # measurements.ddp (checks.verify.distributed.figures); None: one process
     gate: tuple[Result, ...] | None = None  # bootstrap's fast checks as verify ran them; None: not run
 
 
@@ -328,24 +329,25 @@ def _contended(s: Signals, cfg: VerifyConfig) -> Verdict | None:
 
 def _comm(s: Signals, cfg: VerifyConfig) -> Verdict | None:
     """Several processes: the exchange the step waits for takes share_warn of it (TraceML's 10%, as V1/V2)."""
-    d = s.ddp or {}
-    share = d.get("comm_share")
-    if share is None or share < cfg.share_warn:
+    d = s.ddp
+    share = d.comm_share if d else None
+    if d is None or share is None or share < cfg.share_warn:
         return None
     severity, confidence = _severity(share, s, cfg, cfg.share_warn)
     summary, fix = distributed.comm_text(d, cfg.share_warn)
     keys = ("world_size", "backend", "comm_exposed_ms", "grad_bytes", "busbw_gbs", "ab", "hosts", "link_mbit_s")
-    ev = {k: d.get(k) for k in keys if k in d}
+    figures = d.to_json()
+    ev = {k: figures[k] for k in keys if k in figures}
     return Verdict("comm-bound", severity, confidence, summary, fix, share, ev)
 
 
 def _straggler(s: Signals, cfg: VerifyConfig) -> Verdict | None:
     """Several processes: one rank's own step is straggler_share slower than the others' (TraceML's score); named
     with its GPU and what bootstrap's gate says about that GPU."""
-    found = distributed.straggler((s.ddp or {}).get("per_rank") or [], cfg)
-    if found is None:
+    found = distributed.straggler(s.ddp.per_rank, cfg) if s.ddp else None
+    if found is None or s.ddp is None:
         return None
-    summary, fix, evidence = distributed.straggler_text(found, s.ddp or {}, s.gate)
+    summary, fix, evidence = distributed.straggler_text(found, s.ddp, s.gate)
     return Verdict("straggler", "warn", "medium", summary, fix, found["score"], evidence)
 
 

@@ -25,7 +25,17 @@ from checks.config import VerifyConfig
 from checks.errors import PreflightError
 from checks.facts import MachineFacts
 from checks.result import Result, Status, ok, skip
-from checks.verify.smoke.figures import breakdown, step_total
+from checks.verify.contract import (
+    ChildResult,
+    CommAb,
+    CommFigures,
+    DdpFigures,
+    DdpSpec,
+    RankDevice,
+    RankResult,
+    RankRow,
+)
+from checks.verify.smoke.figures import breakdown
 
 
 def processes(nproc: int, cfg: VerifyConfig, facts: MachineFacts) -> int:
@@ -49,96 +59,100 @@ def processes(nproc: int, cfg: VerifyConfig, facts: MachineFacts) -> int:
     return wanted
 
 
-def spec_block(world: int, cfg: VerifyConfig, facts: MachineFacts) -> dict[str, Any] | None:
+def spec_block(world: int, cfg: VerifyConfig, facts: MachineFacts) -> DdpSpec | None:
     """The child's ``ddp`` spec (ranks and the store are added per rank by the launcher); None for one process."""
     if world < 2:
         return None
     gpus = 0 if cfg.device == "cpu" else facts.torch.device_count
-    return {
-        "world_size": world,
-        "backend": "nccl" if gpus else "gloo",
-        "threads": 0 if gpus else max(1, int(facts.host.usable_cores) // world),
-        "windows": cfg.ddp_windows,
-        "window_steps": cfg.ddp_window_steps,
-        "solo_steps": cfg.ddp_solo_steps,
-        "timeout_s": cfg.ddp_timeout_s,
-    }
+    return DdpSpec(
+        world_size=world,
+        backend="nccl" if gpus else "gloo",
+        threads=0 if gpus else max(1, int(facts.host.usable_cores) // world),
+        windows=cfg.ddp_windows,
+        window_steps=cfg.ddp_window_steps,
+        solo_steps=cfg.ddp_solo_steps,
+        timeout_s=cfg.ddp_timeout_s,
+    )
 
 
-def describe(block: dict[str, Any], cores: float) -> str:
+def describe(block: DdpSpec, cores: float) -> str:
     """The line verify says before it starts (on the CPU: how the cores are shared)."""
     where = (
         "NCCL, one GPU each"
-        if block["backend"] == "nccl"
-        else f"gloo on the CPU, {block['threads']} thread(s) each of {cores:g} usable cores"
+        if block.backend == "nccl"
+        else f"gloo on the CPU, {block.threads} thread(s) each of {cores:g} usable cores"
     )
-    return f"verify: {block['world_size']} processes, DistributedDataParallel ({where})"
+    return f"verify: {block.world_size} processes, DistributedDataParallel ({where})"
 
 
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def per_rank(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def per_rank(ranks: Sequence[RankResult]) -> tuple[RankRow, ...]:
     """Each rank's measured step median, its own speed (no_sync median), synchronised median and data wait."""
     out = []
     for r in ranks:
-        ab = (r.get("ddp") or {}).get("comm_ab") or {}
-        steps = r.get("steps") or []
-        row: dict[str, Any] = {"rank": r["rank"], "median_s": _median([step_total(s) for s in steps])}
-        row |= {"own_s": ab.get("no_sync_median_s"), "sync_s": ab.get("sync_median_s")}
-        row |= {"data_wait_share": round(breakdown(steps)["data_wait"], 4) if steps else None, "error": r.get("error")}
-        row["gpu"] = gpu_of(r.get("device"))
-        out.append(row)
-    return out
+        ab = (r.ddp.comm_ab if r.ddp else None) or CommAb()
+        wait = round(breakdown(r.steps)["data_wait"], 4) if r.steps else None
+        median = _median([s.total for s in r.steps])
+        out.append(RankRow(r.rank, median, ab.no_sync_median_s, ab.sync_median_s, wait, r.error, gpu_of(r.device)))
+    return tuple(out)
 
 
-def gpu_of(device: dict[str, Any] | None) -> int | None:
+def gpu_of(device: RankDevice | None) -> int | None:
     """The GPU a rank trained on: its NVML index where its UUID maps to one here, else its torch index on its
     host; None on the CPU or when the rank did not say."""
-    d = device or {}
-    if d.get("type") != "cuda":
+    if device is None or device.type != "cuda":
         return None
-    return d["nvml_index"] if d.get("nvml_index") is not None else d.get("index")
+    return device.nvml_index if device.nvml_index is not None else device.index
 
 
-def figures(r: dict[str, Any], samples_per_step: int) -> dict[str, Any] | None:
+def figures(r: ChildResult) -> DdpFigures | None:
     """``measurements.ddp`` from the combined result (None for a one-process run)."""
-    own = r.get("ddp")
+    own = r.ddp
     if not own:
         return None
-    rows = per_rank(r.get("ranks") or [])
-    world = int(own["world_size"])
-    m: dict[str, Any] = {"world_size": world, "backend": own["backend"], "per_rank": rows}
-    ab, solo = own.get("comm_ab") or {}, own.get("solo") or {}
-    timed = [x for x in rows if x["own_s"] is not None and x["sync_s"] is not None]
-    step = _median([x["median_s"] for x in rows if x["median_s"]])
-    slowest = max(timed, key=lambda x: x["own_s"]) if timed else None
-    exposed = max(0.0, slowest["sync_s"] - slowest["own_s"]) if slowest else None
-    grad = ab.get("grad_bytes")
-    m |= {"grad_bytes": grad, "comm_exposed_ms": None if exposed is None else round(1000 * exposed, 3)}
-    m["comm_share"] = round(exposed / step, 4) if exposed is not None and step else None
-    m["busbw_gbs"] = round(grad * 2 * (world - 1) / world / exposed / 1e9, 3) if grad and exposed else None
-    alone = solo.get("median_s")
-    m["scaling_efficiency"] = round(alone / step, 4) if alone and step else None
-    m["samples_per_s"] = world * samples_per_step / step if step else None
-    m["samples_per_s_one"] = samples_per_step / alone if alone else None
-    m["ab"] = _ab(ab)
-    if own.get("hosts"):  # --hosts: the exchange crossed the network between them
-        m["hosts"] = own["hosts"]
-        m["link_mbit_s"] = round(m["busbw_gbs"] * 8000, 1) if m["busbw_gbs"] else None
-    return m
+    samples_per_step = r.samples_per_step // own.world_size  # one rank's
+    rows = per_rank(r.ranks)
+    world = own.world_size
+    timed = [(x.own_s, x.sync_s) for x in rows if x.own_s is not None and x.sync_s is not None]
+    step = _median([x.median_s for x in rows if x.median_s])
+    slowest = max(timed, key=lambda t: t[0]) if timed else None  # by its own step
+    exposed = max(0.0, slowest[1] - slowest[0]) if slowest else None
+    grad = (own.comm_ab or CommAb()).grad_bytes
+    busbw = round(grad * 2 * (world - 1) / world / exposed / 1e9, 3) if grad and exposed else None
+    alone = own.solo.median_s if own.solo else None
+    return DdpFigures(
+        world_size=world,
+        backend=own.backend,
+        per_rank=rows,
+        grad_bytes=grad,
+        comm_exposed_ms=None if exposed is None else round(1000 * exposed, 3),
+        comm_share=round(exposed / step, 4) if exposed is not None and step else None,
+        busbw_gbs=busbw,
+        scaling_efficiency=round(alone / step, 4) if alone and step else None,
+        samples_per_s=world * samples_per_step / step if step else None,
+        samples_per_s_one=samples_per_step / alone if alone else None,
+        ab=_ab(own.comm_ab),
+        hosts=own.hosts or None,  # --hosts: the exchange crossed the network between them
+        link_mbit_s=round(busbw * 8000, 1) if busbw and own.hosts else None,
+    )
 
 
-def _ab(ab: dict[str, Any]) -> dict[str, Any] | None:
+def _ab(ab: CommAb | None) -> CommFigures | None:
     """The A/B's own figures: its windows and the spread of each leg (the noise the exposed time sits in)."""
-    if not ab:
+    if ab is None:
         return None
-    out = {k: ab.get(k) for k in ("windows", "window_steps", "sync_median_s", "no_sync_median_s")}
-    for leg in ("sync_s", "no_sync_s"):
-        xs = ab.get(leg) or []
-        out[f"{leg[:-2]}_spread_s"] = round(statistics.pstdev(xs), 7) if len(xs) > 1 else None
-    return out
+    sync, local = ab.sync_s or (), ab.no_sync_s or ()
+    return CommFigures(
+        ab.windows,
+        ab.window_steps,
+        ab.sync_median_s,
+        ab.no_sync_median_s,
+        round(statistics.pstdev(sync), 7) if len(sync) > 1 else None,
+        round(statistics.pstdev(local), 7) if len(local) > 1 else None,
+    )
 
 
 def accumulation(comm_share: float, target: float, most: int = 16) -> int | None:
@@ -150,28 +164,27 @@ def accumulation(comm_share: float, target: float, most: int = 16) -> int | None
     return None if comm_share >= 1 else most
 
 
-def straggler(rows: list[dict[str, Any]], cfg: VerifyConfig) -> dict[str, Any] | None:
+def straggler(rows: Sequence[RankRow], cfg: VerifyConfig) -> dict[str, Any] | None:
     """The one rank whose own step is ``straggler_share`` above the others' median (None when none or unsure)."""
-    timed = [x for x in rows if x.get("own_s")]
+    timed = [(x.own_s, x.rank) for x in rows if x.own_s]
     if len(timed) < 2:
         return None
-    worst = max(timed, key=lambda x: x["own_s"])
-    others = statistics.median(x["own_s"] for x in timed if x is not worst)
-    score = worst["own_s"] / others - 1 if others > 0 else math.inf
+    worst = max(timed, key=lambda t: t[0])
+    others = statistics.median(own for own, rank in timed if rank != worst[1])
+    score = worst[0] / others - 1 if others > 0 else math.inf
     if score < cfg.straggler_share:
         return None
-    return {"rank": worst["rank"], "own_s": worst["own_s"], "others_s": others, "score": round(score, 3)}
+    return {"rank": worst[1], "own_s": worst[0], "others_s": others, "score": round(score, 3)}
 
 
 def straggler_text(
-    found: dict[str, Any], d: dict[str, Any], gate: Sequence[Result] | None
+    found: dict[str, Any], d: DdpFigures, gate: Sequence[Result] | None
 ) -> tuple[str, str, dict[str, Any]]:
     """The straggler's summary, fix and evidence: the rank, its GPU ("CPU" without one) and what bootstrap's
     fast checks (verify's gate rows, subjects ``gpuN``) say about that GPU."""
-    row: dict[str, Any] = next((x for x in d.get("per_rank") or [] if x["rank"] == found["rank"]), {})
-    gpu = row.get("gpu")
+    gpu = next((x.gpu for x in d.per_rank if x.rank == found["rank"]), None)
     where = "CPU" if gpu is None else f"gpu{gpu}"
-    host = next((h["host"] for h in d.get("hosts") or [] if found["rank"] in h.get("ranks", [])), None)
+    host = next((h.host for h in d.hosts or () if found["rank"] in h.ranks), None)
     summary = (
         f"rank {found['rank']} ({where}{f' on {host}' if host else ''}) takes {1000 * found['own_s']:.1f} ms per "
         f"step on its own, the others {1000 * found['others_s']:.1f} ms ({100 * found['score']:.0f}% slower): "
@@ -217,12 +230,12 @@ def _bootstrap_says(where: str, host: str | None, gate: Sequence[Result] | None,
     return f"bootstrap flags {where}: " + "; ".join(f"{r['id']} {r['status']}: {r['summary']}" for r in flagged)
 
 
-def comm_text(d: dict[str, Any], target: float) -> tuple[str, str]:
+def comm_text(d: DdpFigures, target: float) -> tuple[str, str]:
     """The comm-bound summary and its fixes, ranked by the step time each would save on these numbers."""
-    share, ms, grad = d["comm_share"], d["comm_exposed_ms"], d.get("grad_bytes") or 0
-    bw = f", at least {d['busbw_gbs']:g} GB/s busbw" if d.get("busbw_gbs") else ""
+    share, ms, grad = d.comm_share or 0.0, d.comm_exposed_ms or 0.0, d.grad_bytes or 0
+    bw = f", at least {d.busbw_gbs:g} GB/s busbw" if d.busbw_gbs else ""
     summary = (
-        f"{d['world_size']} ranks ({d['backend']}) wait {ms:.1f} ms per step for the gradient exchange, "
+        f"{d.world_size} ranks ({d.backend}) wait {ms:.1f} ms per step for the gradient exchange, "
         f"{100 * share:.0f}% of the step ({grad / 1e6:.1f} MB all-reduced per step{bw})"
     )
     k = accumulation(share, target)
@@ -247,17 +260,17 @@ def comm_text(d: dict[str, Any], target: float) -> tuple[str, str]:
             "DistributedDataParallel(bucket_cap_mb=...): larger buckets overlap more of the exchange with the backward (not measured here)",
         )
     )
-    hosts = d.get("hosts") or []
+    hosts = d.hosts or ()
     if hosts:
         summary += f" across {len(hosts)} hosts" + (
-            f": the link carried at least {d['link_mbit_s']:,.0f} Mbit/s of busbw" if d.get("link_mbit_s") else ""
+            f": the link carried at least {d.link_mbit_s:,.0f} Mbit/s of busbw" if d.link_mbit_s else ""
         )
     link = (
-        f"one box with all {d['world_size']} ranks instead of {len(hosts)} hosts (bootstrap --hosts measures the link "
+        f"one box with all {d.world_size} ranks instead of {len(hosts)} hosts (bootstrap --hosts measures the link "
         "itself: net-link), or hosts joined by a faster interconnect (InfiniBand / RoCE at 100-400 Gbit/s)"
         if hosts
-        else "one box whose GPUs share NVLink (ring busbw ~230 GB/s on 8x A100 SXM, ~370 on 8x H100; PCIe-only boxes ~20-35: communication-and-planning.md) instead of PCIe or two boxes"
-        if d["backend"] == "nccl"
+        else "one box whose GPUs share NVLink (ring busbw ~230 GB/s on 8x A100 SXM, ~370 on 8x H100; PCIe-only boxes ~20-35: docs/sources.md#nccl-ring-efficiency) instead of PCIe or two boxes"
+        if d.backend == "nccl"
         else "on GPUs the exchange goes over NVLink, PCIe or the network instead: run verify --nproc on the GPU box"
     )
     ranked.append((0.0, link))
@@ -265,16 +278,16 @@ def comm_text(d: dict[str, Any], target: float) -> tuple[str, str]:
     return summary, "; ".join(f"{i + 1}) {t}" for i, t in enumerate(fixes))
 
 
-def ddp_result(d: dict[str, Any] | None) -> Result:
+def ddp_result(d: DdpFigures | None) -> Result:
     """``verify-ddp``: the exchange, the scaling and each rank's own step, in one line (verdicts judge them)."""
-    if not d or d.get("comm_exposed_ms") is None:
+    if d is None or d.comm_exposed_ms is None:
         return skip("verify-ddp", "the run ended before the no_sync A/B")
-    eff = d.get("scaling_efficiency")
+    eff = d.scaling_efficiency
     scaling = f"scaling efficiency {100 * eff:.0f}%" if eff is not None else "no one-process leg"
-    ranks = ", ".join(f"rank {x['rank']} {1000 * x['own_s']:.1f}" for x in d["per_rank"] if x.get("own_s") is not None)
+    ranks = ", ".join(f"rank {x.rank} {1000 * x.own_s:.1f}" for x in d.per_rank if x.own_s is not None)
     summary = (
-        f"{d['world_size']} ranks ({d['backend']}): exposed communication {d['comm_exposed_ms']:.1f} ms per step "
-        f"({100 * (d['comm_share'] or 0):.0f}% of the step, {(d['grad_bytes'] or 0) / 1e6:.1f} MB of gradients); "
+        f"{d.world_size} ranks ({d.backend}): exposed communication {d.comm_exposed_ms:.1f} ms per step "
+        f"({100 * (d.comm_share or 0):.0f}% of the step, {(d.grad_bytes or 0) / 1e6:.1f} MB of gradients); "
         f"{scaling}; own step ms (no_sync): {ranks}"
     )
-    return ok("verify-ddp", summary, value=d["comm_share"])
+    return ok("verify-ddp", summary, value=d.comm_share)

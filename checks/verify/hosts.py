@@ -1,11 +1,12 @@
 """``invoke verify --hosts h1,h2``: the same DDP run across hosts, over the SSH fan-out of ``bootstrap --hosts``.
 
-Every host is connected, its Python checked and the checkout shipped as for bootstrap (``provision.fanout``,
-``--install`` included), then probed (``checks.verify.smoke.node probe``: GPUs, cores, and on the first host a
-free port). The ranks are planned here: NCCL with one rank per GPU where every host has GPUs and NCCL (``slots=N``
-caps a host), else gloo with one rank per host (``slots=N``: N); rank 0 is on the first host, whose address
-(as SSH reached it, or ``addr=`` from a hosts file) and free port are the static rendezvous. Each host runs its
-own ranks (``node run``); rank 0's result, with every rank's figures, is judged here as a one-box run is.
+Every host is connected, its Python checked and the checkout shipped by the host flow bootstrap uses too
+(``provision.flow``, ``--install`` included), then probed (``checks.verify.smoke.node probe``: GPUs, cores, and
+on the first host a free port). The ranks are planned here: NCCL with one rank per GPU where every host has
+GPUs and NCCL (``slots=N`` caps a host), else gloo with one rank per host (``slots=N``: N); rank 0 is on the
+first host, whose address (as SSH reached it, or ``addr=`` from a hosts file) and free port are the static
+rendezvous. Each host runs its own ranks (``node run``); rank 0's result, with every rank's figures, is judged
+here as a one-box run is.
 
 A host that cannot be reached or readied is one line and exit 2 before anything runs. A host whose ranks fail
 stops the others (SIGTERM to their node, which stops its ranks); the report names the rank. Ctrl-C stops every
@@ -17,11 +18,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
-import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from checks.errors import PreflightError
 from checks.probe import LocalProbe
 from checks.result import Report, Result, ok
 from checks.verify import plan as v
+from checks.verify.contract import ChildResult, DdpSpec
 from checks.verify.sampler import Trace
 from checks.verify.smoke.launch import INTERRUPT_GRACE_S, ChildRun
 from provision.hosts import HostSpec
@@ -40,13 +41,22 @@ LOST_PEER = ("connection closed", "connection reset", "broken pipe", "peer", "ti
 
 @dataclasses.dataclass
 class Host:
-    """A readied host: its session, checkout, and what it brings."""
+    """A readied host (``provision.flow.Ready``: fabric loads only for --hosts) and what it brings."""
 
-    spec: HostSpec
-    session: Any  # provision.remote.Session (fabric loads only for --hosts)
-    prepared: Any  # provision.remote.Prepared
+    ready: Any
     probe: dict[str, Any]
-    shipped: str
+
+    @property
+    def spec(self) -> HostSpec:
+        return self.ready.spec
+
+    @property
+    def session(self) -> Any:
+        return self.ready.session
+
+    @property
+    def prepared(self) -> Any:
+        return self.ready.prepared
 
 
 def layout(hosts: list[Host], device: str) -> tuple[str, list[int]]:
@@ -60,40 +70,22 @@ def layout(hosts: list[Host], device: str) -> tuple[str, list[int]]:
     return "gloo", [h.spec.slots or 1 for h in hosts]
 
 
-def ready(spec: HostSpec, cfg: PreflightConfig, root: Path, stop: threading.Event, sessions: dict[str, Any]) -> Host:
-    """Connect, claim the checkout directory, ship it (and install with --install), probe the host."""
-    from provision.fanout import prepare
-    from provision.remote import connect
-    from provision.ship import ship
-    from provision.venv import ensure_venv, requirements
-
-    session = connect(spec, cfg.hosts, stop)
-    sessions[spec.name] = session
-    prepared = prepare(session, cfg)
-    timeouts = (cfg.hosts.connect_timeout_s, cfg.hosts.dead_after_s)
-    shipped = ship(session, root, prepared.directory, prepared.rsync, timeouts)
-    if cfg.hosts.install:
-        venv = ensure_venv(session, prepared.directory, prepared.python, requirements(root), cfg.hosts.wheelhouse)
-        prepared = dataclasses.replace(prepared, python=shlex.quote(venv.python))
-    first = not sessions or next(iter(sessions)) == spec.name
-    found = _node(session, prepared, ["probe", *(["port"] if first else [])], 120)
+def ready(spec: HostSpec, cfg: PreflightConfig, root: Path, hosts: Any, first: bool) -> Host:
+    """Ready the host (``provision.flow``: connect, claim the checkout directory, ship it, --install), probe it."""
+    readied = hosts.ready(spec, cfg, root)
+    found = _node(readied, ["probe", *(["port"] if first else [])], 120)
     if "error" in found or not found.get("torch"):
         raise PreflightError(
             f"{spec.name}: torch is not usable there: {found.get('torch_error') or found.get('error')}"
         )
-    return Host(spec, session, prepared, found, shipped)
+    return Host(readied, found)
 
 
-def _node(session: Any, prepared: Any, args: list[str], timeout: float, stdin: bytes | None = None) -> dict[str, Any]:
+def _node(ready: Any, args: list[str], timeout: float, stdin: bytes | None = None) -> dict[str, Any]:
     """Run ``python -m checks.verify.smoke.node ARGS`` in the host's checkout; its last line as JSON."""
-    script = f"cd {shlex.quote(prepared.directory)} && exec env -u SLURM_JOB_NODELIST {prepared.python} -m checks.verify.smoke.node {shlex.join(args)}"
-    done = session.run(script, timeout, track=True, stdin=stdin, stoppable=False)
-    lines = done.out.strip().splitlines()
-    try:
-        return dict(json.loads(lines[-1]))
-    except (IndexError, ValueError):
-        tail = (done.err.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"exit {done.code}: {tail[:300]}"}
+    from provision.flow import run_module
+
+    return run_module(ready, "checks.verify.smoke.node", args, timeout, stdin=stdin, stoppable=False)
 
 
 def node_spec(spec: dict[str, Any], host: Host, block: dict[str, Any], node: dict[str, Any], cfg: Any) -> bytes:
@@ -108,7 +100,7 @@ def node_spec(spec: dict[str, Any], host: Host, block: dict[str, Any], node: dic
 def _run_node(host: Host, payload: bytes, timeout: float) -> dict[str, Any]:
     tmp = shlex.quote(host.prepared.tmp)
     host.session.run(f"mkdir -p {tmp}/ckpt && cat > {tmp}/spec.json", 30, stdin=payload, stoppable=False)
-    return _node(host.session, host.prepared, ["run", f"{host.prepared.tmp}/spec.json"], timeout)
+    return _node(host.ready, ["run", f"{host.prepared.tmp}/spec.json"], timeout)
 
 
 def _failed(got: dict[str, Any]) -> bool:
@@ -152,11 +144,9 @@ def run_nodes(
 
 
 def _stop_all(hosts: list[Host]) -> None:
-    threads = [threading.Thread(target=h.session.kill, daemon=True) for h in hosts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(15)
+    from provision.flow import stop_all
+
+    stop_all([h.ready for h in hosts])
 
 
 def combine(hosts: list[Host], runs: list[dict[str, Any]], order: list[int], interrupted: bool) -> ChildRun:
@@ -182,7 +172,7 @@ def combine(hosts: list[Host], runs: list[dict[str, Any]], order: list[int], int
         base["ranks"] = sorted(ranks, key=lambda r: r["rank"])
         if base.get("ddp"):
             base["ddp"] = {**base["ddp"], "hosts": _where(hosts, runs)}
-        run.result = base
+        run.result = ChildResult.from_json(base)
     return run
 
 
@@ -208,14 +198,15 @@ def verify_hosts(request: Any, hosts: list[HostSpec], source: str, root: Path, s
         raise PreflightError("verify: --sweep and --ab time one process; run them without --hosts")
     if len(hosts) < 2:
         raise PreflightError("verify --hosts needs two or more hosts", hint="for one box: invoke verify --nproc N")
-    stop, sessions = threading.Event(), dict[str, Any]()
+    from provision.flow import Hosts  # fabric and paramiko load only for --hosts
+
     with ExitStack() as stack:
         p, facts = v.plan(dataclasses.replace(opts, nproc=1), cfg, LocalProbe(cfg.probe.torch_timeout_s).machine, stack)
-        p = dataclasses.replace(p, spec={**p.spec, "loader_probe": None})
-        stack.callback(_close, sessions, stop)
+        p = dataclasses.replace(p, spec=dataclasses.replace(p.spec, loader_probe=None))
+        connected = stack.enter_context(Hosts())
         say(f"verify: readying {len(hosts)} hosts from {source} (ship the checkout, probe torch)")
-        readied = _ready_all(hosts, cfg, root, stop, sessions)
-        backend, counts = layout(readied, p.spec["device"])
+        readied = _ready_all(hosts, cfg, root, connected)
+        backend, counts = layout(readied, p.spec.device)
         world = sum(counts)
         block = {"world_size": world, "backend": backend, "windows": cfg.verify.ddp_windows}
         block |= {"window_steps": cfg.verify.ddp_window_steps, "solo_steps": cfg.verify.ddp_solo_steps}
@@ -227,13 +218,14 @@ def verify_hosts(request: Any, hosts: list[HostSpec], source: str, root: Path, s
             for i, (f, n) in enumerate(zip(firsts, counts, strict=True))
         ]
         say(f"verify: {world} ranks ({backend}) on {len(readied)} hosts, rendezvous {addr}:{port}")
-        payloads = [node_spec(p.spec, h, block, n, cfg.verify) for h, n in zip(readied, nodes, strict=True)]
+        payloads = [node_spec(p.spec.to_json(), h, block, n, cfg.verify) for h, n in zip(readied, nodes, strict=True)]
         runs, order, interrupted = run_nodes(readied, payloads, cfg.verify.timeout_s + INTERRUPT_GRACE_S + 60, say)
         child = combine(readied, runs, order, interrupted)
         outcome = v.Outcome(child, Trace(), None, "the sampler follows this machine only: not run with --hosts")
         v.raise_usage(outcome)
-        p = dataclasses.replace(p, spec={**p.spec, "ddp": block})
-        results, measurements, verdicts = judge(p, outcome, cfg.verify)
+        p = dataclasses.replace(p, spec=dataclasses.replace(p.spec, ddp=DdpSpec.from_json(block)))
+        results, judged, verdicts = judge(p, outcome, cfg.verify)
+        measurements = judged.to_json()
         problems = v.write_outputs(p.csv_path, p.png_path, outcome.trace, "invoke verify --hosts", None, p.usable_cores)
     head = hosts_result(readied, counts, backend, source)
     report = Report(host=facts.host.hostname, machine="live", results=(head, *results), measurements=measurements)
@@ -247,27 +239,19 @@ def hosts_result(hosts: list[Host], counts: list[int], backend: str, source: str
     for h, n in zip(hosts, counts, strict=True):
         parts.append(f"{h.spec.name} rank{'s' if n > 1 else ''} {first}{f'-{first + n - 1}' if n > 1 else ''}")
         first += n
-    summary = (
-        f"{len(hosts)} hosts from {source}, {backend}: {', '.join(parts)} (checkout shipped by {hosts[0].shipped})"
-    )
+    shipped = hosts[0].ready.shipped
+    summary = f"{len(hosts)} hosts from {source}, {backend}: {', '.join(parts)} (checkout shipped by {shipped})"
     return ok("verify-hosts", summary, value=len(hosts))
 
 
-def _ready_all(
-    hosts: list[HostSpec], cfg: PreflightConfig, root: Path, stop: threading.Event, sessions: dict[str, Any]
-) -> list[Host]:
-    """Ready every host in parallel; any that cannot be is one line (exit 2) naming each and why."""
+def _ready_all(hosts: list[HostSpec], cfg: PreflightConfig, root: Path, connected: Any) -> list[Host]:
+    """Ready every host in parallel (the first asks for the rendezvous port); any that cannot be is one line
+    (exit 2) naming each and why."""
+    from provision.flow import in_parallel
     from provision.remote import RemoteError, Stopped
 
-    sessions.update({s.name: None for s in hosts})  # insertion order: the first host is the rendezvous
-    with ThreadPoolExecutor(max_workers=max(1, min(cfg.hosts.parallel, len(hosts)))) as pool:
-        futures = [pool.submit(ready, s, cfg, root, stop, sessions) for s in hosts]
-        try:
-            while not all(f.done() for f in futures):
-                time.sleep(0.1)
-        except KeyboardInterrupt:
-            stop.set()
-            raise
+    jobs = [partial(ready, s, cfg, root, connected, i == 0) for i, s in enumerate(hosts)]
+    futures = in_parallel(jobs, cfg.hosts.parallel, connected.stop)
     problems = []
     for spec, f in zip(hosts, futures, strict=True):
         exc = f.exception()
@@ -282,16 +266,3 @@ def _ready_all(
             f"verify --hosts: {'; '.join(problems)}", hint="bootstrap --hosts says more about each host"
         )
     return [f.result() for f in futures]
-
-
-def _close(sessions: dict[str, Any], stop: threading.Event) -> None:
-    """Stop what this run started on every host, remove its temporary directories, close the connections."""
-    stop.set()
-    live = [s for s in sessions.values() if s is not None]
-    threads = [threading.Thread(target=s.cleanup, daemon=True) for s in live]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(15)
-    for s in live:
-        s.close()

@@ -8,7 +8,6 @@ staged directory, an unwritable checkpoint directory or report path, an unknown 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import tempfile
 import time
@@ -27,10 +26,24 @@ from checks.machine.runner import run_checks
 from checks.probe.sample import GpuReader, HostReader
 from checks.result import Result, Status, skip
 from checks.verify import distributed
+from checks.verify.contract import (
+    AbSpec,
+    CheckpointSpec,
+    ChildRun,
+    DataSpec,
+    DeviceEvent,
+    Event,
+    LoaderProbeSpec,
+    OomProbeEvent,
+    PhaseEvent,
+    RunSpec,
+    StepEvent,
+    SweepEvent,
+    SweepSpec,
+)
 from checks.verify.sampler import Sampler, Trace
-from checks.verify.smoke.data import DataSpec, StagedDataError, inspect_staged, synthetic_spec
-from checks.verify.smoke.ddp_launch import run_ddp
-from checks.verify.smoke.launch import ChildRun, run_smoke
+from checks.verify.smoke.data import StagedDataError, inspect_staged, synthetic_spec
+from checks.verify.smoke.launch import launch
 
 CHOICES = {
     "device": ("auto", "cuda", "cpu"),
@@ -66,7 +79,7 @@ class Options:
 class Plan:
     """A validated run: the child's spec, where the outputs go, and the settings the report quotes."""
 
-    spec: dict[str, Any]
+    spec: RunSpec
     data: DataSpec | None  # None: the user's --dataset (described by the child)
     loader: dict[str, Any]
     usable_cores: float
@@ -173,39 +186,37 @@ def plan(
         workers, note = 0, "staged data: read in the training process, as staged_loader does (workers only copy it)"
     if workers >= 0:
         loader |= {"num_workers": workers, "persistent_workers": workers > 0, "prefetch_factor": 2 if workers else None}
-    spec: dict[str, Any] = {
-        "device": cfg.device,
-        "precision": cfg.precision,
-        "model_size": cfg.model_size,
-        "data": data.as_dict() if data else None,
-        "dataset": opts.dataset,
-        "model": opts.model,
-        "user_path": os.getcwd(),
-        "batch_size": opts.batch_size,
-        "batch_size_cpu": cfg.batch_size_cpu,
-        "batch_size_gpu": cfg.batch_size_gpu,
-        "accum": cfg.accum,
-        "warmup": cfg.warmup,
-        "steps": cfg.steps,
-        "lr": cfg.lr,
-        "seed": cfg.seed,
-        "loader": loader,
-        "profile_steps": cfg.profile_steps,
-        "loader_probe": {"seconds": cfg.loader_probe_s, "min_share": cfg.share_warn, "cores": facts.host.usable_cores}
-        if cfg.loader_probe_s > 0
-        else None,
-        "checkpoint": {"dir": ckpt, "resume_steps": cfg.resume_steps, "rtol": cfg.resume_rtol},
-        "sweep": None,
-        "ab": {"steps": cfg.ab_steps} if opts.ab else None,
-    }
-    spec["ddp"] = distributed.spec_block(distributed.processes(opts.nproc, cfg, facts), cfg, facts)
-    if spec["ddp"] and (opts.sweep or opts.ab):
+    ddp = distributed.spec_block(distributed.processes(opts.nproc, cfg, facts), cfg, facts)
+    if ddp and (opts.sweep or opts.ab):
         raise PreflightError("verify: --sweep and --ab time one process; run them without --nproc")
-    if spec["ddp"]:
-        spec["loader_probe"] = None  # timed in one process: run verify without --nproc for the loader's advice
-    if opts.sweep:
-        sweep = {"limit": cfg.sweep_max_batch, "warmup": cfg.sweep_warmup, "steps": cfg.sweep_steps}
-        spec["sweep"] = sweep | {"knee": cfg.knee_fraction}
+    # Timed in one process: run verify without --nproc for the loader's advice.
+    probe = LoaderProbeSpec(cfg.loader_probe_s, cfg.share_warn, facts.host.usable_cores)
+    spec = RunSpec(
+        device=cfg.device,
+        precision=cfg.precision,
+        model_size=cfg.model_size,
+        data=data,
+        dataset=opts.dataset,
+        model=opts.model,
+        user_path=os.getcwd(),
+        batch_size=opts.batch_size,
+        batch_size_cpu=cfg.batch_size_cpu,
+        batch_size_gpu=cfg.batch_size_gpu,
+        accum=cfg.accum,
+        warmup=cfg.warmup,
+        steps=cfg.steps,
+        lr=cfg.lr,
+        seed=cfg.seed,
+        loader=loader,
+        profile_steps=cfg.profile_steps,
+        loader_probe=probe if cfg.loader_probe_s > 0 and ddp is None else None,
+        checkpoint=CheckpointSpec(ckpt, cfg.resume_steps, cfg.resume_rtol),
+        sweep=SweepSpec(cfg.sweep_max_batch, cfg.sweep_warmup, cfg.sweep_steps, cfg.knee_fraction)
+        if opts.sweep
+        else None,
+        ab=AbSpec(cfg.ab_steps) if opts.ab else None,
+        ddp=ddp,
+    )
     cores = facts.host.usable_cores
     every, price = cfg.checkpoint_every_steps, cfg.price_per_hour
     alloc = allocator_env(facts, config)
@@ -276,53 +287,57 @@ class Outcome:
     gpu_error: str | None
 
 
-def run(p: Plan, config: PreflightConfig, on_event: Callable[[dict[str, Any]], None]) -> Outcome:
+def run(p: Plan, config: PreflightConfig, on_event: Callable[[Event], None]) -> Outcome:
     """Start the sampler, run the child under it, stop the sampler (also on Ctrl-C or a timeout)."""
     cfg = config.verify
     host = HostReader(usable=p.usable_cores)
     gpu = GpuReader()
-    found: dict[str, Any] = {}
+    found: dict[str, int | None] = {}
 
-    def event(e: dict[str, Any]) -> None:
-        if e.get("event") == "device" and e.get("uuid"):
-            sampler.focus(e["uuid"])
-            found["index"] = gpu.index_of(e["uuid"])
+    def event(e: Event) -> None:
+        if isinstance(e, DeviceEvent) and e.uuid:
+            sampler.focus(e.uuid)
+            found["index"] = gpu.index_of(e.uuid)
         on_event(e)
 
     def started(pid: int) -> None:
         host.pid = pid
 
     with Sampler(cfg.sample_interval_s, gpu, host) as sampler:
-        launch = functools.partial(run_ddp if p.spec.get("ddp") else run_smoke, extra_env=p.alloc.variables)
-        child = launch(p.spec, cfg.timeout_s, cfg.stall_timeout_s, event, started)
+        child = launch(p.spec, cfg.timeout_s, cfg.stall_timeout_s, event, started, extra_env=p.alloc.variables)
         _nvml_indices(child, gpu)
     return Outcome(child, sampler.trace, found.get("index"), gpu.error)
 
 
 def _nvml_indices(child: ChildRun, gpu: GpuReader) -> None:
     """Each rank's GPU by its NVML index (bootstrap's ``gpuN``): torch and NVML can order GPUs differently."""
-    for r in (child.result or {}).get("ranks") or []:
-        device = r.get("device") or {}
-        if device.get("uuid"):
-            device["nvml_index"] = gpu.index_of(device["uuid"])
+    r = child.result
+    if r is None or not r.ranks:
+        return
+    ranks = tuple(
+        dataclasses.replace(x, device=dataclasses.replace(x.device, nvml_index=gpu.index_of(x.device.uuid)))
+        if x.device is not None and x.device.uuid
+        else x
+        for x in r.ranks
+    )
+    child.result = dataclasses.replace(r, ranks=ranks)
 
 
 def raise_usage(o: Outcome) -> None:
     """A --model/--dataset the child could not use, or CUDA asked for and absent: exit 2, like any bad flag."""
-    r = o.child.result or {}
-    if r.get("error_kind") == "usage":
-        raise PreflightError(str(r["error"]), hint="see the --model/--dataset convention in docs/verify.md")
+    r = o.child.result
+    if r is not None and r.error_kind == "usage":
+        raise PreflightError(str(r.error), hint="see the --model/--dataset convention in docs/verify.md")
 
 
-def progress(event: dict[str, Any]) -> str | None:
+def progress(event: Event) -> str | None:
     """A line for the terminal about a child event (phase changes, every 10th step), or None."""
-    kind = event.get("event")
-    if kind == "phase":
-        return f"verify: {event['phase']}"
-    if kind == "step" and (event["i"] % 10 == 0 or event["i"] == event["of"]):
-        return f"verify: {event['phase']} step {event['i']}/{event['of']}"
-    if kind in ("oom-probe", "sweep"):
-        return f"verify: {kind} batch {event['batch']}"
+    if isinstance(event, PhaseEvent):
+        return f"verify: {event.phase}"
+    if isinstance(event, StepEvent) and (event.i % 10 == 0 or event.i == event.of):
+        return f"verify: {event.phase} step {event.i}/{event.of}"
+    if isinstance(event, (OomProbeEvent, SweepEvent)):
+        return f"verify: {event.KIND} batch {event.batch}"
     return None
 
 

@@ -6,7 +6,7 @@ selection). Times are seconds since the first sample; phases of the run (warm-up
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ def figure(
     steps: Sequence[dict[str, Any]] = (),
     warmup: Sequence[dict[str, Any]] = (),
     shares: dict[str, float] | None = None,
-    phases: dict[str, list[float]] | None = None,
+    phases: Mapping[str, Sequence[float]] | None = None,
     step_s: float | None = None,
     samples_per_s: float | None = None,
 ) -> Any:
@@ -173,7 +173,7 @@ def _steps_panel(ax: Any, steps: Sequence[dict[str, Any]], warmup: Sequence[dict
     _legend_outside(ax)
 
 
-def _shade(ax: Any, phases: dict[str, list[float]], t0: float, label: bool = False) -> None:
+def _shade(ax: Any, phases: Mapping[str, Sequence[float]], t0: float, label: bool = False) -> None:
     for name, colour in _SHADE.items():
         if name in phases:
             a, b = phases[name]

@@ -9,121 +9,114 @@ a checkpoint that does not reproduce, or throughput under the floor.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from checks.config import VerifyConfig
 from checks.machine import datasheet
 from checks.result import Result, fail, ok, skip, warn
 from checks.verify import distributed
 from checks.verify.advice import loader_advice
+from checks.verify.contract import (
+    ChildResult,
+    DdpFigures,
+    Files,
+    Measurements,
+    Mfu,
+    RunFacts,
+    StepBlock,
+    StepTime,
+    phase_ok,
+)
 from checks.verify.cost import cost, describe
 from checks.verify.diagnosis import Signals, Verdict, diagnose, upgrade_bound
 from checks.verify.plan import Outcome, Plan
 from checks.verify.results import checkpoint_result, compile_result, data_resume_result, loop_results, sweep_result
 from checks.verify.sampler import Trace, gpu_summary, overlap_mean, summarise
-from checks.verify.smoke.figures import breakdown, enqueue_ratio, fetch_windows, loss_trend, step_figures
+from checks.verify.smoke.figures import StepFigures, breakdown, enqueue_ratio, fetch_windows, loss_trend, step_figures
 
 # cant-tell is a warn: a run that could not be judged has not cleared the box, so the call to action is its fix.
 TIME_VERDICT_STATUS = {"compute-bound": "ok"}
 
 
-def samples_per_step(r: dict[str, Any]) -> int:
-    """Samples one optimizer step trains on, over every rank (each rank trains ``batch_size`` x ``accum``)."""
-    ranks = int((r.get("ddp") or {}).get("world_size") or 1)
-    return int(r.get("batch_size") or 0) * int(r.get("accum") or 1) * ranks
+class Judgement(NamedTuple):
+    """What ``judge`` computes: the result rows, the report's measurements and the verdicts (primary first)."""
+
+    results: list[Result]
+    measurements: Measurements
+    verdicts: list[Verdict]
 
 
-def tokens_per_sample(r: dict[str, Any]) -> int:
-    data = r.get("data") or {}
-    return int(data.get("seq_len") or 0) if data.get("kind") in ("tokens", "user") else 0  # user: --model
-
-
-def mfu(r: dict[str, Any], median_s: float) -> tuple[float | None, str, float | None]:
+def mfu(r: ChildResult, median_s: float) -> Mfu:
     """Model FLOPs utilisation against the dense datasheet peak of this exact card and dtype; never a fallback."""
-    device = r.get("device") or {}
-    if device.get("type") != "cuda":
-        return None, "no GPU: MFU needs a GPU and its datasheet peak", None
-    spec = datasheet.lookup(device.get("name") or "")
+    device = r.device
+    if device is None or device.type != "cuda":
+        return Mfu(None, "no GPU: MFU needs a GPU and its datasheet peak", None)
+    spec = datasheet.lookup(device.name or "")
     if spec is None:
-        return (
-            None,
-            f"MFU unknown: {device.get('name')} is not in templates/gpus.yaml (no other card's peak is used)",
-            None,
-        )
+        note = f"MFU unknown: {device.name} is not in templates/gpus.yaml (no other card's peak is used)"
+        return Mfu(None, note, None)
     # Dense fp16 with fp32 accumulate runs at the bf16 rate from sm_80 on (templates/gpus.yaml lists fp16 below).
-    peak = {"bf16": spec.bf16_tflops, "fp16": spec.fp16_tflops or spec.bf16_tflops}.get(r.get("precision") or "")
+    peak = {"bf16": spec.bf16_tflops, "fp16": spec.fp16_tflops or spec.bf16_tflops}.get(r.precision or "")
     if peak is None:
-        return None, f"MFU unknown: no {r.get('precision')} peak for {spec.model} in the table (bf16/fp16 only)", None
-    if not r.get("flops_per_step"):
-        return None, f"MFU unknown: {r.get('flops_note') or 'no FLOP count'}", peak
-    return (
-        r["flops_per_step"] / median_s / (peak * 1e12),
-        f"{spec.model} dense {r['precision']} peak {peak:g} TFLOPS",
-        peak,
+        return Mfu(None, f"MFU unknown: no {r.precision} peak for {spec.model} in the table (bf16/fp16 only)", None)
+    if not r.flops_per_step:
+        return Mfu(None, f"MFU unknown: {r.flops_note or 'no FLOP count'}", peak)
+    return Mfu(
+        r.flops_per_step / median_s / (peak * 1e12), f"{spec.model} dense {r.precision} peak {peak:g} TFLOPS", peak
     )
 
 
 def signals(
-    p: Plan, o: Outcome, cfg: VerifyConfig, figures: dict[str, Any], gate: Sequence[Result] | None = None
+    p: Plan, o: Outcome, cfg: VerifyConfig, figures: StepFigures, gate: Sequence[Result] | None = None
 ) -> Signals:
     """Assemble what the verdict rules read from the child's result, the trace of the measured window and the
     gate's rows (bootstrap's fast checks; None where they did not run)."""
-    r = o.child.result or {}
-    records = r.get("steps") or []
-    window = (r.get("timeline") or {}).get("measure")
+    r = o.child.result or ChildResult()
+    window = r.timeline.get("measure")
     trace = o.trace.within(*window) if window else o.trace
-    waits = fetch_windows(records)
+    waits = fetch_windows(r.steps)
     tree = overlap_mean(trace, "tree_cpu_cores", waits) if waits else None
     machine = overlap_mean(trace, "cpu_pct", waits) if waits else None
-    ab = r.get("ab") or {}
-    ab_speedup = figures["median_s"] / ab["median_step_s"] if ab.get("median_step_s") else None  # error: no key
-    ckpt = r.get("checkpoint") or {}
+    ab = r.ab or {}
+    ab_speedup = figures.median_s / ab["median_step_s"] if ab.get("median_step_s") else None  # error: no key
+    ckpt = r.checkpoint
+    alone = phase_ok(r.loader_alone)
     return Signals(
-        steps=len(records),
-        device=(r.get("device") or {}).get("type", "cpu"),
-        shares=figures["shares"],
-        step_s=figures["step_s"],
-        workers=int((r.get("loader") or p.loader).get("num_workers") or 0),
+        steps=len(r.steps),
+        device=r.device.type if r.device else "cpu",
+        shares=figures.shares,
+        step_s=figures.step_s,
+        workers=int((r.loader or p.loader).get("num_workers") or 0),
         usable_cores=p.usable_cores,
         cpu_during_wait=None if tree is None else tree / p.usable_cores,
         machine_cpu_during_wait=None if machine is None else machine / 100,
         iowait_during_wait=overlap_mean(trace, "iowait_pct", waits) if waits else None,
-        kernels=None if "error" in (r.get("kernels") or {}) else r.get("kernels"),
+        kernels=None if "error" in (r.kernels or {}) else r.kernels,
         ab_speedup=ab_speedup,
-        memory=r.get("memory"),
+        memory=r.memory,
         gpu=gpu_summary(trace, o.gpu_index) if o.gpu_index is not None else None,
-        checkpoint={"save_s": ckpt["save_s"], "bytes": ckpt["bytes"], "every_steps": p.ckpt_every}
-        if "save_s" in ckpt
+        checkpoint={"save_s": ckpt.save_s, "bytes": ckpt.bytes, "every_steps": p.ckpt_every}
+        if ckpt is not None and ckpt.save_s is not None
         else None,
-        oom=r.get("oom"),
-        precision=r.get("precision") or "fp32",
+        oom=r.oom.to_json() if r.oom else None,
+        precision=r.precision or "fp32",
         machine_cpu=_median(trace.values("cpu_pct"), 100.0),
         tree_cpu=_median(trace.values("tree_cpu_cores"), p.usable_cores),
         sampler_coverage=coverage(trace, window),
-        samples_s=figures.get("samples_per_s"),
-        loader_alone=_probed(r, "loader_alone"),
-        loader_advice=loader_advice(_probed(r, "loader_alone"), cfg.advice_min_gain),
-        data_cost=_probed(r, "data_cost"),
-        ddp=_ddp(r),
+        samples_s=figures.samples_per_s,
+        loader_alone=alone,
+        loader_advice=loader_advice(alone, cfg.advice_min_gain),
+        data_cost=phase_ok(r.data_cost),
+        ddp=distributed.figures(r),
         gate=None if gate is None else tuple(gate),
     )
 
 
-def _ddp(r: dict[str, Any]) -> dict[str, Any] | None:
-    """``measurements.ddp`` (checks/verify/distributed.py), None for one process."""
-    ddp = r.get("ddp")
-    return distributed.figures(r, samples_per_step(r) // int(ddp["world_size"])) if ddp else None
-
-
-def _probed(r: dict[str, Any], key: str) -> dict[str, Any] | None:
-    """An optional phase's result; None when it did not run or failed (its error stays in the measurements)."""
-    got = r.get(key)
-    return None if not got or "error" in got else got
-
-
-def coverage(trace: Trace, window: list[float] | None) -> float | None:
+def coverage(trace: Trace, window: Sequence[float] | None) -> float | None:
     """Samples taken in the measured window over the samples due at the sampler's interval (capped at 1).
 
     Well below 1 means the sampler thread itself did not get the CPU: its figures for the window are thin.
@@ -138,87 +131,134 @@ def _median(values: list[float], scale: float) -> float | None:
     return statistics.median(values) / scale if values else None
 
 
-def step_block(p: Plan, r: dict[str, Any]) -> dict[str, Any] | None:
+def step_block(p: Plan, r: ChildResult) -> StepFigures | None:
     """Step figures with the checkpoint amortised in; None when no step was measured."""
-    records = r.get("steps") or []
-    if not records:
+    if not r.steps:
         return None
-    figs = step_figures(records, samples_per_step(r), tokens_per_sample(r))
-    save_s = (r.get("checkpoint") or {}).get("save_s") or 0.0
+    figs = step_figures(r.steps, r.samples_per_step, r.tokens_per_sample)
+    save_s = (r.checkpoint.save_s if r.checkpoint else None) or 0.0
     per_step = save_s / p.ckpt_every
-    figs["shares"] = breakdown(records, per_step)
-    figs["step_s"] = figs["mean_s"] + per_step
-    figs["checkpoint_s_per_step"] = per_step
-    figs["checkpoint_every_steps"] = p.ckpt_every if save_s else None
-    if figs["samples_per_s"]:  # the headline: what training with a save every ckpt_every steps sustains
-        figs["samples_per_s_with_checkpoints"] = samples_per_step(r) / figs["step_s"]
-        if figs.get("tokens_per_s"):
-            figs["tokens_per_s_with_checkpoints"] = figs["samples_per_s_with_checkpoints"] * tokens_per_sample(r)
-    return figs
+    step_s = figs.mean_s + per_step
+    # The headline: what training with a save every ckpt_every steps sustains.
+    samples = r.samples_per_step / step_s if figs.samples_per_s else None
+    tokens = samples * r.tokens_per_sample if samples and figs.tokens_per_s else None
+    return dataclasses.replace(
+        figs,
+        shares=breakdown(r.steps, per_step),
+        step_s=step_s,
+        checkpoint_s_per_step=per_step,
+        checkpoint_every_steps=p.ckpt_every if save_s else None,
+        samples_per_s_with_checkpoints=samples,
+        tokens_per_s_with_checkpoints=tokens,
+    )
 
 
-def judge(
-    p: Plan, o: Outcome, cfg: VerifyConfig, gate: Sequence[Result] | None = None
-) -> tuple[list[Result], dict[str, Any], list[Verdict]]:
+def _steps(r: ChildResult, figs: StepFigures) -> StepBlock:
+    """``step_breakdown``, ``step_time``, the rates and ``enqueue_ratio`` of the measured steps."""
+    return StepBlock(
+        step_breakdown=figs.shares,
+        step_time=StepTime(figs.steps, figs.median_s, figs.p95_s, figs.mean_s),
+        samples_per_s=figs.samples_per_s,
+        tokens_per_s=figs.tokens_per_s,
+        samples_per_s_with_checkpoints=figs.samples_per_s_with_checkpoints,
+        tokens_per_s_with_checkpoints=figs.tokens_per_s_with_checkpoints,
+        enqueue_ratio=enqueue_ratio(r.steps),
+    )
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """The verdict rows and the figures they come with."""
+
+    rows: list[Result]
+    diagnosis: dict[str, Any]
+    upgrade: dict[str, Any] | None = None
+    mfu: Mfu | None = None
+
+
+def judge(p: Plan, o: Outcome, cfg: VerifyConfig, gate: Sequence[Result] | None = None) -> Judgement:
     """Results, measurements and verdicts of one run (complete, partial or failed); ``gate``: bootstrap's rows
     as verify ran them (the straggler verdict quotes its GPU's), None where they did not run."""
-    r = o.child.result or {}
+    r = o.child.result or ChildResult()
     figs = step_block(p, r)
-    m: dict[str, Any] = {"run": _run_facts(p, o, r), "dataloader": r.get("loader") or p.loader}
-    if figs is not None:
-        m |= {
-            "step_breakdown": figs["shares"],
-            "step_time": {k: figs[k] for k in ("steps", "median_s", "p95_s", "mean_s")},
-        }
-        m |= {"samples_per_s": figs["samples_per_s"], "tokens_per_s": figs.get("tokens_per_s")}
-        m |= {k: figs.get(k) for k in ("samples_per_s_with_checkpoints", "tokens_per_s_with_checkpoints")}
-        m["enqueue_ratio"] = enqueue_ratio(r["steps"])
     results = [*loop_results(p, o, cfg, figs), _loss(r, cfg), checkpoint_result(p, r), data_resume_result(r)]
     s: Signals | None = None
     if figs is not None:
         s = signals(p, o, cfg, figs, gate)
-    elif r.get("oom"):
-        s = Signals(0, (r.get("device") or {}).get("type", "cpu"), {}, 0.0, oom=r["oom"])
+    elif r.oom:
+        s = Signals(0, r.device.type if r.device else "cpu", {}, 0.0, oom=r.oom.to_json())
     verdicts = diagnose(s, cfg) if s is not None else []
-    results += _diagnosis(verdicts, figs, r, s, m)
-    results += [_sampler(p, o, m), _cost(p, r, figs, m), compile_result(r, figs), sweep_result(r)]
-    if r.get("ddp"):
-        m["ddp"] = _ddp(r)
-        results.append(distributed.ddp_result(m["ddp"]))
-    keys = ("flops_per_step", "memory", "kernels", "checkpoint", "oom", "ab", "sweep", "loader_alone", "timeline")
-    m |= {k: r[k] for k in keys if r.get(k)}
-    m |= _advice(s, r)
-    if (r.get("device") or {}).get("type") == "cpu":
-        why = "no GPU: the run was on the CPU"
-        m |= {
-            "kernels": {"skipped": f"{why} (kernel statistics need CUDA)"},
-            "memory": {"skipped": f"{why} (the CUDA allocator's figures)"},
-        }
-    m["files"] = {"json": p.json_path, "csv": str(p.csv_path), "png": str(p.png_path)}
-    return results, m, verdicts
+    judged = _diagnosis(verdicts, figs, r, s)
+    sampler_row, sampler = _sampler(p, o)
+    cost_row, priced = _cost(p, r, figs)
+    results += [*judged.rows, sampler_row, cost_row, compile_result(r, figs), sweep_result(r)]
+    ddp = distributed.figures(r)
+    if ddp is not None:
+        results.append(distributed.ddp_result(ddp))
+    return Judgement(results, _measurements(p, o, r, figs, s, judged, sampler, priced, ddp), verdicts)
 
 
-def _advice(s: Signals | None, r: dict[str, Any]) -> dict[str, Any]:
-    """``loader_candidates``, ``advice`` and ``data_cost`` (contract: checks/verify/advice.py), when measured."""
-    out: dict[str, Any] = {}
-    if s is not None and s.loader_alone:
-        out["loader_candidates"] = s.loader_alone.get("candidates") or []
-        out["advice"] = s.loader_advice
-    if r.get("data_cost"):
-        out["data_cost"] = r["data_cost"]
-    return out
+def _measurements(
+    p: Plan,
+    o: Outcome,
+    r: ChildResult,
+    figs: StepFigures | None,
+    s: Signals | None,
+    judged: _Judged,
+    sampler: dict[str, Any],
+    priced: dict[str, Any] | None,
+    ddp: DdpFigures | None,
+) -> Measurements:
+    """Everything the report's ``measurements`` hold, from what ``judge`` computed (``Measurements.to_json``
+    writes the keys)."""
+    cpu = r.device is not None and r.device.type == "cpu"
+    why = "no GPU: the run was on the CPU"
+    probed = s is not None and s.loader_alone is not None
+    return Measurements(
+        run=_run_facts(o, r),
+        dataloader=dict(r.loader or p.loader),
+        diagnosis=judged.diagnosis,
+        sampler=sampler,
+        files=Files(p.json_path, str(p.csv_path), str(p.png_path)),
+        steps=None if figs is None else _steps(r, figs),
+        upgrade=judged.upgrade,
+        mfu=judged.mfu,
+        cost=priced,
+        ddp=ddp,
+        flops_per_step=r.flops_per_step,
+        memory={"skipped": f"{why} (the CUDA allocator's figures)"} if cpu else r.memory,
+        kernels={"skipped": f"{why} (kernel statistics need CUDA)"} if cpu else r.kernels,
+        checkpoint=r.checkpoint,
+        oom=r.oom,
+        ab=r.ab,
+        sweep=r.sweep,
+        loader_alone=r.loader_alone,
+        timeline=r.timeline,
+        loader_candidates=(s.loader_alone or {}).get("candidates") or [] if s is not None and probed else None,
+        advice=s.loader_advice if s is not None and probed else None,
+        data_cost=r.data_cost,
+    )
 
 
-def _run_facts(p: Plan, o: Outcome, r: dict[str, Any]) -> dict[str, Any]:
-    keys = ("device", "precision", "batch_size", "accum", "model", "data", "torch", "threads")
-    out = {k: r.get(k) for k in keys}
-    out |= {"seconds": round(o.child.seconds, 2), "interrupted": o.child.interrupted or bool(r.get("interrupted"))}
-    out |= {"failure": o.child.failure, "error": r.get("error")}
-    return out
+def _run_facts(o: Outcome, r: ChildResult) -> RunFacts:
+    return RunFacts(
+        device=r.device,
+        precision=r.precision,
+        batch_size=r.batch_size,
+        accum=r.accum,
+        model=r.model,
+        data=r.data,
+        torch=r.torch,
+        threads=r.threads,
+        seconds=round(o.child.seconds, 2),
+        interrupted=o.child.interrupted or r.interrupted,
+        failure=o.child.failure,
+        error=r.error,
+    )
 
 
-def _loss(r: dict[str, Any], cfg: VerifyConfig) -> Result:
-    losses = [s["loss"] for s in (r.get("warmup") or []) + (r.get("steps") or [])]
+def _loss(r: ChildResult, cfg: VerifyConfig) -> Result:
+    losses = [s.loss for s in (*r.warmup, *r.steps)]
     if not losses:
         return skip("verify-loss", "no step completed")
     t = loss_trend(losses)
@@ -238,17 +278,13 @@ def _loss(r: dict[str, Any], cfg: VerifyConfig) -> Result:
     )
 
 
-def _diagnosis(
-    verdicts: list[Verdict], figs: dict[str, Any] | None, r: dict[str, Any], s: Signals | None, m: dict[str, Any]
-) -> list[Result]:
+def _diagnosis(verdicts: list[Verdict], figs: StepFigures | None, r: ChildResult, s: Signals | None) -> _Judged:
+    """The ``diagnosis``, ``upgrade-estimate`` and ``verify-mfu`` rows, with ``diagnosis``, ``upgrade``, ``mfu``."""
     if not verdicts:
         reason = (
-            "the run ended before any measured step"
-            if not r.get("interrupted")
-            else "interrupted before any measured step"
+            "the run ended before any measured step" if not r.interrupted else "interrupted before any measured step"
         )
-        m["diagnosis"] = {"verdict": "cant-tell", "verdicts": []}
-        return [
+        rows = [
             warn(
                 "diagnosis",
                 f"cant-tell: {reason}",
@@ -258,8 +294,9 @@ def _diagnosis(
             skip("upgrade-estimate", reason),
             skip("verify-mfu", reason),
         ]
+        return _Judged(rows, {"verdict": "cant-tell", "verdicts": []})
     top = verdicts[0]
-    m["diagnosis"] = {"verdict": top.id, "verdicts": [v.as_dict() for v in verdicts]}
+    diagnosis = {"verdict": top.id, "verdicts": [v.as_dict() for v in verdicts]}
     summary = f"{top.id} ({top.severity}, {top.confidence} confidence): {top.summary}"
     status = TIME_VERDICT_STATUS.get(top.id, "warn")
     first = (
@@ -267,15 +304,16 @@ def _diagnosis(
         if status == "ok"
         else warn("diagnosis", summary, top.fix, value=top.id)
     )
-    out = [first]
     if figs is None or s is None:
-        return [*out, skip("upgrade-estimate", "no measured step"), skip("verify-mfu", "no measured step")]
-    return [*out, _upgrade(s, m), _mfu(r, figs, m)]
+        rows = [first, skip("upgrade-estimate", "no measured step"), skip("verify-mfu", "no measured step")]
+        return _Judged(rows, diagnosis)
+    up = upgrade_bound(s)
+    m = mfu(r, figs.median_s)
+    return _Judged([first, _upgrade(s, up), _mfu(m)], diagnosis, up, m)
 
 
-def _upgrade(s: Signals, m: dict[str, Any]) -> Result:
+def _upgrade(s: Signals, up: dict[str, Any]) -> Result:
     """Amdahl over the measured non-compute share: what a faster GPU can buy at most."""
-    up = m["upgrade"] = upgrade_bound(s)
     where = "a faster GPU" if s.device == "cuda" else "faster compute (a GPU)"
     cut, half = 100 * up["max_step_time_cut"], 100 * up["step_time_cut_at_2x"]
     rest = f"the other {100 - cut:.0f}% (data wait, copies, launch gaps, checkpoints) does not scale with it"
@@ -283,44 +321,43 @@ def _upgrade(s: Signals, m: dict[str, Any]) -> Result:
     return ok("upgrade-estimate", summary, value=up["max_step_time_cut"])
 
 
-def _mfu(r: dict[str, Any], figs: dict[str, Any], m: dict[str, Any]) -> Result:
-    value, note, peak = mfu(r, figs["median_s"])
-    m["mfu"] = {"value": value, "note": note, "peak_tflops": peak}
-    if value is None:
-        return skip("verify-mfu", note)
-    if value > 1.0:
+def _mfu(m: Mfu) -> Result:
+    if m.value is None:
+        return skip("verify-mfu", m.note)
+    if m.value > 1.0:
         hint = "the FLOP count or the datasheet row is wrong"
-        return warn("verify-mfu", f"MFU {100 * value:.0f}% is impossible: {note}", hint, value=value)
-    return ok("verify-mfu", f"MFU {100 * value:.1f}% ({note})", value=round(value, 4))
+        return warn("verify-mfu", f"MFU {100 * m.value:.0f}% is impossible: {m.note}", hint, value=m.value)
+    return ok("verify-mfu", f"MFU {100 * m.value:.1f}% ({m.note})", value=round(m.value, 4))
 
 
-def _sampler(p: Plan, o: Outcome, m: dict[str, Any]) -> Result:
+def _sampler(p: Plan, o: Outcome) -> tuple[Result, dict[str, Any]]:
+    """The ``verify-sampler`` row and ``measurements.sampler`` (the measured window's summary)."""
     t: Trace = o.trace
-    window = ((o.child.result or {}).get("timeline") or {}).get("measure")
+    window = o.child.result.timeline.get("measure") if o.child.result else None
     summary = summarise(t.within(*window) if window else t, o.gpu_index, p.usable_cores)
     summary["overhead"] = summarise(t, None, p.usable_cores)["overhead"]  # the whole run's
-    m["sampler"] = summary | {"csv": str(p.csv_path), "window": "measure" if window else "run", "rows": len(t.rows)}
+    block = summary | {"csv": str(p.csv_path), "window": "measure" if window else "run", "rows": len(t.rows)}
     over = summary["overhead"]
     gpu = (
         "no GPU columns: " + (o.gpu_error or "no GPU")
         if not t.gpus()
         else f"GPU {o.gpu_index if o.gpu_index is not None else 'all'}"
     )
-    return ok(
+    row = ok(
         "verify-sampler",
         f"{len(t.rows)} samples every {t.interval_s:g} s ({gpu}); sampler {over['cpu_ms_per_sample']:.2f} ms CPU per sample",
         value=len(t.rows),
     )
+    return row, block
 
 
-def _cost(p: Plan, r: dict[str, Any], figs: dict[str, Any] | None, m: dict[str, Any]) -> Result:
+def _cost(p: Plan, r: ChildResult, figs: StepFigures | None) -> tuple[Result, dict[str, Any] | None]:
+    """The ``verify-cost`` row and ``measurements.cost`` (None without a price or a measured step)."""
     if not p.price_per_hour:
-        return skip("verify-cost", "no price: pass --price-per-hour (or set preflight.verify.price_per_hour)")
+        return skip("verify-cost", "no price: pass --price-per-hour (or set preflight.verify.price_per_hour)"), None
     if figs is None:
-        return skip("verify-cost", "no measured step to price")
-    epoch = (p.data.samples if p.data and p.data.source == "staged" else None) or (
-        (r.get("data") or {}).get("samples") if (r.get("data") or {}).get("kind") == "user" else None
-    )
-    c = cost(p.price_per_hour, figs["step_s"], samples_per_step(r), figs["shares"], epoch, tokens_per_sample(r))
-    m["cost"] = c
-    return ok("verify-cost", describe(c), value=c.get("per_epoch", c["per_million_samples"]))
+        return skip("verify-cost", "no measured step to price"), None
+    user = r.data.samples if r.data is not None and r.data.kind == "user" else None
+    epoch = (p.data.samples if p.data and p.data.source == "staged" else None) or user
+    c = cost(p.price_per_hour, figs.step_s, r.samples_per_step, figs.shares, epoch, r.tokens_per_sample)
+    return ok("verify-cost", describe(c), value=c.get("per_epoch", c["per_million_samples"])), c

@@ -16,6 +16,7 @@ from checks.probe import LocalProbe
 from checks.result import Report
 from checks.verify import plan as v
 from checks.verify import watch as w
+from checks.verify.contract import ChildResult
 from checks.verify.diagnosis import Verdict
 from checks.verify.distributed import describe as describe_ddp
 
@@ -61,22 +62,25 @@ def verify(request: VerifyRequest, say: Say) -> Judged:
     cfg = request.config
     with ExitStack() as stack:
         p, facts = v.plan(request.options, cfg, LocalProbe(cfg.probe.torch_timeout_s).machine, stack)
-        gate = v.gate(facts, cfg, p.spec["device"])
-        if p.spec.get("ddp"):
-            say(describe_ddp(p.spec["ddp"], p.usable_cores))
+        gate = v.gate(facts, cfg, p.spec.device)
+        if p.spec.ddp:
+            say(describe_ddp(p.spec.ddp, p.usable_cores))
         outcome = v.run(p, cfg, lambda e: _say(say, v.progress(e)))
         v.raise_usage(outcome)
         results, measurements, verdicts = judge(p, outcome, cfg.verify, gate)
-        child = outcome.child.result or {}
+        child = outcome.child.result or ChildResult()
         title = f"invoke verify: {verdicts[0].id if verdicts else 'cant-tell'}"
+        steps = measurements.steps
         problems = v.write_outputs(
             p.csv_path, p.png_path, outcome.trace, title, outcome.gpu_index, p.usable_cores,
-            steps=child.get("steps", []), warmup=child.get("warmup", []),
-            shares=measurements.get("step_breakdown"), phases=child.get("timeline"),
-            step_s=(measurements.get("step_time") or {}).get("median_s"),
-            samples_per_s=measurements.get("samples_per_s_with_checkpoints") or measurements.get("samples_per_s"),
+            steps=[s.to_json() for s in child.steps], warmup=[s.to_json() for s in child.warmup],
+            shares=steps.step_breakdown if steps else None, phases=child.timeline,
+            step_s=steps.step_time.median_s if steps else None,
+            samples_per_s=(steps.samples_per_s_with_checkpoints or steps.samples_per_s) if steps else None,
         )  # fmt: skip
-    report = Report(host=facts.host.hostname, machine="live", results=tuple(gate + results), measurements=measurements)
+    report = Report(
+        host=facts.host.hostname, machine="live", results=tuple(gate + results), measurements=measurements.to_json()
+    )
     notes = (*problems, f"wrote {p.json_path}, {p.csv_path}, {p.png_path}")
     return Judged(
         report=report,

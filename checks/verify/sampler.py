@@ -1,10 +1,10 @@
 """A background thread that samples NVML and psutil ~10 times a second, and what the samples say.
 
 The sampler runs in the gpu-preflight process while the training runs in another one (verify's child, or the
-user's own job for watch), so it adds no GIL contention to the loop it measures (ref/diagnosis.md §2.5). Each
+user's own job for watch), so it adds no GIL contention to the loop it measures (docs/sources.md#sampler-process). Each
 row is stamped with ``time.monotonic()``, which is system-wide on Linux, so rows join the child's step windows.
 A row's CPU figures average the time since the previous row; NVML's utilisation covers its own 1/6-1 s period
-(ref/diagnosis.md §1.7), so values finer than that are interpolation.
+(docs/sources.md#nvml-utilization), so values finer than that are interpolation.
 
 CSV format (one row per sample; empty cell: not answered): ``t_mono`` (monotonic seconds), ``t_s`` (seconds since
 the first sample), ``cpu_pct`` (mean over usable cores), ``cpu_max_core_pct``, ``iowait_pct``, ``core<i>_pct``,

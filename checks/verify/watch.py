@@ -3,8 +3,8 @@
 The seed article's first test (§1.2): nvidia-smi in one window, htop in the other, for a minute. GPU utilisation
 low while CPU cores are saturated: the data pipeline (cpu-starved). Low with high iowait: reading the data
 (data-bound). High: the GPU is busy, but NVML's utilisation is time-based and a tiny kernel fills it too
-(ref/diagnosis.md §3 item 2), so this is compute-bound with low confidence; ``invoke verify --model`` tells it
-apart from launch-bound. Rules on coinciding samples follow SageMaker's CPUBottleneck (ref/diagnosis.md §1.12).
+(docs/sources.md#nvml-utilization), so this is compute-bound with low confidence; ``invoke verify --model`` tells it
+apart from launch-bound. Rules on coinciding samples follow SageMaker's CPUBottleneck (docs/sources.md#sagemaker-debugger-rules).
 
 With ``--pid`` the watch ends when the process exits, and only the samples taken while it was alive are judged
 (idle samples after it would dilute the medians). Every verdict's evidence carries what was sampled, the process

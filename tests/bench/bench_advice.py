@@ -66,7 +66,7 @@ def verify(cfg: PreflightConfig, dataset: str, model: str, workers: int) -> dict
         opts = Options(json=str(Path(tmp) / "r.json"), workers=workers, dataset=dataset, model=model)
         p, _ = plan(opts, cfg, machine, stack)
         _, m, _ = judge(p, run(p, cfg, lambda e: None), cfg.verify)
-    return m
+    return m.to_json()
 
 
 def row(name: str, kind: str, dataset: str, model: str, workers: int, image_size: int, steps: int) -> str:

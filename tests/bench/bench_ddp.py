@@ -30,7 +30,7 @@ from checks.facts import MachineFacts, NvmlFacts, TorchFacts  # noqa: E402
 from checks.probe.host import read_host  # noqa: E402
 from checks.verify import distributed  # noqa: E402
 from checks.verify.plan import Options, plan  # noqa: E402
-from checks.verify.smoke.ddp_launch import run_ddp  # noqa: E402
+from checks.verify.smoke.launch import launch  # noqa: E402
 from tests.bench.benchmarks_md import write_section  # noqa: E402
 
 BEGIN, END = "<!-- bench:ddp:begin -->", "<!-- bench:ddp:end -->"
@@ -49,15 +49,15 @@ def one_run(model: str, windows: int) -> dict[str, Any]:
     with ExitStack() as stack:
         p, _ = plan(opts, cfg, lambda: facts, stack)
         start = time.monotonic()
-        child = run_ddp(p.spec, 600, 120)
+        child = launch(p.spec, 600, 120)
         wall = time.monotonic() - start
-    r = child.result or {}
-    if r.get("error") or child.failure:
-        raise SystemExit(f"{model}: the run failed: {r.get('error') or child.failure}\n{child.log_tail}")
-    comm = r["timeline"]["comm"]
-    d = distributed.figures(r, 16)
+    r = child.result
+    if r is None or r.error or child.failure:
+        raise SystemExit(f"{model}: the run failed: {(r.error if r else None) or child.failure}\n{child.log_tail}")
+    comm = r.timeline["comm"]
+    d = distributed.figures(r)
     assert d is not None
-    return {"d": d, "ab_s": comm[1] - comm[0], "wall_s": wall}
+    return {"d": d.to_json(), "ab_s": comm[1] - comm[0], "wall_s": wall}
 
 
 def spread(xs: list[float]) -> str:

@@ -2,8 +2,8 @@
 
 1. Weights, gradients, master and optimizer bytes against parameters counted on a CPU-built model (exact).
 2. Measured saved-for-backward bytes of one GPT block (the reference's pre-LN block, bf16, s=128, b=2, h=256,
-   a=4, dropout on) against Korthikanti et al. 2022: s·b·h·(34 + 5·a·s/h) (ref/communication-and-planning.md
-   §6.3), both attention paths; and a small CNN against its saved tensors counted by hand.
+   a=4, dropout on) against Korthikanti et al. 2022: s·b·h·(34 + 5·a·s/h) (docs/sources.md#activation-memory),
+   both attention paths; and a small CNN against its saved tensors counted by hand.
 3. ``accelerate estimate-memory`` side by side, when accelerate is installed.
 A GPU comparison against ``torch.cuda.max_memory_allocated()`` needs a lent GPU and is not run here.
 """

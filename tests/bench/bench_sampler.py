@@ -29,25 +29,25 @@ sys.path.insert(0, str(ROOT))
 from checks.probe.host import read_host  # noqa: E402
 from checks.probe.sample import GpuReader, HostReader  # noqa: E402
 from checks.probe.torch import read_torch  # noqa: E402
+from checks.verify.contract import RunSpec, Step  # noqa: E402
 from checks.verify.sampler import Sampler  # noqa: E402
 from checks.verify.smoke.data import synthetic_spec  # noqa: E402
-from checks.verify.smoke.figures import step_total  # noqa: E402
-from checks.verify.smoke.launch import run_smoke  # noqa: E402
+from checks.verify.smoke.launch import launch  # noqa: E402
 from tests.bench.benchmarks_md import write_section  # noqa: E402
 
 BEGIN, END = "<!-- bench:sampler:begin -->", "<!-- bench:sampler:end -->"
 INTERVAL = 0.1
 
 
-def spec(steps: int) -> dict[str, Any]:
+def spec(steps: int) -> RunSpec:
     """The built-in small CNN on 32 px synthetic images, batch 32, one worker: ~75 ms steps on two cores."""
-    return {
+    return RunSpec.from_json({
         "device": "cpu", "precision": "auto", "model_size": "small", "dataset": "", "model": "", "user_path": str(ROOT),
         "data": synthetic_spec("images", 32, 10, 0).as_dict(), "batch_size": 32, "batch_size_cpu": 32,
         "batch_size_gpu": 32, "accum": 1, "warmup": 3, "steps": steps, "lr": 1e-3, "seed": 0, "profile_steps": 0,
         "loader": {"num_workers": 1, "pin_memory": False, "persistent_workers": True, "prefetch_factor": 2},
         "checkpoint": None, "sweep": None, "ab": None,
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 def toggled(steps: int, block_s: float) -> dict[str, Any]:
@@ -82,15 +82,16 @@ def toggled(steps: int, block_s: float) -> dict[str, Any]:
 
     thread = threading.Thread(target=control, daemon=True)
     thread.start()
-    run = run_smoke(spec(steps), 600, 120, on_start=begin)
+    run = launch(spec(steps), 600, 120, on_start=begin)
     done.set()
     thread.join()
-    return _paired(run.result["steps"], blocks) | {"cpu_ms": 1000 * cpu[0] / max(1, samples[0])}  # type: ignore[index]
+    assert run.result is not None, run.log_tail
+    return _paired(run.result.steps, blocks) | {"cpu_ms": 1000 * cpu[0] / max(1, samples[0])}
 
 
-def _paired(records: list[dict[str, Any]], blocks: list[tuple[float, float, bool]]) -> dict[str, Any]:
+def _paired(records: tuple[Step, ...], blocks: list[tuple[float, float, bool]]) -> dict[str, Any]:
     def median_in(a: float, b: float) -> float | None:
-        inside = [step_total(r) for r in records if r["host_start"] >= a and r["host_end"] <= b]
+        inside = [r.total for r in records if r.host_start >= a and r.host_end <= b]
         return statistics.median(inside) if len(inside) >= 3 else None
 
     medians = [(median_in(a, b), on) for a, b, on in blocks]

@@ -81,7 +81,7 @@ def large_photos(count: int) -> list[bytes]:
 
 
 def imagenet_like(count: int) -> list[bytes]:
-    """500x375 / 375x500 q90 JPEGs, ImageNet's typical shape (ref/data-staging.md §4.1)."""
+    """500x375 / 375x500 q90 JPEGs, ImageNet's typical shape (docs/sources.md#imagenet-jpeg)."""
     out = []
     for i in range(count):
         im = scaled(PHOTOS[i % len(PHOTOS)], 1.0)

@@ -6,16 +6,19 @@ mistake is one fast run of the program, and the pieces (usage_error, check_env_o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import invoke.main
 import pytest
-from invoke import Collection, Config, Context, Program, task
+from invoke import Collection, Context, Program, task
 from invoke.exceptions import ParseError
 
-from checks import cli
+from checks import cli, flags
 from checks.config import load_defaults
 from checks.errors import PreflightError
+from checks.flags import flag
 
 seen: list[dict[str, Any]] = []
 
@@ -26,10 +29,28 @@ def train(c: Context, steps: int = 0, price: float = 0.0, json: str = "", quick:
     seen.append({"steps": steps, "price": price, "json": json, "nofile_min": c.config.preflight.host.nofile_min})
 
 
+@task
+def boom(c: Context) -> None:
+    """Fail as the library does: a plain exception with its exit code."""
+    raise PreflightError("disk full", hint="free some space", code=1)
+
+
+@dataclass(frozen=True)
+class LaunchFlags:
+    steps: int = flag(0, "steps")
+    command: tuple[str, ...] = flags.command()
+
+
+@flags.task()
+def launch(c: Context, f: LaunchFlags) -> None:
+    """Take a command after --, as verify does."""
+    seen.append({"steps": f.steps, "command": f.command})
+
+
 def run(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> tuple[int, str, str]:
     """Run the program over a collection like tasks.py's; return (exit code, stdout, stderr)."""
     seen.clear()
-    ns = Collection(train)
+    ns = Collection(train, boom, launch)
     ns.configure({"preflight": load_defaults()})
     program = cli.PreflightProgram(namespace=ns, name="invoke", binary="invoke")
     # keep the user's own ~/.invoke.yaml and /etc/invoke.yaml out of the test
@@ -75,8 +96,9 @@ def test_valid_flags_run_the_task(capsys: pytest.CaptureFixture[str], tmp_path: 
         (["train", "--price", "cheap"], ("train --price takes a number, not 'cheap'",)),
         (["train", "--json"], ("train --json needs a value",)),
         (["train", "--quick=yes"], ("unexpected argument 'yes' after train", "on/off flags take no value")),
+        (["train", "--steps", "abc", "--bogus"], ("train has no flag --bogus",)),
     ],
-    ids=["typo", "unknown", "task-typo", "int", "float", "missing-value", "value-for-switch"],
+    ids=["typo", "unknown", "task-typo", "int", "float", "missing-value", "value-for-switch", "int-then-unknown"],
 )
 def test_flag_mistakes_are_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], needles: tuple[str, ...]
@@ -87,6 +109,35 @@ def test_flag_mistakes_are_one_line_and_exit_2(
         assert needle in line, line
     assert seen == [] and out == ""
     assert ("did you mean" in line) == any("did you mean" in n for n in needles)
+
+
+def test_the_words_after_two_dashes_reach_the_task_one_argument_each(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = ["python", "-c", "print('a b')", "--lr", "3e-4", "--", "x"]  # flags and a second -- are the command's own
+    assert run(["launch", "--steps", "2", "--", *argv], capsys, tmp_path)[0] == 0
+    assert seen == [{"steps": 2, "command": tuple(argv)}]
+    assert run(["launch"], capsys, tmp_path)[0] == 0
+    assert seen == [{"steps": 0, "command": ()}]
+
+
+@pytest.mark.parametrize("argv", [["train", "--", "python", "x.py"], ["launch", "train", "--", "ls"]])
+def test_a_task_without_a_command_refuses_the_words_after_two_dashes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]
+) -> None:
+    line = one_line(*run(argv, capsys, tmp_path)[::2])
+    assert "train takes no command after --" in line and "invoke --help train" in line
+    assert seen == []
+
+
+@pytest.mark.parametrize("core", [["-r", "CHECKOUT"], ["--search-root=CHECKOUT"], ["-c", "tasks"], ["--no-dedupe"]])
+def test_the_flags_that_found_tasks_py_are_accepted(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, core: list[str]
+) -> None:
+    """Invoke's own program used them to find tasks.py (README: invoke -r PATH_TO_CHECKOUT verify ...)."""
+    argv = [word.replace("CHECKOUT", str(tmp_path)) for word in core]
+    code, _, err = run([*argv, "train", "--steps", "4"], capsys, tmp_path)
+    assert code == 0 and err == "" and seen[0]["steps"] == 4, err
 
 
 def test_usage_error_leaves_other_exceptions_alone() -> None:
@@ -219,25 +270,53 @@ def test_listing_the_tasks_needs_no_valid_variables(
     assert code == 0 and "train" in out
 
 
-# --- adopting the running program ---------------------------------------------------------------------------
+# --- Invoke's own program hands over ----------------------------------------------------------------------
 
 
-def test_adopt_turns_one_plain_program_and_its_config_into_the_checked_kinds() -> None:
-    program, other = Program(), Program()
-    program.config = Config(lazy=True)
-    cli.adopt(program)
-    cli.adopt(program)  # a second import of tasks.py changes nothing
-    assert type(program) is cli.PreflightProgram and type(program.config) is cli.CheckedConfig
-    assert type(other) is Program  # Invoke's class itself is untouched
+def test_take_over_runs_the_command_line_of_invokes_program_loading_tasks_py(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stock = Program(name="Invoke", binary="inv[oke]", binary_names=["invoke", "inv"])
+    monkeypatch.setattr(invoke.main, "program", stock)
+    monkeypatch.setenv("HOME", str(tmp_path))  # the user's own ~/.invoke.yaml stays out
+    ns = Collection(train)
+    ns.configure({"preflight": load_defaults()})
+    seen.clear()
+    cli.take_over(ns)  # imported, not loaded by Invoke's program: nothing runs
+    assert seen == []
+    stock.argv = ["invoke", "train", "--steps", "3"]  # what Program.run sets before it loads tasks.py
+    with pytest.raises(SystemExit) as done:
+        cli.take_over(ns)
+    assert done.value.code == 0 and seen[0]["steps"] == 3
+    stock.argv = ["invoke", "train", "--step", "3"]
+    with pytest.raises(SystemExit) as refused:
+        cli.take_over(ns)
+    assert refused.value.code == 2 and "train has no flag --step" in capsys.readouterr().err
+    stock.collection = ns  # Invoke's program has loaded its collection: this is no longer its load
+    seen.clear()
+    cli.take_over(ns)
+    assert seen == []
+
+
+def test_a_plain_exception_of_the_library_is_its_line_and_its_code(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert run(["boom"], capsys, tmp_path)[::2] == (1, "gpu-preflight: disk full (free some space)\n")
 
 
 # --- -h after a task ----------------------------------------------------------------------------------------
 
 
-@task(help={"hosts": "the hosts", "json": "a path"})
-def fleet(c: Context, hosts: str = "", json: str = "") -> None:
+@dataclass(frozen=True)
+class FleetFlags:
+    hosts: str = flag("", "the hosts")
+    json: str = flag("", "a path")
+
+
+@flags.task()
+def fleet(c: Context, f: FleetFlags) -> None:
     """Take a flag whose name starts with h, as bootstrap's --hosts does."""
-    seen.append({"hosts": hosts})
+    seen.append({"hosts": f.hosts})
 
 
 def test_h_after_a_task_shows_its_help_even_when_a_flag_starts_with_h(

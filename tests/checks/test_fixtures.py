@@ -301,7 +301,7 @@ def test_driver_too_old_hint_names_the_build_the_driver_runs() -> None:
         [g.compute_capability for g in facts.nvml.gpus if g.compute_capability],
         driver_cuda(facts.nvml.cuda_driver_version),
     )
-    assert variant is not None and variant.name == "cu121"  # ref/compat.md §2.2: cu121 is the newest <= 12.2
+    assert variant is not None and variant.name == "cu121"  # the newest <= 12.2: docs/sources.md#torch-wheel-arch-lists
     r = result("driver-too-old-major.json", "cuda-compat", None)
     assert variant.name in (r.hint or "")
     assert "12.2" in r.summary and "13.0" in r.summary

@@ -4,8 +4,8 @@ Each box is a list of per-GPU answer dicts for ``tests/fakes/nvml.FakeNvml`` (wh
 against the real pynvml signature). The snapshot fixtures ``tests/fixtures/machines/{h100-sxm-8x-nvlink,
 a100-pcie-8x-two-sockets, rtx4090-4x-no-p2p, h100-pcie-2x-bridge}.json`` hold exactly what ``read_topology`` makes
 of these answers (tests/checks/probe/test_nvml_topology.py holds them equal), so the rules' tests replay what the
-NVML adapter produced. Topology shapes follow ``nvidia-smi topo -m`` dumps quoted in
-ref/communication-and-planning.md §1 (NV18 on HGX H100, SYS between the sockets of a two-socket PCIe box, GNS on
+NVML adapter produced. Topology shapes follow ``nvidia-smi topo -m`` dumps named in
+docs/sources.md#nvml-topology (NV18 on HGX H100, SYS between the sockets of a two-socket PCIe box, GNS on
 GeForce, NV12 through an H100 PCIe bridge).
 """
 

@@ -1,6 +1,6 @@
 """Real photos for the tests, loaded from the installed scikit-image wheel (never copied into the repository).
 
-scikit-image ships public-domain / CC0 photos (ref/data-staging.md §7.1): rocket.jpg, retina.jpg,
+scikit-image ships public-domain / CC0 photos (docs/sources.md#offline-test-images): rocket.jpg, retina.jpg,
 hubble_deep_field.jpg and PNG photos (astronaut, coffee, chelsea, motorcycle). The files are read through
 importlib.metadata, without importing skimage. Tests re-encode them at several sizes, qualities, progressive or
 baseline, in every colour mode, and plant broken files next to them.

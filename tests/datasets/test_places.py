@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from checks.facts import LocationFacts
 from checks.probe.mounts import fs_kind
-from datasets.places import Place, choose_root, mount_point, place_of
-from datasets.stage import _measurer
+from datasets.errors import StageFailure
+from datasets.places import Place, candidates, choose_root, mount_point, place_of
+from datasets.stage import _measurer, stage
+from tests.datasets import jobs
 from tests.factories import config
 
 GIB = 1024**3
@@ -138,3 +145,49 @@ def test_a_place_is_local_exactly_when_bootstrap_calls_its_filesystem_local(tmp_
 def test_the_place_of_a_folder_on_virtiofs_is_not_local(tmp_path: Path) -> None:
     table = [("/", "ext4"), (str(tmp_path), "virtiofs")]
     assert place_of(tmp_path / "sub", table).fstype == "virtiofs" and not place_of(tmp_path, table).local
+
+
+@pytest.fixture
+def dead_mount(monkeypatch: pytest.MonkeyPatch) -> Iterator[set[str]]:
+    """statvfs of the folders put in the yielded set hangs, as on an NFS mount whose server is gone."""
+    dead, gone, real = set[str](), threading.Event(), os.statvfs
+
+    def statvfs(path: str | os.PathLike[str]) -> os.statvfs_result:
+        if os.fspath(path) in dead:
+            gone.wait(60)  # the test's end lets the stuck thread go
+        return real(path)
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    yield dead
+    gone.set()
+
+
+def test_a_dead_mount_is_cut_off_by_the_probe_timeout_not_waited_for(tmp_path: Path, dead_mount: set[str]) -> None:
+    dead_mount.add(str(tmp_path))
+    start = time.monotonic()
+    with pytest.raises(StageFailure, match=r"statvfs no answer within 0.2 s \(a dead network mount\?\)"):
+        place_of(tmp_path / "ds", [("/", "ext4")], stat_timeout_s=0.2)
+    assert time.monotonic() - start < 5
+
+
+def test_a_dead_root_is_left_out_of_the_candidates_and_the_live_one_kept(tmp_path: Path, dead_mount: set[str]) -> None:
+    for name in ("nas", "disk"):
+        (tmp_path / name).mkdir()
+    dead_mount.add(str(tmp_path / "nas"))
+    start = time.monotonic()
+    found = candidates([str(tmp_path / "nas"), str(tmp_path / "disk")], [("/", "ext4")], stat_timeout_s=0.2)
+    assert [p.path.name for p in found] == ["disk"] and time.monotonic() - start < 5
+
+
+def test_stage_data_onto_a_dead_mount_fails_within_bootstraps_timeout(tmp_path: Path, dead_mount: set[str]) -> None:
+    """The whole stage-data path, with --dest on the dead mount and preflight.disk.stat_timeout_s at 0.3 s."""
+    for name in ("src", "nas"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "src" / "a.txt").write_text("a line of text\n", encoding="utf-8")
+    dead_mount.add(str(tmp_path / "nas"))
+    disk = dataclasses.replace(config().disk, stat_timeout_s=0.3)
+    req = jobs.request(tmp_path / "src", tmp_path / "nas" / "ds", kind="text", disk=disk, dest_roots=())
+    start = time.monotonic()
+    with pytest.raises(StageFailure, match=r"nas.*statvfs no answer within 0.3 s \(a dead network mount\?\)"):
+        stage(req)
+    assert time.monotonic() - start < 10

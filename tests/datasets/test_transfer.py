@@ -94,7 +94,7 @@ def test_stage_from_an_http_archive_through_drops_then_noop(photo_tree: Path, tm
 
 
 def test_local_rsync_keeps_partials_out_of_final_names_and_resumes(tmp_path: Path) -> None:
-    """ref/data-staging.md §4.5: local-to-local rsync implies --whole-file; our flags resume instead."""
+    """docs/sources.md#rsync-resume: local-to-local rsync implies --whole-file; our flags resume instead."""
     src, dst = tmp_path / "src", tmp_path / "dst"
     src.mkdir()
     (src / "big.bin").write_bytes(os.urandom(24 << 20))

@@ -14,6 +14,7 @@ from checks.config import PreflightConfig, make_config
 from checks.facts import MachineFacts, NvmlFacts, TorchFacts
 from checks.probe.host import read_host
 from checks.result import Result
+from checks.verify.contract import Checkpoint
 from checks.verify.plan import Options, Outcome, plan, run
 from checks.verify.report import judge
 
@@ -42,4 +43,10 @@ def smoke(
         p, _ = plan(opts, cfg, machine, stack)
         outcome = run(p, cfg, lambda e: None)
         results, measurements, _ = judge(p, outcome, cfg.verify)
-    return outcome, {r.id: r for r in results}, measurements
+    return outcome, {r.id: r for r in results}, measurements.to_json()
+
+
+def checkpoint(outcome: Outcome) -> Checkpoint:
+    """The child's checkpoint round trip (the test fails when there is none)."""
+    assert outcome.child.result is not None and outcome.child.result.checkpoint is not None, outcome.child.log_tail
+    return outcome.child.result.checkpoint

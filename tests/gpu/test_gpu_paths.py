@@ -23,6 +23,7 @@ from checks.machine import datasheet
 from checks.machine.bench import METRICS
 from checks.probe.nvml import read_nvml
 from checks.probe.torch import SCRIPTS, read_alloc, run_bench
+from checks.verify.contract import ChildResult, Device
 from checks.verify.report import mfu
 from provision.alloc_env import ensure_alloc_conf
 
@@ -89,7 +90,9 @@ def test_datasheet_has_this_card_and_its_peak() -> None:
     matmul = next(m for m in METRICS if m.id == "gpu-matmul")
     for g in answering_gpus():
         spec = datasheet.lookup(g.name)
-        assert spec is not None, f"{g.name!r} (NVML) is not in templates/gpus.yaml: add its row (ref/compat.md §4)"
+        assert spec is not None, (
+            f"{g.name!r} (NVML) is not in templates/gpus.yaml: add its row (docs/sources.md#gpu-datasheets)"
+        )
         assert spec.cc == g.compute_capability, (g.name, spec.cc, g.compute_capability)
         assert g.memory_total and 0.85 <= g.memory_total / GIB / spec.memory_gb <= 1.1, (g.name, g.memory_total)
         assert g.compute_capability is not None
@@ -103,10 +106,8 @@ def test_verify_finds_the_peak_under_torchs_device_name(cuda_torch: Any) -> None
     for i in range(cuda_torch.cuda.device_count()):
         name, cc = cuda_torch.cuda.get_device_name(i), cuda_torch.cuda.get_device_capability(i)
         precision = "bf16" if cc >= (8, 0) else "fp16"
-        value, note, peak = mfu(
-            {"device": {"type": "cuda", "name": name}, "precision": precision, "flops_per_step": 1e12}, 1.0
-        )
-        assert value is not None and peak, f"torch's {name!r}: {note}"
+        got = mfu(ChildResult(device=Device("cuda", name), precision=precision, flops_per_step=10**12), 1.0)
+        assert got.value is not None and got.peak_tflops, f"torch's {name!r}: {got.note}"
 
 
 # --- the CUDA-event timer ----------------------------------------------------------------------------------------

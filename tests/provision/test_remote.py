@@ -276,29 +276,19 @@ def _scratch(home: Path) -> list[Path]:
 def test_builtin_link_test_matches_the_shaped_rate(ctl: Controller) -> None:
     """The built-in sender/receiver (no iperf3) through the library, on a 500 and a 2000 Mbit/s host."""
     from checks.config import make_config
-    from provision.fanout import prepare
-    from provision.remote import connect
+    from provision.flow import Hosts
+    from provision.hosts import parse_host
     from provision.remote_net import measure_links
-    from provision.ship import ship
 
     cfg = make_config({"hosts": {"python": python_for_hosts(), "connect_timeout_s": 5.0}})
     net = replace(cfg.network, use_iperf3=False, link_seconds=1.5, link_omit_s=0.5)
-    stop, hosts = threading.Event(), []
     os.environ["HOME"], home = str(ctl.home), os.environ.get("HOME", "")
     try:
-        for spec_name in ("h1", "h2"):
-            from provision.hosts import parse_host
-
-            session = connect(parse_host(spec_name), cfg.hosts, stop)
-            prepared = prepare(session, cfg)
-            ship(session, REPO, prepared.directory, prepared.rsync, (5.0, 10.0))
-            hosts.append((session, prepared))
-        links, skipped = measure_links(hosts, net, lambda line: None)
+        with Hosts() as hosts:
+            readied = [hosts.ready(parse_host(name), cfg, REPO) for name in ("h1", "h2")]
+            links, skipped = measure_links(readied, net, lambda line: None)
     finally:
         os.environ["HOME"] = home
-        for session, _ in hosts:
-            session.cleanup()
-            session.close()
     assert skipped is None and {x.tool for x in links} == {"builtin"}
     for link in links:
         assert abs(link.tcp_mbit_s / 500 - 1) <= 0.10, link  # type: ignore[operator]

@@ -11,7 +11,7 @@ Prints one JSON object on its last line: ``{"usage": ...}`` for a model that can
 ``{"unavailable": ...}`` when transformers cannot be imported or cannot build the config (the parent then sizes
 the model from the config's fields).
 
-Measuring on meta (ref/communication-and-planning.md §6.4): ``saved_tensors_hooks`` sees every saved tensor;
+Measuring on meta (docs/sources.md#meta-activations): ``saved_tensors_hooks`` sees every saved tensor;
 views share storage and Linear saves its weight, so bytes are summed once per storage
 (``untyped_storage()._cdata``: meta tensors all have data_ptr 0) and parameter storages are dropped.
 """
@@ -35,7 +35,7 @@ sys.path.append(str(Path(__file__).resolve().parents[3]))  # the checkout, after
 from checks import usercode
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-SMALL_TENSOR = 4096  # bitsandbytes keeps 32-bit Adam state below min_8bit_size (ref §6.1 "8-bit Adam")
+SMALL_TENSOR = 4096  # bitsandbytes keeps 32-bit Adam state below min_8bit_size (docs/sources.md#eight-bit-adam)
 
 
 class Usage(Exception):
@@ -99,7 +99,7 @@ class Tally:
 
 
 class FlashAttention(torch.autograd.Function):
-    """SDPA as a fused kernel saves it: q, k, v, the output and the row logsumexp in fp32 (ref §6.3). With
+    """SDPA as a fused kernel saves it: q, k, v, the output and the row logsumexp in fp32 (docs/sources.md#activation-memory). With
     dropout the kernels keep a Philox seed and offset, not a mask: nothing more is saved."""
 
     @staticmethod

@@ -4,7 +4,7 @@ Launched by torchrun (``python -m torch.distributed.run``) on every host; rank 0
 ``{"backend", "world_size", "rows": [{"backend", "world_size", "bytes", "algbw_gb_s", "busbw_gb_s", "seconds",
 "iterations"}]}`` or ``{"error": ...}``. Sizes go 1 MiB, 4 MiB, ... up to ``--max-mib``, stopping before a size
 whose predicted time would overrun ``--budget-s``; the decision is rank 0's, broadcast so all ranks agree.
-busbw = algbw x 2(n-1)/n (nccl-tests' definition for all-reduce, ref/health-checks.md §3).
+busbw = algbw x 2(n-1)/n (nccl-tests' definition for all-reduce, docs/sources.md#nccl-busbw).
 """
 
 from __future__ import annotations

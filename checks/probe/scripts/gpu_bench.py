@@ -2,7 +2,7 @@
 
 argv[1] is a JSON object: copy_mib, d2d_mib, matmul_n, warmup, repeats, and "device" ("cuda", or "cpu" so the
 timing code itself can be exercised without a GPU). Each figure is the median of ``repeats`` timings taken
-after ``warmup`` runs; on CUDA the timings are CUDA events (ref/health-checks.md §6: median over samples,
+after ``warmup`` runs; on CUDA the timings are CUDA events (docs/sources.md#benchmark-method: median over samples,
 warm up first).
 """
 

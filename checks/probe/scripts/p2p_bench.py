@@ -3,7 +3,7 @@ code; run by checks/probe/torch.py (``run_p2p``).
 
 argv[1] is a JSON object: mib (copy size), warmup, repeats, and "device" ("cuda", or "cpu" so the timing loop runs
 without a GPU: two host buffers stand in for two GPUs). Like nvbandwidth's device_to_device_memcpy_write_ce
-(ref/communication-and-planning.md §2.5): one pair at a time, a copy-engine copy (``Tensor.copy_``) timed with
+(docs/sources.md#nvbandwidth): one pair at a time, a copy-engine copy (``Tensor.copy_``) timed with
 CUDA events on the source GPU's stream after warm-up, the median of the repeats. Peer access is whatever CUDA
 grants (``can_device_access_peer``); without it the driver stages the copy through host memory and the row says so.
 Output: ``{"pairs": [{"src", "dst", "gb_s", "peer_access", "error"}], "uuids": [...], "mib"}`` or ``{"skipped"}``.

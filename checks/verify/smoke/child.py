@@ -8,6 +8,7 @@ events file as JSON lines; the result file is written once, atomically, at the e
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -18,6 +19,18 @@ from typing import Any
 
 import torch
 
+from checks.verify.contract import (
+    DeviceEvent,
+    Event,
+    LoaderProbeSpec,
+    OomProbeEvent,
+    PhaseEvent,
+    RunSpec,
+    Step,
+    StepEvent,
+    SweepEvent,
+    event_line,
+)
 from checks.verify.smoke import candidates, ddp, extras
 from checks.verify.smoke.ckpt import (
     Recording,
@@ -37,19 +50,19 @@ from checks.verify.smoke.setup import Build, UsageError, build
 
 
 class Events:
-    """Append-only JSON lines the parent tails (progress, and the device as soon as it is known)."""
+    """Append-only event lines the parent tails (progress, and the device as soon as it is known)."""
 
     def __init__(self, path: str) -> None:
         self.fh = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives as long as the process
 
-    def __call__(self, event: str, **data: Any) -> None:
-        self.fh.write(json.dumps({"event": event, "t": time.monotonic(), **data}) + "\n")
+    def __call__(self, event: Event) -> None:
+        self.fh.write(event_line(dataclasses.replace(event, t=time.monotonic())) + "\n")
 
 
 class Smoke:
     """One run of the phases; ``result`` grows as they finish."""
 
-    def __init__(self, spec: dict[str, Any], emit: Events) -> None:
+    def __init__(self, spec: RunSpec, emit: Events) -> None:
         self.spec, self.emit = spec, emit
         self.result: dict[str, Any] = {"interrupted": False, "error": None, "timeline": {}, "warmup": [], "steps": []}
         self.b: Build | None = None
@@ -58,7 +71,7 @@ class Smoke:
         now = time.monotonic()
         self.result["phase"] = name
         self.result["timeline"][name] = [now, now]
-        self.emit("phase", phase=name)
+        self.emit(PhaseEvent(name))
 
     def done(self, name: str) -> None:
         self.result["timeline"][name][1] = time.monotonic()
@@ -67,7 +80,7 @@ class Smoke:
         self.phase("setup")
         self.b = b = build(self.spec)
         self.result.update(b.describe())
-        self.emit("device", **self.result["device"])
+        self.emit(DeviceEvent(**self.result["device"]))
         self.done("setup")
         self.phase("flops")
         # A separate dataset object: touching the loader's own in this process would open its memory maps
@@ -77,61 +90,60 @@ class Smoke:
         flops, note = extras.count_flops(b.trainer, batch)
         self.result.update(flops_per_step=flops, flops_note=note)
         self.done("flops")
-        if self.spec.get("ddp"):
+        if self.spec.ddp:
             b.wrap = lambda m: ddp.wrap(m, b.device)
             b.trainer.model = b.wrap(b.trainer.model)
         if not self.train():
             return
         if b.cuda:
-            self.timed("kernels", lambda: extras.kernel_stats(b.trainer, b.feed, self.spec["profile_steps"]))
+            self.timed("kernels", lambda: extras.kernel_stats(b.trainer, b.feed, self.spec.profile_steps))
         self.result["memory"] = extras.memory(b.cuda)
-        if self.spec.get("checkpoint"):
+        if self.spec.checkpoint:
             self.timed("checkpoint", self.round_trip)
-        if self.spec.get("ddp"):
+        if self.spec.ddp:
             self.distributed()
-        if self.spec.get("ab"):
-            self.timed("ab", lambda: extras.compile_ab(b.trainer, b.feed, self.spec["ab"]["steps"]))
-        if self.spec.get("sweep"):
+        ab = self.spec.ab
+        if ab:
+            self.timed("ab", lambda: extras.compile_ab(b.trainer, b.feed, ab.steps))
+        if self.spec.sweep:
             self.timed("sweep", self.sweep)
-        probe = self.spec.get("loader_probe")
-        steps = self.result["steps"]
-        if probe and steps and breakdown(steps)["data_wait"] >= probe["min_share"]:
+        probe = self.spec.loader_probe
+        steps = [Step.from_json(s) for s in self.result["steps"]]
+        if probe and steps and breakdown(steps)["data_wait"] >= probe.min_share:
             self.timed("loader_alone", lambda: self.loader_alone(probe))
-            self.timed(
-                "data_cost", lambda: candidates.data_cost(self.local(), probe["seconds"] * candidates.COST_SHARE)
-            )
+            self.timed("data_cost", lambda: candidates.data_cost(self.local(), probe.seconds * candidates.COST_SHARE))
 
     def distributed(self) -> None:
         """The no_sync A/B, then the one-process leg (last: rank 0's model leaves the others' there)."""
-        b, d = self.b, self.spec["ddp"]
-        assert b is not None
-        self.result["ddp"] = {k: d[k] for k in ("rank", "world_size", "backend")}
+        b, d = self.b, self.spec.ddp
+        assert b is not None and d is not None
+        self.result["ddp"] = {"rank": d.rank, "world_size": d.world_size, "backend": d.backend}
         self.phase("comm")
-        self.result["ddp"]["comm_ab"] = ddp.comm_ab(b.trainer, b.feed, d["windows"], d["window_steps"])
+        self.result["ddp"]["comm_ab"] = ddp.comm_ab(b.trainer, b.feed, d.windows, d.window_steps)
         self.done("comm")
         self.phase("solo")
-        self.result["ddp"]["solo"] = ddp.solo(b.trainer, b.feed, d["solo_steps"])
+        self.result["ddp"]["solo"] = ddp.solo(b.trainer, b.feed, d.solo_steps)
         self.done("solo")
 
-    def loader_alone(self, probe: dict[str, Any]) -> dict[str, Any]:
+    def loader_alone(self, probe: LoaderProbeSpec) -> dict[str, Any]:
         """Last, as it opens the data in this process: the loader's own rate at each candidate setting."""
         b = self.b
         assert b is not None
         b.feed.close()  # its persistent workers would compete with the ones timed here
 
         def make(dataset: Any, loader: dict[str, Any]) -> Feed:
-            return Feed(dataset, b.batch_size, self.spec["seed"], loader)
+            return Feed(dataset, b.batch_size, self.spec.seed, loader)
 
-        cores = probe.get("cores") or len(os.sched_getaffinity(0))
+        cores = probe.cores or len(os.sched_getaffinity(0))
         return candidates.loader_alone(
-            make, b.dataset, self.local(), b.loader, probe["seconds"] * (1 - candidates.COST_SHARE), cores, b.cuda
+            make, b.dataset, self.local(), b.loader, probe.seconds * (1 - candidates.COST_SHARE), cores, b.cuda
         )
 
     def local(self) -> Any:
         """A dataset this process may open (the built-in ones afresh; a user's own is the loop's)."""
         b = self.b
         assert b is not None
-        return b.fresh_dataset() if not self.spec["dataset"] else b.dataset
+        return b.fresh_dataset() if not self.spec.dataset else b.dataset
 
     def timed(self, name: str, work: Any) -> None:
         """Run an optional phase; its failure (a full disk, a profiler without CUPTI) is its result, not the run's."""
@@ -148,12 +160,12 @@ class Smoke:
         b = self.b
         assert b is not None
         try:
-            self.steps("warmup", self.spec["warmup"])
-            self.steps("steps", self.spec["steps"], phase="measure")
+            self.steps("warmup", self.spec.warmup)
+            self.steps("steps", self.spec.steps, phase="measure")
         except Exception as exc:
             if not extras.oom_error(exc):
                 raise
-            if self.spec.get("ddp"):  # a search would run steps on this rank alone and hang the others
+            if self.spec.ddp:  # a search would run steps on this rank alone and hang the others
                 raise
             self.result["oom"] = self.out_of_memory(exc)
             return False
@@ -166,7 +178,7 @@ class Smoke:
         prev = b.trainer.clock.mark()
         try:
             pending = run_steps(
-                b.trainer, b.feed, count, prev, lambda i: self.emit("step", phase=phase or key, i=i + 1, of=count)
+                b.trainer, b.feed, count, prev, lambda i: self.emit(StepEvent(phase or key, i + 1, count))
             )
         except Interrupted as stop:
             self.result[key] = [r.as_dict() for r in resolve(b.trainer.clock, stop.pending)]
@@ -184,7 +196,7 @@ class Smoke:
         self.phase("oom-search")
 
         def fits(batch: int) -> bool:
-            self.emit("oom-probe", batch=batch)
+            self.emit(OomProbeEvent(batch))
             try:
                 feed = b.feed_factory(batch)
                 resolve(b.trainer.clock, run_steps(b.trainer, feed, 2, b.trainer.clock.mark(), lambda i: None))
@@ -208,8 +220,8 @@ class Smoke:
     def round_trip(self) -> dict[str, Any]:
         """Save, run on, reload into a fresh model, replay the same batches, compare the losses; then compare the
         batches the reloaded loader yields with the kept ones (the data resume, judged on its own)."""
-        b, spec = self.b, self.spec["checkpoint"]
-        assert b is not None
+        b, spec = self.b, self.spec.checkpoint
+        assert b is not None and spec is not None
         last = self.result["steps"][-1]["loss"] if self.result["steps"] else None
         payload = {
             "format": 1,
@@ -224,18 +236,18 @@ class Smoke:
         }
         if b.cuda:
             torch.cuda.synchronize()
-        distributed = bool(self.spec.get("ddp"))
+        distributed = self.spec.ddp is not None
         if distributed:  # rank 0 saves every rank's RNG state; each rank restores its own
             payload["rng_per_rank"] = ddp.gather(payload["rng"])
-        saved = save_atomic(payload, Path(spec["dir"])) if ddp.rank() == 0 else None
+        saved = save_atomic(payload, Path(spec.dir)) if ddp.rank() == 0 else None
         saved = ddp.share(saved) if distributed else saved
         assert saved is not None
-        copied = distributed and int(self.spec["ddp"].get("nodes", 1)) > 1  # other hosts cannot read rank 0's disk
-        saved = ddp.copy_file(saved, Path(spec["dir"])) if copied else saved
+        copied = self.spec.ddp is not None and self.spec.ddp.nodes > 1  # other hosts cannot read rank 0's disk
+        saved = ddp.copy_file(saved, Path(spec.dir)) if copied else saved
         del payload
         with deterministic():
             recording = Recording(b.feed)
-            on = [r.loss for r in self.leg(b.trainer, recording, spec["resume_steps"])]
+            on = [r.loss for r in self.leg(b.trainer, recording, spec.resume_steps)]
             b.feed.close()
             restored, load_s = load(saved.path, b.device)
             fresh = b.fresh_trainer(restored)
@@ -243,38 +255,38 @@ class Smoke:
             pos = restored["sampler"]
             feed = b.feed_factory(b.batch_size, epoch=pos["epoch"], start=pos["batch"])
             replay = Replay(feed, recording.kept)
-            again = [r.loss for r in self.leg(fresh, replay, spec["resume_steps"])]
+            again = [r.loss for r in self.leg(fresh, replay, spec.resume_steps)]
         b.trainer, b.feed = fresh, feed  # later phases go on from the resumed state (one model in memory)
         ddp.barrier()  # every rank has loaded it
         if ddp.rank() == 0 or copied:  # rank 0's file, or this rank's own copy
             os.unlink(saved.path)
-        verdict = compare(on, again, spec["rtol"])
+        verdict = compare(on, again, spec.rtol)
         data = same_batches(recording.kept, replay.drawn) | {"workers": int(b.loader.get("num_workers") or 0)}
-        cost = {"save_s": saved.seconds, "bytes": saved.bytes, "dir": spec["dir"], "load_s": load_s}
+        cost = {"save_s": saved.seconds, "bytes": saved.bytes, "dir": spec.dir, "load_s": load_s}
         return cost | verdict | {"data": data}
 
     def leg(self, trainer: Trainer, feed: Batches, count: int) -> list[Any]:
         return resolve(trainer.clock, run_steps(trainer, feed, count, trainer.clock.mark(), lambda i: None))
 
     def sweep(self) -> dict[str, Any]:
-        b, s = self.b, self.spec["sweep"]
-        assert b is not None
+        b, s = self.b, self.spec.sweep
+        assert b is not None and s is not None
         b.feed.close()
 
         def make(batch: int) -> tuple[Trainer, Feed]:
-            self.emit("sweep", batch=batch)
+            self.emit(SweepEvent(batch))
             return b.trainer, b.feed_factory(batch)
 
-        return extras.sweep(make, b.batch_size, s["limit"], s["warmup"], s["steps"], s["knee"])
+        return extras.sweep(make, b.batch_size, s.limit, s.warmup, s.steps, s.knee)
 
 
 def main(argv: list[str]) -> int:
-    spec = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
-    smoke = Smoke(spec, Events(spec["events"]))
+    spec = RunSpec.from_json(json.loads(Path(argv[1]).read_text(encoding="utf-8")))
+    smoke = Smoke(spec, Events(spec.events))
     try:
-        if spec.get("ddp"):
+        if spec.ddp:
             smoke.phase("init")
-            ddp.start(spec["ddp"])
+            ddp.start(spec.ddp)
             smoke.done("init")
         smoke.run()
     except KeyboardInterrupt:
@@ -286,9 +298,9 @@ def main(argv: list[str]) -> int:
         text = f"{type(exc).__name__}: {str(exc).splitlines()[0][:400] if str(exc) else ''}"
         smoke.result.update(error=f"{text} ({Path(where.filename).name}:{where.lineno})", error_kind="crash")
         traceback.print_exc()
-    if spec.get("ddp") and smoke.result["error"] is None and not smoke.result["interrupted"]:
+    if spec.ddp and smoke.result["error"] is None and not smoke.result["interrupted"]:
         ddp.stop()  # after a failure a peer may be gone: the process exits without the collective teardown
-    out = Path(spec["result"])
+    out = Path(spec.result)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(smoke.result, default=str), encoding="utf-8")
     tmp.replace(out)

@@ -5,7 +5,7 @@ again after the reload (``Replay``), so the loss comparison proves the model, op
 whatever the data pipeline draws. The loader rebuilt from the saved position still runs beside the replay, as it
 would on a real resume, and what it yields is compared with the kept batches on its own (``same_batches``): the
 data order and augmentation resume exactly, or not (random transforms in DataLoader workers never do: the
-workers reseed from the loader's base seed when the iterator is re-created; communication-and-planning.md §5).
+workers reseed from the loader's base seed when the iterator is re-created; docs/sources.md#dataloader-seeding).
 
 What is saved is what the seed article §4.4 says a resume needs, plus what it warns is forgotten: model,
 optimizer, scaler, epoch/step, loss, the RNG states of python/numpy/torch/CUDA, and the sampler position. The file

@@ -5,7 +5,7 @@ one-line error and exit 2), and DataLoader takes any object with ``__len__``/``_
 arrays, which the default collate turns into tensors:
 
 - images: ``(uint8 [S, S, 3], int label)``; the model normalises on the device, so the host-to-device copy
-  moves bytes, not floats (ref/diagnosis.md §2.6 V2 "send uint8 and normalize on GPU").
+  moves bytes, not floats (docs/sources.md#h2d-uint8).
 - tokens: ``(int64 [T], int64 [T])``, input and the same window shifted by one.
 
 Staged layouts (issue 4's stage-data output): ``images.npy`` (uint8 N x S x S x 3) + ``labels.npy`` (int64) +
@@ -19,11 +19,12 @@ import itertools
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from checks.verify.contract import DataSpec
 
 SYNTHETIC_SAMPLES = 1_000_000  # generated on demand; large enough that a run never wraps an epoch
 SYNTHETIC_VOCAB = 256  # byte-level, as stage-data's default tokenizer
@@ -43,31 +44,6 @@ class StagedDataError(ValueError):
     def __init__(self, message: str, hint: str = "") -> None:
         super().__init__(message)
         self.hint = hint
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    """What the child trains on; JSON-able (it travels in the child's spec)."""
-
-    kind: str  # "images" | "tokens"
-    source: str  # "synthetic" | "staged"
-    samples: int
-    path: str = ""
-    image_size: int = 0
-    classes: int = 0
-    seq_len: int = 0
-    vocab: int = 0
-
-    def describe(self) -> str:
-        where = f"staged at {self.path}" if self.source == "staged" else "synthetic"
-        if self.kind == "images":
-            return (
-                f"{where} images {self.image_size}x{self.image_size}, {self.classes} classes, {self.samples:,} samples"
-            )
-        return f"{where} tokens, vocabulary {self.vocab}, windows of {self.seq_len}, {self.samples:,} samples"
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def synthetic_spec(kind: str, image_size: int, classes: int, seq_len: int) -> DataSpec:

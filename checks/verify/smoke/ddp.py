@@ -3,7 +3,7 @@
 One process per GPU (NCCL), or per share of the CPU cores (gloo). Each rank reads its shard of the same seeded
 order (``loop.ShardedBatches``, a batch sampler over ``DistributedSampler``), so the checkpoint's ``(seed, epoch,
 batch)`` position rebuilds every rank's shard. The exchange is measured in the run itself
-(communication-and-planning.md §4.1, "Measuring"): windows of forward+backward steps inside ``model.no_sync()``
+(docs/sources.md#ddp-exposed-comm): windows of forward+backward steps inside ``model.no_sync()``
 alternate with windows of the same steps synchronised; the optimizer does not step in either, so the ranks'
 models stay identical. A barrier starts every window, so a slow rank's backlog from an unsynchronised window is
 not charged to the next synchronised one. Last, rank 0 alone trains a few steps of the bare module while the
@@ -22,21 +22,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from checks.verify.contract import DdpSpec
 from checks.verify.smoke.loop import Batches, Trainer, resolve, run_steps
 
 
-def start(ddp: dict[str, Any]) -> None:
+def start(ddp: DdpSpec) -> None:
     """Join the process group (rank 0 hosts the TCP store); an absent peer fails after ``timeout_s``."""
-    if ddp["backend"] == "gloo" and ddp.get("threads"):
-        torch.set_num_threads(int(ddp["threads"]))  # torchrun's OMP_NUM_THREADS: the ranks share the cores
-    if ddp["backend"] == "nccl":
-        torch.cuda.set_device(int(ddp.get("local_rank", ddp["rank"])))  # the GPU index on this host
+    if ddp.backend == "gloo" and ddp.threads:
+        torch.set_num_threads(ddp.threads)  # torchrun's OMP_NUM_THREADS: the ranks share the cores
+    if ddp.backend == "nccl":
+        torch.cuda.set_device(ddp.local_rank)  # the GPU index on this host
     dist.init_process_group(
-        ddp["backend"],
-        init_method=f"tcp://{ddp['addr']}:{ddp['port']}",
-        rank=int(ddp["rank"]),
-        world_size=int(ddp["world_size"]),
-        timeout=datetime.timedelta(seconds=float(ddp["timeout_s"])),
+        ddp.backend,
+        init_method=f"tcp://{ddp.addr}:{ddp.port}",
+        rank=ddp.rank,
+        world_size=ddp.world_size,
+        timeout=datetime.timedelta(seconds=ddp.timeout_s),
     )
 
 

@@ -17,7 +17,7 @@ import torch
 from checks.verify.smoke.figures import union_length
 from checks.verify.smoke.loop import Feed, Trainer, resolve, run_steps
 
-SHORT_KERNEL_NS = 10_000  # HTA's "short kernels": launches cost 5-20 µs on the host (ref/diagnosis.md §1.3, §2.3)
+SHORT_KERNEL_NS = 10_000  # HTA's "short kernels": launches cost 5-20 µs on the host (docs/sources.md#hta)
 
 
 def oom_error(exc: BaseException) -> bool:
@@ -34,7 +34,7 @@ def release(cuda: bool) -> None:
 
 
 def memory(cuda: bool) -> dict[str, Any] | None:
-    """Caching-allocator figures (ref/diagnosis.md §1.11 memory_stats keys); None on the CPU."""
+    """Caching-allocator figures (docs/sources.md#cuda-memory-stats); None on the CPU."""
     if not cuda:
         return None
     stats = torch.cuda.memory_stats()
@@ -154,7 +154,7 @@ def sweep(
 
 
 def knee_batch(rows: list[dict[str, Any]], knee: float) -> int | None:
-    """Smallest batch reaching ``knee`` of the best throughput (ref/diagnosis.md §4 item 3)."""
+    """Smallest batch reaching ``knee`` of the best throughput (docs/sources.md#batch-knee)."""
     done = [r for r in rows if r.get("samples_per_s")]
     if not done:
         return None

@@ -1,7 +1,7 @@
 """Figures from the child's step records: pure functions, no torch (the parent and the tests use them).
 
-A record is ``StepRecord.as_dict()``: seconds of ``data_wait``, ``h2d``, ``forward``, ``backward``, ``optimizer``
-on the device clock, host ``host_start``/``host_end``/``enqueue_s``, ``fetch`` windows and ``loss``.
+A record is a ``checks.verify.contract.Step``: seconds of ``data_wait``, ``h2d``, ``forward``, ``backward``,
+``optimizer`` on the device clock, host ``host_start``/``host_end``/``enqueue_s``, ``fetch`` windows and ``loss``.
 
 Shares are of the total measured time (sums, not medians), so they add up to exactly 1 and match what an epoch
 costs; with DataLoader workers the data wait comes in bursts (one slow batch in N), which a median would hide.
@@ -12,9 +12,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-PHASES = ("data_wait", "h2d", "forward", "backward", "optimizer")
+from checks.verify.contract import PHASES, Step
+
 SHARES = (*PHASES, "checkpoint")
 
 
@@ -35,44 +37,64 @@ def percentile(values: Sequence[float], q: float) -> float:
     return data[min(len(data) - 1, max(0, math.ceil(q * len(data)) - 1))]
 
 
-def step_total(r: dict[str, Any]) -> float:
-    return float(sum(r[p] for p in PHASES))
+@dataclass(frozen=True)
+class StepFigures:
+    """The measured steps' figures; the judge adds the checkpoint amortised over its interval (``amortised``).
+
+    ``step_s`` is the mean step with the checkpoint's share; the ``*_with_checkpoints`` rates are the headline:
+    what training with a save every ``checkpoint_every_steps`` steps sustains.
+    """
+
+    steps: int
+    median_s: float
+    p95_s: float
+    mean_s: float
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    phase_s: dict[str, float]
+    shares: dict[str, float] = field(default_factory=dict)  # ``breakdown``: the checkpoint amortised in
+    step_s: float = 0.0
+    checkpoint_s_per_step: float = 0.0
+    checkpoint_every_steps: int | None = None
+    samples_per_s_with_checkpoints: float | None = None
+    tokens_per_s_with_checkpoints: float | None = None
 
 
-def step_figures(records: list[dict[str, Any]], samples_per_step: int, tokens_per_sample: int = 0) -> dict[str, Any]:
+def step_figures(records: Sequence[Step], samples_per_step: int, tokens_per_sample: int = 0) -> StepFigures:
     """Median, p95 and mean step time, samples/s (and tokens/s), and seconds per phase summed."""
-    totals = [step_total(r) for r in records]
+    totals = [r.total for r in records]
     spent = sum(totals)
-    out: dict[str, Any] = {
-        "steps": len(records),
-        "median_s": statistics.median(totals),
-        "p95_s": percentile(totals, 0.95),
-        "mean_s": spent / len(records),
-        "samples_per_s": samples_per_step * len(records) / spent if spent > 0 else None,
-        "phase_s": {p: sum(r[p] for r in records) for p in PHASES},
-    }
-    if tokens_per_sample and out["samples_per_s"]:
-        out["tokens_per_s"] = out["samples_per_s"] * tokens_per_sample
-    return out
+    rate = samples_per_step * len(records) / spent if spent > 0 else None
+    return StepFigures(
+        steps=len(records),
+        median_s=statistics.median(totals),
+        p95_s=percentile(totals, 0.95),
+        mean_s=spent / len(records),
+        samples_per_s=rate,
+        tokens_per_s=rate * tokens_per_sample if tokens_per_sample and rate else None,
+        phase_s={p: sum(getattr(r, p) for r in records) for p in PHASES},
+        shares=breakdown(records),
+        step_s=spent / len(records),
+    )
 
 
-def breakdown(records: list[dict[str, Any]], checkpoint_s_per_step: float = 0.0) -> dict[str, float]:
+def breakdown(records: Sequence[Step], checkpoint_s_per_step: float = 0.0) -> dict[str, float]:
     """Each phase's share of the time per step, checkpoints amortised in; the shares add up to 1."""
     n = len(records)
-    per_step = {p: sum(r[p] for r in records) / n for p in PHASES}
+    per_step = {p: sum(getattr(r, p) for r in records) / n for p in PHASES}
     per_step["checkpoint"] = checkpoint_s_per_step
     whole = sum(per_step.values())
     return {k: (v / whole if whole > 0 else 0.0) for k, v in per_step.items()}
 
 
-def fetch_windows(records: list[dict[str, Any]]) -> list[tuple[float, float]]:
+def fetch_windows(records: Sequence[Step]) -> list[tuple[float, float]]:
     """Host windows spent blocked on the next batch (for CPU use while the loop waits for data)."""
-    return [(float(a), float(b)) for r in records for a, b in r.get("fetch", [])]
+    return [(a, b) for r in records for a, b in r.fetch]
 
 
-def enqueue_ratio(records: list[dict[str, Any]]) -> float | None:
-    """Median of host time issuing a step / device time computing it (ref/diagnosis.md §2.3 signal 1)."""
-    ratios = [r["enqueue_s"] / c for r in records if (c := r["forward"] + r["backward"] + r["optimizer"]) > 0]
+def enqueue_ratio(records: Sequence[Step]) -> float | None:
+    """Median of host time issuing a step / device time computing it (docs/sources.md#launch-bound-signals)."""
+    ratios = [r.enqueue_s / c for r in records if (c := r.compute) > 0]
     return statistics.median(ratios) if ratios else None
 
 

@@ -1,14 +1,34 @@
-"""Start the smoke-test child and watch it (parent side, no torch).
+"""Start the training child and watch it: one process, or every rank of a DDP run (parent side, no torch).
 
-The training loop runs in its own process and process group, like every other torch call of the tool: a hung
-CUDA call or a wedged DataLoader worker cannot hang the task. The parent tails the child's events file for
-progress, kills the whole group when the run exceeds its time limit or stops reporting, and on Ctrl-C forwards
-SIGINT to the child alone, which stops after the current step and writes a partial result.
+One code path for 1 and N processes: N=1 is a run of one rank. The training loop runs in its own processes, like
+every other torch call of the tool, so a hung CUDA call or a wedged DataLoader worker cannot hang the task. Each
+process gets its own spec (``RunSpec``; under DDP with its rank, world size and the TCP store: on one box a free
+port of 127.0.0.1, across hosts the ``Node`` the caller gives), its own events file and log. All of them share
+one process group, led by the first and apart from the task's (the terminal's Ctrl-C does not reach it), so one
+``killpg`` ends every process and its DataLoader workers: no orphans.
+
+The watch loop tails the first process's events for progress (``on_event``) and every process's for news. It
+stops the run when it exceeds its time limit (``timeout``) or no process reported anything for ``stall_s``
+(``stalled``, naming the one rank that reported fewer events than the others); under DDP also when a rank exits
+with an error or without a result (``crashed``, naming it: the others would only wait for it in the next
+all-reduce), or is still running long after another ended cleanly (hung). Ctrl-C is forwarded as SIGINT to every
+process, which stop after their step and write partial results.
+
+Across hosts (``--hosts``) each host runs this for its own ranks (``Node``: the first global rank here and how
+many run here); the caller joins the hosts' results.
+
+Where torchrun goes (issue 19): ``_start`` is the only place processes are created, with their rendezvous
+(``_rank_spec``). Moving the N-process path onto ``torch.distributed.run`` replaces those two with one
+``python -m torch.distributed.run --nproc-per-node N --rdzv-backend c10d ... smoke_train.py SPEC`` process (the
+group leader), the child reading its rank from torchrun's ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` and naming its
+events and result files by rank; the watch loop (``_watch``), the failure attribution and ``combine`` stay as
+they are, reading the same per-rank files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -17,36 +37,52 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from checks.probe.tcp import free_port
+from checks.verify.contract import (
+    ChildResult,
+    ChildRun,
+    ContractError,
+    Event,
+    RankDevice,
+    RankResult,
+    RunSpec,
+    parse_event,
+)
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "smoke_train.py"
-INTERRUPT_GRACE_S = 20.0  # time the child gets to finish its step, read its CUDA events and write the result
+INTERRUPT_GRACE_S = 20.0  # time a child gets to finish its step, read its CUDA events and write the result
+FINISH_GRACE_S = 30.0  # a rank may end this much later than another that ended cleanly (teardown, slow save)
 _POLL_S = 0.1
 
+__all__ = ["INTERRUPT_GRACE_S", "ChildRun", "Node", "launch"]
 
-@dataclass
-class ChildRun:
-    """What came back from the child: its (possibly partial) result, events, and why it ended."""
 
-    result: dict[str, Any] | None
-    events: list[dict[str, Any]] = field(default_factory=list)
-    failure: str | None = None  # "timeout", "stalled", "crashed", "killed"
-    interrupted: bool = False
-    log_tail: str = ""
-    seconds: float = 0.0
-    rank: int | None = None  # several processes: the rank that failed or hung, when one can be named
-    env_kept: tuple[str, ...] = ()  # ``extra_env`` names the caller's environment had set already (theirs was kept)
+@dataclass(frozen=True)
+class Node:
+    """This host's part of a rendezvous: the store at ``addr:port`` (rank 0's host), ranks ``first`` to
+    ``first + local - 1`` started here, ``index`` of ``nodes`` hosts."""
+
+    addr: str
+    port: int
+    first: int
+    local: int
+    index: int = 0
+    nodes: int = 1
 
 
 class _Tail:
-    """Read complete JSON lines appended to a file since the last call."""
+    """Read the complete event lines appended to a file since the last call (a torn last line waits); a complete
+    line that is not an event is counted out, with the first reason (``rejected``)."""
 
     def __init__(self, path: Path) -> None:
         self.path, self.offset, self.partial = path, 0, ""
+        self.count, self.rejected, self.reason = 0, 0, ""
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self) -> list[Event]:
         try:
             with self.path.open(encoding="utf-8") as fh:
                 fh.seek(self.offset)
@@ -58,8 +94,12 @@ class _Tail:
         self.partial = lines.pop()
         out = []
         for line in lines:
-            with contextlib.suppress(json.JSONDecodeError):
-                out.append(json.loads(line))
+            try:
+                out.append(parse_event(line))
+            except ContractError as exc:  # another producer's mistake: said in the log, never a reason to stop
+                self.rejected += 1
+                self.reason = self.reason or str(exc)
+        self.count += len(out)
         return out
 
 
@@ -70,98 +110,210 @@ def child_env(extra_env: Mapping[str, str] | None) -> tuple[dict[str, str], tupl
     return {**extra, **os.environ, "PYTHONUNBUFFERED": "1"}, tuple(k for k in extra if k in os.environ)
 
 
-def run_smoke(
-    spec: dict[str, Any],
+def launch(
+    spec: RunSpec,
     timeout_s: float,
     stall_s: float,
-    on_event: Callable[[dict[str, Any]], None] = lambda e: None,
+    on_event: Callable[[Event], None] = lambda e: None,
     on_start: Callable[[int], None] = lambda pid: None,
     python: str = sys.executable,
     extra_env: Mapping[str, str] | None = None,
+    node: Node | None = None,
 ) -> ChildRun:
-    """Run the child on ``spec``; return its result (None when it wrote none) and how it ended.
+    """Run ``spec``'s processes here: one without ``spec.ddp``, else ``ddp.world_size`` ranks (``node.local``
+    of them with ``node``). Return the first one's result (None when it wrote none) and how the run ended; under
+    DDP every local rank's figures are under the result's ``ranks``.
 
-    ``extra_env`` (the allocator setting bootstrap writes for new shells) goes into the child's environment
+    ``extra_env`` (the allocator setting bootstrap writes for new shells) goes into every process's environment
     unless this environment sets the variable already: a value the user exported is what their run gets.
     """
+    here = node or Node("127.0.0.1", free_port() if spec.ddp else 0, 0, spec.ddp.world_size if spec.ddp else 1)
     with tempfile.TemporaryDirectory(prefix="gpu-preflight-verify-") as tmp:
         work = Path(tmp)
-        spec = {**spec, "events": str(work / "events.jsonl"), "result": str(work / "result.json")}
-        (work / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
         env, kept = child_env(extra_env)
-        start = time.monotonic()
-        with (work / "child.log").open("w", encoding="utf-8") as log:
-            proc = subprocess.Popen(
-                [python, str(SCRIPT), str(work / "spec.json")],
-                cwd=work,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        on_start(proc.pid)
         run = ChildRun(result=None, env_kept=kept)
+        start = time.monotonic()
+        procs: list[subprocess.Popen[bytes]] = []
+        tails = [_Tail(work / f"events.{r}.jsonl") for r in range(here.local)]
         try:
-            _watch(proc, _Tail(work / "events.jsonl"), run, timeout_s, stall_s, on_event)
+            for r in range(here.local):
+                procs.append(
+                    _start(_rank_spec(spec, here, r, work), r, work, python, env, procs[0].pid if procs else 0)
+                )
+            on_start(procs[0].pid)
+            _watch(procs, tails, work, run, timeout_s, stall_s, on_event)
         finally:
-            _kill_group(proc)
+            _kill_group(procs)
         run.seconds = time.monotonic() - start
-        run.result = _read_json(work / "result.json")
-        run.log_tail = _tail(work / "child.log")
-        if run.result is None and run.failure is None:
-            run.failure = "crashed"
+        for r, tail in enumerate(tails):
+            _note(work, r, f"{tail.rejected} event line(s) were not events: {tail.reason}" if tail.rejected else "")
+        results = [_read_result(work, r, note=True) for r in range(here.local)]
+        logs = [_tail(work / f"rank{r}.log") for r in range(here.local)]
+        combine(run, results, logs, here.first, distributed=spec.ddp is not None)
         return run
 
 
+def _rank_spec(spec: RunSpec, node: Node, rank: int, work: Path) -> RunSpec:
+    """Local rank ``rank``'s spec (global ``node.first + rank``): its files, and under DDP its rendezvous."""
+    mine = dataclasses.replace(
+        spec, events=str(work / f"events.{rank}.jsonl"), result=str(work / f"result.{rank}.json")
+    )
+    if spec.ddp is None:
+        return mine
+    ddp = dataclasses.replace(
+        spec.ddp, rank=node.first + rank, local_rank=rank, addr=node.addr, port=node.port, nodes=node.nodes
+    )
+    return dataclasses.replace(mine, ddp=ddp)
+
+
+def _start(
+    spec: RunSpec, rank: int, work: Path, python: str, env: dict[str, str], group: int
+) -> subprocess.Popen[bytes]:
+    """Start local rank ``rank`` in process group ``group`` (0: a new one it leads)."""
+    path = work / f"spec.{rank}.json"
+    path.write_text(json.dumps(spec.to_json()), encoding="utf-8")
+    # One group led by the first process, in the task's session (setpgid cannot join a group of another session);
+    # not the terminal's foreground group, so a Ctrl-C reaches the task alone, which forwards it.
+    # Popen(process_group=) is 3.11+; on 3.10 the same setpgid runs in the child before exec.
+    where: dict[str, Any] = (
+        {"process_group": group} if sys.version_info >= (3, 11) else {"preexec_fn": lambda: os.setpgid(0, group)}
+    )
+    with (work / f"rank{rank}.log").open("w", encoding="utf-8") as log:
+        return subprocess.Popen(
+            [python, str(SCRIPT), str(path)], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, **where
+        )
+
+
 def _watch(
-    proc: subprocess.Popen[bytes],
-    tail: _Tail,
+    procs: list[subprocess.Popen[bytes]],
+    tails: list[_Tail],
+    work: Path,
     run: ChildRun,
     timeout_s: float,
     stall_s: float,
-    on_event: Callable[[dict[str, Any]], None],
+    on_event: Callable[[Event], None],
 ) -> None:
-    """Poll until the child exits, times out, stalls or is interrupted."""
+    """Poll every process until all exit, a rank fails, the run times out or stalls, or Ctrl-C."""
     deadline, last_news = time.monotonic() + timeout_s, time.monotonic()
+    first_clean: float | None = None
     try:
-        while proc.poll() is None:
-            news = tail.read()
-            for event in news:
-                run.events.append(event)
-                on_event(event)
+        while True:
+            for r, tail in enumerate(tails):
+                news = tail.read()
+                last_news = time.monotonic() if news else last_news
+                for event in news if r == 0 else ():
+                    run.events.append(event)
+                    on_event(event)
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
             now = time.monotonic()
-            last_news = now if news else last_news
-            if now > deadline or now - last_news > stall_s:
+            for r, code in enumerate(codes):
+                if code is None:
+                    continue
+                got = _read_result(work, r)
+                if code != 0 or got is None or got.error:
+                    run.failure, run.rank = "crashed", r
+                    return
+                first_clean = first_clean or now
+            hung = first_clean is not None and now - first_clean > FINISH_GRACE_S
+            if now > deadline or now - last_news > stall_s or hung:
                 run.failure = "timeout" if now > deadline else "stalled"
+                run.rank = next(r for r, c in enumerate(codes) if c is None) if hung else _lagging(tails)
                 return
             time.sleep(_POLL_S)
     except KeyboardInterrupt:
         run.interrupted = True
-        _interrupt(proc)
-    run.events += tail.read()
+        _interrupt(procs)
+    run.events += tails[0].read()
 
 
-def _interrupt(proc: subprocess.Popen[bytes]) -> None:
-    """Forward Ctrl-C to the child alone (its workers stop with it); a second Ctrl-C or the grace time kills."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signal.SIGINT)
+def _lagging(tails: list[_Tail]) -> int | None:
+    """The one rank that reported fewer events than every other (None when no single rank lags, or one runs)."""
+    counts = [t.count for t in tails]
+    low = min(counts)
+    return counts.index(low) if counts.count(low) == 1 and len(counts) > 1 else None
+
+
+def _interrupt(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Forward Ctrl-C to every process (their workers stop with them); the grace time or a second Ctrl-C ends
+    the wait."""
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, signal.SIGINT)
+    end = time.monotonic() + INTERRUPT_GRACE_S
     with contextlib.suppress(KeyboardInterrupt, subprocess.TimeoutExpired):
-        proc.wait(timeout=INTERRUPT_GRACE_S)
+        for p in procs:
+            p.wait(timeout=max(0.1, end - time.monotonic()))
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the child's process group (the child, its DataLoader workers, compile workers)."""
+def _kill_group(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Kill the process group (every process, its DataLoader and compile workers), then reap the processes."""
+    if not procs:
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+        os.killpg(procs[0].pid, signal.SIGKILL)
+    for p in procs:
+        p.wait()
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def combine(
+    run: ChildRun, results: list[ChildResult | None], logs: list[str], first: int = 0, distributed: bool = True
+) -> None:
+    """Set ``run.result``: the first local rank's result (rank 0's on one box) stands for the run.
+
+    One process: its result as it is. Under DDP every rank's steps and A/B figures go under ``ranks`` (global
+    numbers from ``first``, each with its device); a failed rank's error and log replace rank 0's (whose own error
+    is then only the lost peer). ``run.rank`` is made global. No result at all and no other reason: crashed.
+    """
+    failed = run.rank
+    run.rank = None if failed is None else first + failed
+    run.log_tail = logs[failed if failed is not None else 0]
+    base = results[0] if results[0] is not None or failed is None else results[failed]
+    if failed is not None:
+        bad = results[failed]
+        what = (bad.error if bad else None) or f"{run.failure}: exit without a result"
+        base = dataclasses.replace(
+            base or ChildResult(),
+            error=f"rank {first + failed}: {what}",
+            error_kind=(bad.error_kind if bad else None) or "crash",
+        )
+    if base is not None and run.interrupted:  # a rank whose peer stopped first fails its all-reduce: the Ctrl-C
+        base = dataclasses.replace(base, interrupted=True, error=None, error_kind=None)
+    if base is not None and distributed:
+        ranks = tuple(_rank(first + r, res, r) for r, res in enumerate(results))
+        base = dataclasses.replace(base, ranks=ranks)
+    run.result = base
+    if base is None and run.failure is None:
+        run.failure = "crashed"
+
+
+def _rank(rank: int, res: ChildResult | None, local: int) -> RankResult:
+    """A rank's part: on a GPU its device index on its host (``ddp.start`` sets device ``local_rank``) and UUID."""
+    if res is None:
+        return RankResult(rank)
+    d = res.device
+    device = None if d is None else RankDevice(d.type, local if d.type == "cuda" else None, d.uuid)
+    return RankResult(rank, res.steps, res.ddp, res.error, device)
+
+
+def _read_result(work: Path, rank: int, note: bool = False) -> ChildResult | None:
+    """Local rank ``rank``'s result as its record; None when absent, torn, or not a child result (with ``note``
+    the rank's log then says why, as its last line)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return ChildResult.from_json(json.loads((work / f"result.{rank}.json").read_text(encoding="utf-8")))
     except (OSError, json.JSONDecodeError):
         return None
-    return data if isinstance(data, dict) else None
+    except ContractError as exc:
+        _note(work, rank, f"result.{rank}.json is not a child result: {exc}" if note else "")
+        return None
+
+
+def _note(work: Path, rank: int, line: str) -> None:
+    """Add verify's own ``line`` to the end of local rank ``rank``'s log (nothing when empty)."""
+    if line:
+        with contextlib.suppress(OSError), (work / f"rank{rank}.log").open("a", encoding="utf-8") as log:
+            log.write(f"\nverify: {line}\n")
 
 
 def _tail(path: Path, lines: int = 20) -> str:

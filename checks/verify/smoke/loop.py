@@ -3,7 +3,7 @@
 Per optimizer step the marks are: input ready (after ``next()``), after the host-to-device copy, after forward,
 after backward (per micro-batch), after the optimizer. On a GPU a mark is a CUDA event on the current stream,
 read lazily after one ``synchronize()`` at the end of the window; on the CPU it is ``time.monotonic()``, exact
-because CPU ops are synchronous. The intervals partition the device timeline (ref/diagnosis.md §2.2):
+because CPU ops are synchronous. The intervals partition the device timeline (docs/sources.md#gpu-clock-timers):
 data wait = previous step's end -> input ready, so whatever the host did between steps is counted there.
 """
 

@@ -4,16 +4,15 @@
 torch sees, the usable cores, and (with ``PORT_FOR``, on rank 0's host) a free port for the rendezvous.
 
 ``python -m checks.verify.smoke.node run SPEC``: SPEC is verify's child spec with a ``node`` block (``addr``,
-``port``, ``first``, ``local``, ``index``, ``nodes``: ``ddp_launch.Node``); the local ranks run under
-``run_ddp``, with ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` set to the interface that reaches rank 0's host
+``port``, ``first``, ``local``, ``index``, ``nodes``: ``launch.Node``); the local ranks run under
+``launch.launch``, with ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` set to the interface that reaches rank 0's host
 (both libraries pick an address from the hostname otherwise, which other hosts may not reach; the user's own
-setting wins). The last line printed is the run as JSON (``ChildRun``'s fields). SIGTERM and SIGHUP (the
+setting wins). The last line printed is the run as JSON (``ChildRun.to_json``). SIGTERM and SIGHUP (the
 controller stopping this host, or its SSH session gone) stop every local rank and leave no process behind.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -23,7 +22,8 @@ from checks.errors import terminate_as_interrupt
 from checks.probe.host import read_host
 from checks.probe.tcp import free_port, route
 from checks.probe.torch import read_torch
-from checks.verify.smoke.ddp_launch import Node, run_ddp
+from checks.verify.contract import RunSpec
+from checks.verify.smoke.launch import Node, launch
 
 
 def probe(port: bool) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def probe(port: bool) -> dict[str, Any]:
     found |= {"torch": torch.error is None and bool(torch.version), "torch_error": torch.error}
     found["nccl"] = bool(torch.nccl_version) and torch.cuda_available
     if port:
-        found["port"] = free_port()["port"]
+        found["port"] = free_port()
     return found
 
 
@@ -46,12 +46,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     timeout, stall = float(spec.pop("timeout_s")), float(spec.pop("stall_s"))
     with terminate_as_interrupt():
         try:
-            done = run_ddp(spec, timeout, stall, extra_env=env, node=node)
+            done = launch(RunSpec.from_json(spec), timeout, stall, extra_env=env, node=node)
         except KeyboardInterrupt:  # a second signal while the ranks were being stopped: they are gone by now
             return {"result": None, "failure": "killed", "interrupted": True}
-    out = dataclasses.asdict(done)
-    out.pop("events", None)
-    return out
+    return done.to_json()
 
 
 def main(argv: list[str]) -> int:

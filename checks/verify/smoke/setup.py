@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from checks import usercode
+from checks.verify.contract import RunSpec
 from checks.verify.smoke.ckpt import strip_prefixes
 from checks.verify.smoke.data import DataSpec, make_dataset
 from checks.verify.smoke.loop import CudaClock, Feed, HostClock, Trainer, loader_kwargs
@@ -37,7 +38,7 @@ class UsageError(Exception):
 class Build:
     """Everything the phases need, plus factories for fresh feeds and a fresh resumed trainer."""
 
-    spec: dict[str, Any]
+    spec: RunSpec
     device: torch.device
     dataset: Any
     data: dict[str, Any]
@@ -56,17 +57,17 @@ class Build:
 
     def fresh_dataset(self) -> Any:
         """Another instance of the built-in dataset (the user's own is returned as it is)."""
-        return self.dataset if self.spec["dataset"] else make_dataset(DataSpec(**self.data), self.spec["seed"])
+        return self.dataset if self.spec.dataset else make_dataset(DataSpec(**self.data), self.spec.seed)
 
     def feed_factory(self, batch: int, epoch: int = 0, start: int = 0) -> Feed:
-        return Feed(self.dataset, batch, self.spec["seed"], self.loader, epoch, start, self.shard)
+        return Feed(self.dataset, batch, self.spec.seed, self.loader, epoch, start, self.shard)
 
     def fresh_trainer(self, restored: dict[str, Any]) -> Trainer:
         """A new model and optimizer loaded from a checkpoint (``module.`` prefixes stripped)."""
         model = self.make_model().to(self.device)
         model.load_state_dict(strip_prefixes(restored["model"]))
         model = self.wrap(model)
-        optimizer = make_optimizer(model, self.spec["lr"])
+        optimizer = make_optimizer(model, self.spec.lr)
         optimizer.load_state_dict(restored["optimizer"])
         scaler = make_scaler() if self.trainer.scaler is not None else None
         if scaler is not None and restored.get("scaler"):
@@ -93,7 +94,7 @@ class Build:
             "model": {
                 "name": type(model).__name__,
                 "parameters": count_parameters(model),
-                "user": bool(self.spec["model"]),
+                "user": bool(self.spec.model),
             },
             "data": self.data | {"reader": f"{type(self.dataset).__module__}.{type(self.dataset).__name__}"},
         }
@@ -149,16 +150,16 @@ def make_scaler() -> Any:
     return amp.GradScaler("cuda") if amp is not None and hasattr(amp, "GradScaler") else torch.cuda.amp.GradScaler()
 
 
-def _user_data(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    dataset = call_factory("--dataset", spec["dataset"], load_callable(spec["dataset"], spec["user_path"]))
+def _user_data(spec: RunSpec) -> tuple[Any, dict[str, Any]]:
+    dataset = call_factory("--dataset", spec.dataset, load_callable(spec.dataset, spec.user_path))
     try:
         samples = len(dataset)
         first = dataset[0]
     except Exception as exc:  # noqa: BLE001
-        raise UsageError(f"{spec['dataset']} did not return a map-style dataset: {type(exc).__name__}: {exc}") from None
-    info: dict[str, Any] = {"kind": "user", "source": spec["dataset"], "samples": samples}
-    if not spec["model"]:
-        info.update(_infer_kind(spec["dataset"], dataset, first))
+        raise UsageError(f"{spec.dataset} did not return a map-style dataset: {type(exc).__name__}: {exc}") from None
+    info: dict[str, Any] = {"kind": "user", "source": spec.dataset, "samples": samples}
+    if not spec.model:
+        info.update(_infer_kind(spec.dataset, dataset, first))
     elif _is_window(first):  # the user's model: still count tokens per sample for tokens/s
         info["seq_len"] = len(np.asarray(first[0]))
     return dataset, info
@@ -183,34 +184,33 @@ def _infer_kind(ref: str, dataset: Any, first: Any) -> dict[str, Any]:
     raise UsageError(f"{ref} items are neither uint8 H x W x 3 images nor 1-D token windows: pass --model too")
 
 
-def build(spec: dict[str, Any]) -> Build:
+def build(spec: RunSpec) -> Build:
     """Seed everything, then build data, model, optimizer, loader and the trainer the spec describes."""
-    random.seed(spec["seed"])
-    np.random.seed(spec["seed"])
-    torch.manual_seed(spec["seed"])
-    device = pick_device(spec["device"])
-    if spec["dataset"]:
+    random.seed(spec.seed)
+    np.random.seed(spec.seed)
+    torch.manual_seed(spec.seed)
+    device = pick_device(spec.device)
+    if spec.dataset or spec.data is None:
         dataset, data = _user_data(spec)
     else:
-        data = spec["data"]
-        dataset = make_dataset(DataSpec(**data), spec["seed"])
-    size = spec["model_size"] if spec["model_size"] != "auto" else ("base" if device.type == "cuda" else "small")
-    user_model = load_callable(spec["model"], spec["user_path"]) if spec["model"] else None
+        data = spec.data.to_json()
+        dataset = make_dataset(spec.data, spec.seed)
+    size = spec.model_size if spec.model_size != "auto" else ("base" if device.type == "cuda" else "small")
+    user_model = load_callable(spec.model, spec.user_path) if spec.model else None
 
     def make_model() -> torch.nn.Module:
-        return call_factory("--model", spec["model"], user_model) if user_model is not None else build_model(data, size)
+        return call_factory("--model", spec.model, user_model) if user_model is not None else build_model(data, size)
 
     model = make_model().to(device)
     model.train()
-    precision, dtype, scaled = pick_precision(spec["precision"], device)
+    precision, dtype, scaled = pick_precision(spec.precision, device)
     loss = getattr(model, "loss", None)
     clock = CudaClock() if device.type == "cuda" else HostClock()
-    optimizer = make_optimizer(model, spec["lr"])
-    trainer = Trainer(model, optimizer, loss if callable(loss) else default_loss, device, clock, spec["accum"], dtype)
+    optimizer = make_optimizer(model, spec.lr)
+    trainer = Trainer(model, optimizer, loss if callable(loss) else default_loss, device, clock, spec.accum, dtype)
     trainer.scaler = make_scaler() if scaled else None
-    batch = spec["batch_size"] or (spec["batch_size_gpu"] if device.type == "cuda" else spec["batch_size_cpu"])
-    loader = loader_kwargs(spec["loader"], device.type == "cuda")
-    ddp = spec.get("ddp")
-    shard = (int(ddp["rank"]), int(ddp["world_size"])) if ddp else None
-    feed = Feed(dataset, batch, spec["seed"], loader, shard=shard)
+    batch = spec.batch_size or (spec.batch_size_gpu if device.type == "cuda" else spec.batch_size_cpu)
+    loader = loader_kwargs(spec.loader, device.type == "cuda")
+    shard = (spec.ddp.rank, spec.ddp.world_size) if spec.ddp else None
+    feed = Feed(dataset, batch, spec.seed, loader, shard=shard)
     return Build(spec, device, dataset, data, make_model, precision, trainer, feed, batch, loader, shard)

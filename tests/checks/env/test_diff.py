@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -171,3 +172,54 @@ def test_numa_is_not_compared_when_one_side_has_no_topology() -> None:
     d = diff(from_facts(dataclasses.replace(four, topology=None), "A"), from_facts(four, "B"))
     assert not any("numa" in x.field or "cross_socket" in x.field for x in d.differences)
     assert any(m.startswith("NUMA placement: only one side") for m in d.not_compared)
+
+
+def _fixture_diff(a: str, b: str) -> dict[str, tuple[str, str]]:
+    d = diff(load_side(str(FIXTURES / f"{a}.json")), load_side(str(FIXTURES / f"{b}.json")))
+    return {x.field: (x.rank, x.reason) for x in d.differences}
+
+
+def test_losing_the_gpu_the_driver_and_the_cuda_build_are_breaks() -> None:
+    got = _fixture_diff("h200-1x", "cpu-only-no-driver")  # B: no driver, no GPU, a CPU build of torch
+    assert {f: got[f][0] for f in ("gpu_count", "driver", "torch_cuda")} == dict.fromkeys(
+        ("gpu_count", "driver", "torch_cuda"), "break"
+    )
+    assert "older" not in got["gpu_count"][1] and "newer" not in got["gpu_count"][1]
+    back = _fixture_diff("cpu-only-no-driver", "h200-1x")  # B gains all three: nothing breaks
+    assert {back[f][0] for f in ("gpu_count", "driver", "torch_cuda")} == {"info"}
+    assert "B has more" in back["gpu_count"][1]
+
+
+def test_a_cpu_build_of_torch_on_a_gpu_box_is_a_break() -> None:
+    got = _fixture_diff("h200-1x", "h100-cpu-torch")
+    assert got["torch_cuda"][0] == "break" and "not built for CUDA" in got["torch_cuda"][1]
+    assert got["driver"][0] == "info" and "gpu_count" not in got  # both have one GPU and a driver
+
+
+def test_fewer_gpus_are_slow_and_the_reason_says_fewer() -> None:
+    eight, _ = load_snapshot(FIXTURES / "h100-sxm-8x-healthy.json")
+    d = diff(from_facts(eight, "A"), from_facts(base(), "B"))
+    got = {x.field: x for x in d.differences}
+    assert got["gpu_count"].rank == "slow" and "B has fewer" in got["gpu_count"].reason
+
+
+@pytest.mark.parametrize(
+    ("b", "row"),
+    [("driver-too-old-major", "torch_cuda vs driver"), ("h100-cpu-torch", None), ("cpu-only-no-driver", None)],
+)
+def test_a_reason_that_points_at_another_row_names_one_that_exists(b: str, row: str | None) -> None:
+    d = diff(load_side(str(FIXTURES / "h200-1x.json")), load_side(str(FIXTURES / f"{b}.json")))
+    fields = {x.field for x in d.differences}
+    assert (row in fields) if row else ("torch_cuda vs driver" not in fields)
+    for x in d.differences:
+        assert "below" not in x.reason and "judged under" not in x.reason, x
+        named = re.findall(r"the `([^`]+)` row", x.reason)
+        assert all(n in fields for n in named), (x, fields)
+    if row:
+        assert f"the `{row}` row" in {x.field: x.reason for x in d.differences}["torch_cuda"]
+
+
+def test_a_cuda_build_the_driver_runs_says_so() -> None:
+    b = edit(base(), torch={"cuda": "12.6"})
+    d = {x.field: x for x in diff(from_facts(base(), "A"), from_facts(b, "B")).differences}
+    assert d["torch_cuda"].rank == "info" and "B's driver (CUDA 13.0) runs it" in d["torch_cuda"].reason

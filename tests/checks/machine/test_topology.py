@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +210,15 @@ def test_report_json_carries_topology_p2p_and_local_allreduce() -> None:
 
 def test_pair_record_defaults_mean_unknown() -> None:
     assert GpuPair(0, 1).p2p_read is None
+
+
+def test_a_replayed_snapshot_without_a_recorded_allreduce_skips_it_with_the_reason(tmp_path: Path) -> None:
+    """Snapshots recorded before the all-reduce section (or without measurements): skip, as gpu-p2p does."""
+    doc = json.loads((MACHINES / "h100-sxm-8x-nvlink.json").read_text())
+    del doc["machine"]["allreduce_local"]
+    path = tmp_path / "h100-sxm-8x-no-allreduce.json"
+    path.write_text(json.dumps(doc))
+    results = {r.id: r for r in bootstrap(BootstrapRequest(config=CFG, machine=path, dry_run=True)).report.results}
+    r = results["gpu-allreduce"]
+    assert r.status is Status.SKIP and r.summary.startswith("not measured"), r
+    assert "None" not in r.summary and results["gpu-p2p"].status is Status.OK  # the recorded matrix is still judged

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# GPT: the block of ref/communication-and-planning.md §6.3 (pre-LN, GeLU MLP 4h, dropout on).
+# GPT: the block of docs/sources.md#activation-memory (pre-LN, GeLU MLP 4h, dropout on).
 GPT_LAYERS, GPT_HIDDEN, GPT_HEADS, GPT_SEQ, GPT_VOCAB = 2, 256, 4, 128, 1000
 
 

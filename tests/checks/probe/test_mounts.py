@@ -11,7 +11,7 @@ import pytest
 
 from checks.facts import MountFacts
 from checks.probe.disk import candidates
-from checks.probe.mounts import fs_kind, mount_of, mount_table, parse_mountinfo, relevant
+from checks.probe.mounts import fs_kind, holder, mount_of, mount_table, parse_mountinfo, relevant
 from tests.factories import config
 
 MOUNTINFO = r"""22 1 252:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw
@@ -79,6 +79,14 @@ def test_mount_of_takes_the_longest_prefix() -> None:
     mounts = [MountFacts("/", "ext4"), MountFacts("/mnt/nas", "nfs4", kind="network")]
     assert mount_of("/mnt/nas/x/y", mounts) == mounts[1]
     assert mount_of("/mnt/nasty", mounts) == mounts[0]
+    assert mount_of("/x", mounts[1:]) is None
+
+
+def test_holder_is_the_same_lookup_over_the_mount_table() -> None:
+    table = [("/", "overlay"), ("/mnt/nas", "nfs4"), ("/mnt/nas", "ext4")]
+    assert holder("/mnt/nas/x", table) == ("/mnt/nas", "ext4")  # the later mount over the point wins
+    assert holder("/mnt/nasty", table) == ("/", "overlay")
+    assert holder("/x", []) == ("", "unknown")
 
 
 def test_candidates_one_per_filesystem_and_listed_ones_first(tmp_path: Path) -> None:

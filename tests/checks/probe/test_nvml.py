@@ -15,7 +15,7 @@ import pynvml
 import pytest
 
 from checks.facts import GpuFacts, GpuProcess, NvmlFacts, RemappedRows
-from checks.probe.nvml import PcieLinkSampler, read_nvml
+from checks.probe.nvml import PcieLinkSampler, Query, read_nvml, uuid_key
 from tests.fakes.nvml import GIB, MEM_V1, FakeNvml, geforce, h100
 
 H100_FACTS = GpuFacts(
@@ -338,3 +338,26 @@ def test_pcie_sampler_is_inert_without_nvml(nvml: FakeNvml | None, monkeypatch: 
         sampler.sample()
     assert sampler.peak() == {}
     assert nvml is None or "nvmlShutdown" not in nvml.calls
+
+
+def test_one_handle_per_gpu_that_answers_and_none_when_the_count_fails() -> None:
+    fake = FakeNvml([h100(0), {"HandleByIndex": pynvml.NVMLError_GpuIsLost()}, h100(2)])
+    assert sorted(Query(fake).handles()) == [0, 2]
+
+    class NoCount(FakeNvml):
+        def nvmlDeviceGetCount(self) -> int:
+            raise pynvml.NVMLError_GpuIsLost()
+
+    assert Query(NoCount([h100(0)])).handles() == {}
+
+
+@pytest.mark.parametrize(
+    ("nvml", "torch"),
+    [("GPU-5d0a8c1e-aa", "5d0a8c1e-aa"), ("GPU-5D0A8C1E-AA", "gpu-5d0a8c1e-aa"), ("GPU-abc", " GPU-ABC\n")],
+)
+def test_uuid_key_is_one_rule_for_nvml_and_torch_spellings(nvml: str, torch: str) -> None:
+    assert uuid_key(nvml) == uuid_key(torch)
+
+
+def test_uuid_key_keeps_different_gpus_apart() -> None:
+    assert uuid_key("GPU-abc-0") != uuid_key("GPU-abc-1") and uuid_key("MIG-abc") != uuid_key("abc")

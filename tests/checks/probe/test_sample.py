@@ -138,3 +138,20 @@ def test_host_reader_measures_a_process_tree_and_its_descendants() -> None:
     assert rows[-1]["workers"] == 1.0  # the burning grandchild is counted as a worker
     assert busy and max(busy) > 0.5, (busy, share)  # it keeps a core busy
     assert {"cpu_pct", "cpu_max_core_pct", "iowait_pct", "core0_pct"} <= set(rows[-1])
+
+
+def test_torch_and_nvml_uuids_match_by_the_one_rule_whatever_their_case_and_prefix() -> None:
+    """torch >= 2.1 prints the UUID bare; NVML prefixes ``GPU-``; either may come upper-cased from a log."""
+    with GpuReader(FakeNvml([sampled_h100(0), sampled_h100(1)])) as reader:
+        assert reader.index_of("5d0a8c1e-0000-0000-0000-000000000001") == 1
+        assert reader.index_of("GPU-5D0A8C1E-0000-0000-0000-000000000000") == 0
+        assert reader.index_of("0000-000000000001") is None  # a suffix alone is not the GPU
+        assert reader.index_of(None) is None
+
+
+def test_a_gpu_without_a_handle_is_left_out_of_the_reader_and_the_others_are_read() -> None:
+    gone = sampled_h100(0) | {"HandleByIndex": pynvml.NVMLError_GpuIsLost}
+    with GpuReader(FakeNvml([gone, sampled_h100(1)])) as reader:
+        row = reader.read()
+    assert reader.indices == [1] and reader.uuids == {1: "GPU-5d0a8c1e-0000-0000-0000-000000000001"}
+    assert "gpu1_util_pct" in row and not any(k.startswith("gpu0_") for k in row)

@@ -14,7 +14,7 @@ import pytest
 
 from tests.checks.verify.smoke_plugins import PHOTO_ROOT_ENV
 from tests.datasets.photos import image_tree, photo_bytes
-from tests.fakes.smoke import PLUGINS, config, smoke
+from tests.fakes.smoke import PLUGINS, checkpoint, config, smoke
 
 pytestmark = pytest.mark.slow
 
@@ -40,12 +40,12 @@ def test_random_augmentation_in_workers_passes_the_checkpoint_and_warns_on_data_
         model=f"{PLUGINS}:tiny_model",
         workers=2,
     )
-    ckpt = (outcome.child.result or {})["checkpoint"]
+    ckpt = checkpoint(outcome)
     assert results["verify-checkpoint"].status.value == "ok", results["verify-checkpoint"].summary
-    assert ckpt["reproduced"] is True and ckpt["uninterrupted"] == ckpt["resumed"]
+    assert ckpt.reproduced is True and ckpt.uninterrupted == ckpt.resumed
     resume = results["verify-data-resume"]
     assert resume.status.value == "warn", resume.summary
-    assert ckpt["data"]["order_same"] is True and ckpt["data"]["exact"] is False
+    assert ckpt.data is not None and ckpt.data.order_same is True and ckpt.data.exact is False
     assert "worker" in resume.summary and "(epoch, index)" in (resume.hint or "")
     assert m["checkpoint"]["data"]["batches"] == 2
 
@@ -63,7 +63,8 @@ def test_fixed_transforms_resume_the_data_exactly(
     )
     assert results["verify-checkpoint"].status.value == "ok", results["verify-checkpoint"].summary
     assert results["verify-data-resume"].status.value == "ok", results["verify-data-resume"].summary
-    assert (outcome.child.result or {})["checkpoint"]["data"]["exact"] is True
+    data = checkpoint(outcome).data
+    assert data is not None and data.exact is True
 
 
 def test_entropy_in_the_dataset_warns_on_data_resume_not_on_the_checkpoint(
@@ -73,8 +74,8 @@ def test_entropy_in_the_dataset_warns_on_data_resume_not_on_the_checkpoint(
     outcome, results, _ = smoke(
         tmp_path, monkeypatch, config(steps=4), dataset=f"{PLUGINS}:entropy", model=f"{PLUGINS}:tiny_model", workers=0
     )
-    ckpt = (outcome.child.result or {})["checkpoint"]
-    assert ckpt["reproduced"] is True and results["verify-checkpoint"].status.value == "ok"
+    ckpt = checkpoint(outcome)
+    assert ckpt.reproduced is True and results["verify-checkpoint"].status.value == "ok"
     resume = results["verify-data-resume"]
     assert resume.status.value == "warn" and "OS entropy" in resume.summary, resume.summary
 
@@ -83,8 +84,8 @@ def test_state_outside_the_checkpoint_fails_the_round_trip(tmp_path: Path, monke
     outcome, results, _ = smoke(
         tmp_path, monkeypatch, config(steps=4), dataset=f"{PLUGINS}:patterned", model=f"{PLUGINS}:forgetful_model"
     )
-    ckpt = (outcome.child.result or {})["checkpoint"]
-    assert ckpt["reproduced"] is False and ckpt["uninterrupted"] != ckpt["resumed"]
+    ckpt = checkpoint(outcome)
+    assert ckpt.reproduced is False and ckpt.uninterrupted != ckpt.resumed
     assert results["verify-checkpoint"].status.value == "fail"
     assert "persistent=False" in (results["verify-checkpoint"].hint or "")
     assert results["verify-data-resume"].status.value == "ok"  # the data did resume: the fault is the model's

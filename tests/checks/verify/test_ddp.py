@@ -21,9 +21,20 @@ from checks.facts import MachineFacts, NvmlFacts, TorchFacts
 from checks.probe.host import read_host
 from checks.result import Result
 from checks.verify import distributed
+from checks.verify.contract import (
+    ChildResult,
+    ChildRun,
+    CommAb,
+    Device,
+    RankDdp,
+    RankDevice,
+    RankResult,
+    RankRow,
+    Solo,
+    Step,
+)
 from checks.verify.plan import Options, Outcome, plan, run
 from checks.verify.report import judge
-from checks.verify.smoke.ddp_launch import free_port
 from tests.checks.verify import smoke_plugins
 
 REPO = Path(__file__).resolve().parents[3]
@@ -52,7 +63,7 @@ def ddp(
 
     monkeypatch.chdir(REPO)
     groups: list[int] = []
-    launch = plan_module.run_ddp
+    launch = plan_module.launch
 
     def recording(spec: Any, timeout_s: float, stall_s: float, on_event: Any, on_start: Any, **kw: Any) -> Any:
         def started(pid: int) -> None:
@@ -61,13 +72,13 @@ def ddp(
 
         return launch(spec, timeout_s, stall_s, on_event, started, **kw)
 
-    monkeypatch.setattr(plan_module, "run_ddp", recording)
+    monkeypatch.setattr(plan_module, "launch", recording)
     opts = Options(json=str(tmp_path / "r.json"), nproc=2, workers=0, dataset=f"{PLUGINS}:patterned", **options)
     with ExitStack() as stack:
         p, _ = plan(opts, cfg, lambda: cpu_box(), stack)
         outcome = run(p, cfg, lambda e: None)
         results, measurements, _ = judge(p, outcome, cfg.verify)
-    return outcome, {r.id: r for r in results}, measurements, groups
+    return outcome, {r.id: r for r in results}, measurements.to_json(), groups
 
 
 def no_process_in_group(pgid: int) -> bool:
@@ -89,7 +100,9 @@ def test_two_ranks_measure_the_exchange_and_judge_it_comm_bound(
     assert d["grad_bytes"] == sum(p.numel() * 4 for p in model.parameters())  # fp32: exactly what DDP reduces
     assert [r["rank"] for r in d["per_rank"]] == [0, 1]
     assert all(r["own_s"] > 0 and r["sync_s"] > 0 and r["median_s"] > 0 for r in d["per_rank"])
-    assert len((outcome.child.result or {})["ddp"]["comm_ab"]["no_sync_s"]) == 2 * 3  # 2 windows x 3 steps each leg
+    own = outcome.child.result.ddp if outcome.child.result else None
+    assert own is not None and own.comm_ab is not None and own.comm_ab.no_sync_s is not None
+    assert len(own.comm_ab.no_sync_s) == 2 * 3  # 2 windows x 3 steps each leg
     assert d["comm_exposed_ms"] > 0 and d["comm_share"] >= CFG.share_warn, d
     assert 0 < d["scaling_efficiency"] < 1.5
     assert results["diagnosis"].value == "comm-bound", results["diagnosis"].summary
@@ -163,27 +176,32 @@ def test_the_cpu_ranks_share_the_cores_and_gpu_ranks_use_nccl() -> None:
     cpu = distributed.spec_block(2, CFG, cpu_box(cores=4.0))
     gpu = distributed.spec_block(2, CFG, cpu_box(gpus=2))
     assert cpu is not None and gpu is not None
-    assert (cpu["backend"], cpu["threads"]) == ("gloo", 2)
-    assert gpu["backend"] == "nccl"
+    assert (cpu.backend, cpu.threads) == ("gloo", 2)
+    assert gpu.backend == "nccl"
     assert "gloo on the CPU, 2 thread(s) each of 4 usable cores" in distributed.describe(cpu, 4.0)
 
 
-def rank_result(rank: int, step: float, own: float, sync: float) -> dict[str, Any]:
-    steps = [{"data_wait": 0.0, "h2d": 0.0, "forward": step / 2, "backward": step / 2, "optimizer": 0.0}] * 3
-    ab = {"no_sync_median_s": own, "sync_median_s": sync}
-    return {"rank": rank, "steps": steps, "ddp": {"comm_ab": ab}, "error": None}
+def rank_result(rank: int, step: float, own: float, sync: float, **device: Any) -> ChildResult:
+    """One rank's result: three steps of ``step`` s, its no_sync and synchronised medians, batch 16."""
+    steps = (Step(0.0, 0.0, step / 2, step / 2, 0.0),) * 3
+    ddp = RankDdp(rank, 2, "nccl" if device else "gloo", CommAb(sync_median_s=sync, no_sync_median_s=own))
+    return ChildResult(steps=steps, ddp=ddp, batch_size=16, device=Device(**device) if device else None)
 
 
 def test_figures_take_the_exchange_from_the_slowest_rank_and_the_scaling_from_the_solo_leg() -> None:
     ranks = [rank_result(0, 0.100, 0.050, 0.090), rank_result(1, 0.100, 0.060, 0.090)]
-    ab = {"grad_bytes": 100_000_000, "windows": 2, "window_steps": 3, "sync_s": [0.09], "no_sync_s": [0.05]}
-    r = {"ddp": {"world_size": 2, "backend": "gloo", "comm_ab": ab, "solo": {"median_s": 0.08}}, "ranks": ranks}
-    d = distributed.figures(r, 16)
+    ab = CommAb(0.09, 0.05, 2, 3, (0.09,), (0.05,), grad_bytes=100_000_000)
+    r = ChildResult(
+        batch_size=16,
+        ddp=RankDdp(0, 2, "gloo", ab, Solo(4, 0.08)),
+        ranks=tuple(RankResult(i, x.steps, x.ddp) for i, x in enumerate(ranks)),
+    )
+    d = distributed.figures(r)
     assert d is not None
-    assert d["comm_exposed_ms"] == pytest.approx(30.0)  # rank 1: 90 - 60, not rank 0's 40 (it also waits for 1)
-    assert d["comm_share"] == pytest.approx(0.3)
-    assert d["scaling_efficiency"] == pytest.approx(0.8)  # 2 x 16 / 0.1 over 2 x (16 / 0.08)
-    assert d["busbw_gbs"] == pytest.approx(100e6 * 2 * 1 / 2 / 0.030 / 1e9, rel=1e-3)
+    assert d.comm_exposed_ms == pytest.approx(30.0)  # rank 1: 90 - 60, not rank 0's 40 (it also waits for 1)
+    assert d.comm_share == pytest.approx(0.3)
+    assert d.scaling_efficiency == pytest.approx(0.8)  # 2 x 16 / 0.1 over 2 x (16 / 0.08)
+    assert d.busbw_gbs == pytest.approx(100e6 * 2 * 1 / 2 / 0.030 / 1e9, rel=1e-3)
 
 
 def test_sync_every_k_is_the_smallest_k_under_the_target() -> None:
@@ -192,7 +210,7 @@ def test_sync_every_k_is_the_smallest_k_under_the_target() -> None:
 
 
 def test_a_straggler_needs_the_configured_gap() -> None:
-    rows = [{"rank": 0, "own_s": 0.050}, {"rank": 1, "own_s": 0.051}, {"rank": 2, "own_s": 0.080}]
+    rows = [RankRow(0, own_s=0.050), RankRow(1, own_s=0.051), RankRow(2, own_s=0.080)]
     found = distributed.straggler(rows, CFG)
     assert found is not None and found["rank"] == 2 and found["score"] == pytest.approx(0.58, abs=0.01)
     assert distributed.straggler(rows[:2], CFG) is None
@@ -212,19 +230,17 @@ def straggling_on_gpu1(gate: list[Result] | None) -> Any:
     """Two NCCL ranks replayed through the launcher's combine and the NVML lookup; rank 1 (on gpu1) 30% slower."""
     from checks.verify.diagnosis import Signals, diagnose
     from checks.verify.plan import _nvml_indices
-    from checks.verify.smoke.ddp_launch import combine
-    from checks.verify.smoke.launch import ChildRun
+    from checks.verify.smoke.launch import combine
 
-    results: list[dict[str, Any] | None] = []
-    for rank, own in ((0, 0.040), (1, 0.052)):
-        r = rank_result(rank, 0.1, own, 0.12)
-        r["device"] = {"type": "cuda", "name": "NVIDIA RTX 4090", "uuid": f"GPU-{rank}aaa"}
-        r["ddp"] |= {"world_size": 2, "backend": "nccl"}
-        results.append(r)
+    results: list[ChildResult | None] = [
+        rank_result(rank, 0.1, own, 0.12, type="cuda", name="NVIDIA RTX 4090", uuid=f"GPU-{rank}aaa")
+        for rank, own in ((0, 0.040), (1, 0.052))
+    ]
     run = ChildRun(result=None)
     combine(run, results, ["", ""])
     _nvml_indices(run, NvmlOrder({"GPU-0aaa": 0, "GPU-1aaa": 1}))  # type: ignore[arg-type]
-    d = distributed.figures(run.result or {}, 16)
+    assert run.result is not None
+    d = distributed.figures(run.result)
     shares = {"data_wait": 0.0, "h2d": 0.0, "forward": 0.4, "backward": 0.5, "optimizer": 0.1, "checkpoint": 0.0}
     signals = Signals(
         steps=20, device="cuda", shares=shares, step_s=0.1, ddp=d, gate=None if gate is None else tuple(gate)
@@ -271,18 +287,10 @@ def test_a_straggler_on_a_gpu_bootstrap_passed_says_so() -> None:
 
 
 def test_a_ranks_gpu_is_its_nvml_index_where_the_uuid_maps_else_its_torch_index() -> None:
-    assert distributed.gpu_of({"type": "cuda", "index": 1, "uuid": "GPU-b", "nvml_index": 0}) == 0
-    assert distributed.gpu_of({"type": "cuda", "index": 1, "uuid": "GPU-b", "nvml_index": None}) == 1
-    assert distributed.gpu_of({"type": "cpu", "index": None, "uuid": None}) is None
+    assert distributed.gpu_of(RankDevice("cuda", 1, "GPU-b", nvml_index=0)) == 0
+    assert distributed.gpu_of(RankDevice("cuda", 1, "GPU-b", nvml_index=None)) == 1
+    assert distributed.gpu_of(RankDevice("cpu", None, None)) is None
     assert distributed.gpu_of(None) is None
-
-
-def test_free_port_is_bindable() -> None:
-    import socket
-
-    port = free_port()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", port))
 
 
 @pytest.mark.slow

@@ -11,12 +11,13 @@ import pytest
 
 from checks.config import VerifyConfig, make_config
 from checks.verify.advice import cost_fix, loader_advice
+from checks.verify.contract import ChildResult, ChildRun
 from checks.verify.diagnosis import Signals, diagnose, upgrade_bound
 from checks.verify.plan import Outcome, Plan
 from checks.verify.report import coverage, judge
 from checks.verify.sampler import Trace, read_csv
 from checks.verify.smoke.data import synthetic_spec
-from checks.verify.smoke.launch import ChildRun
+from tests.checks.verify.verify_cases import SPEC
 
 TRACES = Path(__file__).resolve().parents[2] / "fixtures" / "traces"
 CFG: VerifyConfig = make_config().verify
@@ -27,7 +28,7 @@ def plan(tmp: Path) -> Plan:
     spec = synthetic_spec("images", 64, 10, 256)
     loader = {"num_workers": 8, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 2}
     return Plan(
-        spec={},
+        spec=SPEC,
         data=spec,
         loader=loader,
         usable_cores=16.0,
@@ -43,9 +44,9 @@ def plan(tmp: Path) -> Plan:
 def replay(name: str, tmp: Path) -> tuple[dict[str, Any], dict[str, Any], list[Any], dict[str, Any]]:
     """Judge a fixture: its child result and its sampler CSV, as verify would after a real run."""
     doc = json.loads((TRACES / f"{name}.json").read_text())
-    outcome = Outcome(ChildRun(result=doc["result"]), read_csv(TRACES / f"{name}.csv"), 0, None)
+    outcome = Outcome(ChildRun(result=ChildResult.from_json(doc["result"])), read_csv(TRACES / f"{name}.csv"), 0, None)
     results, measurements, verdicts = judge(plan(tmp), outcome, CFG)
-    return doc, {r.id: r for r in results}, verdicts, measurements
+    return doc, {r.id: r for r in results}, verdicts, measurements.to_json()
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in TRACES.glob("*.json")))

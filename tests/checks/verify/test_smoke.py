@@ -24,6 +24,7 @@ from checks.errors import PreflightError
 from checks.facts import MachineFacts, NvmlFacts, TorchFacts
 from checks.result import Status
 from checks.usercode import required_arguments
+from checks.verify.contract import DeviceEvent, OomProbeEvent, PhaseEvent, Step, StepEvent
 from checks.verify.cost import cost, describe
 from checks.verify.plan import Options, checkpoint_dir, cpu_machine, effective, gate, outputs, progress
 from checks.verify.smoke.data import (
@@ -175,8 +176,8 @@ def test_a_dataset_smaller_than_one_batch_is_refused() -> None:
         EpochBatches(5, 8, seed=0)
 
 
-def record(wait: float, fwd: float = 0.03, ckpt_loss: float = 1.0) -> dict[str, Any]:
-    return {"data_wait": wait, "h2d": 0.001, "forward": fwd, "backward": 0.05, "optimizer": 0.009, "loss": ckpt_loss}
+def record(wait: float, fwd: float = 0.03, ckpt_loss: float = 1.0) -> Step:
+    return Step(data_wait=wait, h2d=0.001, forward=fwd, backward=0.05, optimizer=0.009, loss=ckpt_loss)
 
 
 def test_breakdown_shares_add_up_to_one_with_the_checkpoint_amortised() -> None:
@@ -188,9 +189,9 @@ def test_breakdown_shares_add_up_to_one_with_the_checkpoint_amortised() -> None:
 
 def test_step_figures() -> None:
     f = step_figures([record(0.0), record(0.01), record(0.1)], samples_per_step=32, tokens_per_sample=10)
-    assert f["median_s"] == pytest.approx(0.1) and f["p95_s"] == pytest.approx(0.19)
-    assert f["samples_per_s"] == pytest.approx(96 / sum(0.09 + w for w in (0, 0.01, 0.1)))
-    assert f["tokens_per_s"] == pytest.approx(10 * f["samples_per_s"])
+    assert f.median_s == pytest.approx(0.1) and f.p95_s == pytest.approx(0.19)
+    assert f.samples_per_s == pytest.approx(96 / sum(0.09 + w for w in (0, 0.01, 0.1)))
+    assert f.samples_per_s is not None and f.tokens_per_s == pytest.approx(10 * f.samples_per_s)
     assert percentile([1, 2, 3, 4], 0.5) == 2
 
 
@@ -366,6 +367,8 @@ def test_a_cpu_machine_does_not_fail_the_gate_on_the_missing_driver() -> None:
 
 
 def test_progress_lines() -> None:
-    assert progress({"event": "phase", "phase": "measure"}) == "verify: measure"
-    assert progress({"event": "step", "phase": "measure", "i": 10, "of": 30}) == "verify: measure step 10/30"
-    assert progress({"event": "step", "phase": "measure", "i": 11, "of": 30}) is None
+    assert progress(PhaseEvent("measure")) == "verify: measure"
+    assert progress(StepEvent("measure", 10, 30)) == "verify: measure step 10/30"
+    assert progress(StepEvent("measure", 11, 30)) is None
+    assert progress(OomProbeEvent(64)) == "verify: oom-probe batch 64"
+    assert progress(DeviceEvent("cpu", "cpu")) is None

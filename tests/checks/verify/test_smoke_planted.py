@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.smoke import PLUGINS, config, smoke
+from tests.fakes.smoke import PLUGINS, checkpoint, config, smoke
 
 pytestmark = [pytest.mark.slow, pytest.mark.measures]
 
@@ -93,14 +93,15 @@ def test_a_loop_that_does_not_wait_for_data_does_not_time_the_loader(
 ) -> None:
     outcome, results, m = smoke(tmp_path, monkeypatch, config(image_size=32, loader_probe_s=5.0), workers=1)
     assert results["diagnosis"].value == "compute-bound"
-    assert "loader_alone" not in m and "loader_alone" not in (outcome.child.result or {})["timeline"]
+    assert outcome.child.result is not None
+    assert "loader_alone" not in m and "loader_alone" not in outcome.child.result.timeline
 
 
 def test_resume_reproduces_the_uninterrupted_loss_bit_for_bit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     outcome, results, _ = smoke(tmp_path, monkeypatch, config(steps=4), workers=1)
-    ckpt = (outcome.child.result or {})["checkpoint"]
-    assert ckpt["reproduced"] is True
-    assert ckpt["uninterrupted"] == ckpt["resumed"] and len(ckpt["resumed"]) == 2
+    ckpt = checkpoint(outcome)
+    assert ckpt.reproduced is True
+    assert ckpt.uninterrupted == ckpt.resumed and ckpt.resumed is not None and len(ckpt.resumed) == 2
     assert results["verify-checkpoint"].status.value == "ok"
 
 

@@ -20,10 +20,11 @@ def test_narrow_token_windows_train_the_built_in_text_model(
 ) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     outcome, results, m = smoke(tmp_path, monkeypatch, config(steps=4), dataset=f"{PLUGINS}:tokens_{dtype}", workers=0)
-    r = outcome.child.result or {}
+    r = outcome.child.result
     assert results["verify-loop"].status.value == "ok", results["verify-loop"].summary
-    assert r["model"]["name"] == "TinyGPT" and r["data"]["vocab"] == 256
-    first = r["warmup"][0]["loss"]
+    assert r is not None and r.model is not None and r.data is not None
+    assert r.model.name == "TinyGPT" and r.data.vocab == 256
+    first = r.warmup[0].loss
     assert abs(first - math.log(256)) < 1.5, first  # a fresh language model starts near uniform
     assert m["tokens_per_s"] == pytest.approx(32 * m["samples_per_s"])
 

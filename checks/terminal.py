@@ -1,0 +1,78 @@
+"""What the tasks say on the terminal: a report's text and its JSON, progress lines, and the exit code.
+
+The CLI layer's own helpers (tasks.py and ``checks/cli.py`` only): library code never prints and never exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+from invoke.exceptions import Exit
+
+from checks.errors import ExitStatus, PreflightError
+from checks.fileio import write_atomic
+from checks.render import use_colour
+
+
+def say(line: str) -> None:
+    """One line on stderr (progress and notes, never the report)."""
+    sys.stderr.write(line + "\n")
+
+
+def text_stream(json_path: str) -> TextIO:
+    """stdout for the text, or stderr when the JSON goes to stdout (``--json -``)."""
+    return sys.stderr if json_path == "-" else sys.stdout
+
+
+def _unwritable(path: Path, why: str = "") -> PreflightError:
+    return PreflightError(f"cannot write the JSON report to {path}{why}", hint="pick a writable --json path")
+
+
+def check_output_path(json_path: str) -> None:
+    """Fail before the run, not after it, when the JSON report cannot be written."""
+    if not json_path or json_path == "-":
+        return
+    path = Path(json_path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _unwritable(path, f": {exc.strerror}") from None
+    if path.is_dir() or not os.access(path.parent, os.W_OK):
+        raise _unwritable(path)
+
+
+def emit(render: Callable[[bool], str], doc: Mapping[str, Any] | None, json_path: str) -> None:
+    """The text (``render(colour)``, coloured on a terminal) and, with ``json_path``, the JSON ``doc`` to its place."""
+    stream = text_stream(json_path)
+    stream.write(render(use_colour(stream, os.environ)))
+    if not json_path or doc is None:
+        return
+    payload = json.dumps(doc, indent=2) + "\n"
+    if json_path == "-":
+        sys.stdout.write(payload)
+        return
+    try:
+        write_atomic(Path(json_path), payload)
+    except OSError as exc:
+        raise _unwritable(Path(json_path), f": {exc.strerror}") from None
+
+
+def exit_with(code: int) -> None:
+    """End the task with ``code`` (nothing for 0)."""
+    if code:
+        raise Exit(code=code)
+
+
+@contextmanager
+def interruptible(message: str = "interrupted") -> Iterator[None]:
+    """Ctrl-C ends the task with exit 130 and one line, not a traceback."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise PreflightError(message, code=ExitStatus.INTERRUPTED) from None

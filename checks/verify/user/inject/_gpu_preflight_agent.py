@@ -1,0 +1,479 @@
+"""gpu-preflight's agent inside the user's own training processes (``invoke verify -- COMMAND``).
+
+Imported by the start-up file of this folder in every Python process the command starts; standard library only
+until the process itself imports torch, and nothing at all unless ``GPU_PREFLIGHT_EVENTS`` names a folder.
+Once torch is imported it installs torch's global hooks and a few patches:
+
+- an optimizer step is one step: ``torch.optim.optimizer.register_optimizer_step_pre_hook``/``_post_hook``
+  (every optimizer, wrappers included); a closure passed to ``step`` (Lightning) is timed as forward;
+- data wait: time inside ``_BaseDataLoaderIter.__next__`` (both iterators and any subclass); several loaders
+  are told apart by their dataset, and the step's data wait is the one its steps consume from most;
+- backward: ``torch.Tensor.backward`` and ``torch.autograd.backward`` (outermost call), which also counts the
+  micro-batches of gradient accumulation;
+- checkpoint: ``torch.save``, ``torch.distributed.checkpoint.save``/``async_save`` and safetensors' ``save_file``;
+- ``DataLoader.__init__``: the settings each loader was built with, and the overrides verify asks for
+  (``GPU_PREFLIGHT_LOADER``, a JSON object) applied at construction.
+
+Time is exclusive: a nested region pauses its parent, so the parts of a step add up to the step. What no
+hook covers (the forward pass, the loss, ``.to(device)``, logging) is "forward": the step minus the rest.
+Each step is one JSON line in ``GPU_PREFLIGHT_EVENTS/events-<pid>.jsonl``. On the CPU the clock is
+``time.monotonic()``; once CUDA is initialised, each boundary is also a CUDA event on the current stream, and a
+step's line is written when its last event has completed (``query()``, never a synchronize; at exit one).
+Global module hooks are not installed: any one of them turns off ``nn.Module``'s fast call path for every
+submodule call, and full backward hooks break in-place operations.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+EVENTS_ENV = "GPU_PREFLIGHT_EVENTS"
+LOADER_ENV = "GPU_PREFLIGHT_LOADER"
+_DONE = "_gpu_preflight_armed"
+
+
+class _Writer:
+    """One JSON-lines file per process (a forked child opens its own on its first line)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder, self.pid = folder, -1
+        self.fh: Any = None
+
+    def __call__(self, event: str, **data: Any) -> None:
+        if self.pid != os.getpid():
+            self.pid = os.getpid()
+            path = os.path.join(self.folder, f"events-{self.pid}.jsonl")
+            self.fh = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives with the process
+        assert self.fh is not None
+        line = json.dumps({"event": event, "t": time.monotonic(), "pid": self.pid, **data}, separators=(",", ":"))
+        self.fh.write(line + "\n")
+
+
+class _WhenImported:
+    """A ``sys.meta_path`` finder that runs a callback right after a module's own code has run."""
+
+    def __init__(self, callbacks: dict[str, Callable[[Any], None]]) -> None:
+        self.callbacks = callbacks
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name not in self.callbacks:
+            return None
+        spec = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                break
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        real = loader.exec_module
+        callback = self.callbacks.pop(name)
+
+        def exec_module(module: Any) -> None:
+            real(module)
+            loader.__dict__.pop("exec_module", None)
+            _safely(callback, module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _safely(fn: Callable[..., Any], *args: Any) -> Any:
+    """Instrumentation never breaks the user's run: a failure is one event line, not an exception."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - reported to verify, the user's code goes on
+        _say("agent-error", where=getattr(fn, "__name__", "?"), error=f"{type(exc).__name__}: {exc}"[:300])
+        return None
+
+
+_say: Callable[..., None] = lambda event, **data: None  # noqa: E731 - replaced by arm()
+
+
+def arm() -> None:
+    """Watch for torch (and the checkpoint modules) being imported; hook them then, or now if already there."""
+    global _say
+    if getattr(sys, _DONE, False):
+        return
+    setattr(sys, _DONE, True)
+    _say = _Writer(os.environ[EVENTS_ENV])
+    if _main_process() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Started in the background by a shell: verify stops the run with SIGINT, so the script must hear it.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    callbacks: dict[str, Callable[[Any], None]] = {
+        "torch": _on_torch,
+        "torch.distributed.checkpoint": _on_dcp,
+        "safetensors.torch": _on_safetensors,
+    }
+    for name in [n for n in callbacks if n in sys.modules]:
+        _safely(callbacks.pop(name), sys.modules[name])
+    sys.meta_path.insert(0, _WhenImported(callbacks))
+
+
+def _main_process() -> bool:
+    return "--multiprocessing-fork" not in sys.argv
+
+
+def _rank() -> dict[str, int | None]:
+    def num(name: str) -> int | None:
+        value = os.environ.get(name, "")
+        return int(value) if value.isdigit() else None
+
+    return {"rank": num("RANK"), "local_rank": num("LOCAL_RANK"), "world_size": num("WORLD_SIZE")}
+
+
+class _Steps:
+    """Exclusive time by region between optimizer steps; one record per step."""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self.cuda: bool | None = None  # decided at the first step: CUDA events, or host clocks alone
+        self.stack: list[list[Any]] = []  # [region, depth]
+        self.since = self.mark()
+        self.segments: list[tuple[str, Any, Any]] = []
+        self.counts: dict[str, int] = {}  # __next__ calls per loader over the run
+        self.step_counts: dict[str, int] = {}
+        self.samples: dict[str, int] = {}
+        self.micro = 0
+        self.ckpt_bytes = 0
+        self.saves = 0
+        self.loss: Any = None
+        self.i = 0
+        self.pending: list[dict[str, Any]] = []
+        self.rank = _rank()  # torchrun sets it before the script starts: read once
+
+    def mark(self) -> tuple[float, Any]:
+        event = None
+        if self.cuda:
+            event = self.torch.cuda.Event(enable_timing=True)
+            event.record()
+        return time.monotonic(), event
+
+    def enter(self, region: str) -> None:
+        if self.stack and self.stack[-1][0] == region:
+            self.stack[-1][1] += 1
+            return
+        now = self.mark()
+        self.segments.append((self.stack[-1][0] if self.stack else "rest", self.since, now))
+        self.stack.append([region, 1])
+        self.since = now
+
+    def leave(self, region: str) -> None:
+        if not any(s[0] == region for s in self.stack):
+            return
+        while self.stack[-1][0] != region:  # an exception skipped a leave (a failed step)
+            self.stack.pop()
+        self.stack[-1][1] -= 1
+        if self.stack[-1][1]:
+            return
+        now = self.mark()
+        self.segments.append((region, self.since, now))
+        self.stack.pop()
+        self.since = now
+
+    def begin_step(self) -> None:
+        if self.cuda is None:
+            self.cuda = bool(self.torch.cuda.is_available() and self.torch.cuda.is_initialized())
+            if self.cuda:  # the step's first boundary needs an event too
+                self.since = self.mark()
+            _safely(self.describe_device)
+        self.stack = [s for s in self.stack if s[0] != "optimizer"]  # a step that raised left its region open
+        self.enter("optimizer")
+
+    def describe_device(self) -> None:
+        device: dict[str, Any] = {"type": "cuda" if self.cuda else "cpu", "name": "CPU", "uuid": None}
+        if self.cuda:
+            props = self.torch.cuda.get_device_properties(self.torch.cuda.current_device())
+            device |= {"name": props.name, "uuid": f"GPU-{props.uuid}" if getattr(props, "uuid", None) else None}
+        _say("device", **device, **_rank())
+
+    def end_step(self, optimizer: bool = True) -> None:
+        if optimizer:
+            self.leave("optimizer")
+        elif self.cuda is None:
+            self.cuda = bool(self.torch.cuda.is_available() and self.torch.cuda.is_initialized())
+            _safely(self.describe_device)
+        now = self.mark()
+        self.segments.append((self.stack[-1][0] if self.stack else "rest", self.since, now))
+        self.since = now
+        self.i += 1
+        raw = {"i": self.i, "segments": self.segments, "micro": self.micro, "loss": self.loss}
+        raw |= {"step_counts": self.step_counts, "samples": self.samples, "saves": self.saves}
+        raw["ckpt_bytes"] = self.ckpt_bytes
+        self.pending.append(raw)
+        self.segments, self.step_counts, self.samples = [], {}, {}
+        self.micro = self.saves = self.ckpt_bytes = 0
+        self.loss = None
+        self.flush(wait=False)
+
+    def flush(self, wait: bool) -> None:
+        """Write the steps whose clocks are readable (CUDA: their last event completed)."""
+        if wait and self.cuda:
+            self.torch.cuda.synchronize()
+        while self.pending:
+            last = self.pending[0]["segments"][-1][2][1]
+            if last is not None and not wait and not last.query():
+                return
+            _say("step", **self.record(self.pending.pop(0)))
+
+    def seconds(self, a: tuple[float, Any], b: tuple[float, Any]) -> float:
+        if a[1] is not None and b[1] is not None:
+            return float(a[1].elapsed_time(b[1])) / 1000.0
+        return b[0] - a[0]
+
+    def record(self, raw: dict[str, Any]) -> dict[str, Any]:
+        by: dict[str, float] = {}
+        fetch: dict[str, list[list[float]]] = {}
+        for region, a, b in raw["segments"]:
+            by[region] = by.get(region, 0.0) + self.seconds(a, b)
+            if region.startswith("data:"):
+                fetch.setdefault(region, []).append([a[0], b[0]])
+        feed = max(self.counts, key=lambda k: self.counts[k]) if self.counts else None
+        data = by.get(feed, 0.0) if feed else 0.0
+        other = {k: v for k, v in by.items() if k.startswith("data:") and k != feed}
+        named = data + by.get("backward", 0.0) + by.get("optimizer", 0.0) + by.get("checkpoint", 0.0)
+        total = sum(by.values())
+        host_start, host_end = raw["segments"][0][1][0], raw["segments"][-1][2][0]
+        host_fetch = sum(b - a for a, b in fetch.get(feed or "", []))
+        loss = raw["loss"]
+        return {
+            "i": raw["i"],
+            "data_wait": data,
+            "h2d": 0.0,
+            "forward": max(0.0, total - named),
+            "backward": by.get("backward", 0.0),
+            "optimizer": by.get("optimizer", 0.0),
+            "checkpoint": by.get("checkpoint", 0.0),
+            "forward_explicit": by.get("forward", 0.0),
+            "other_loaders": round(sum(other.values()), 7),
+            "host_start": host_start,
+            "host_end": host_end,
+            "enqueue_s": max(0.0, host_end - host_start - host_fetch),
+            "fetch": fetch.get(feed or "", []),
+            "loss": float(loss) if loss is not None else None,
+            "micro": raw["micro"],
+            "batches": raw["step_counts"].get(feed or "", 0),
+            "samples": raw["samples"].get(feed or "", 0),
+            "feed": feed,
+            "saves": raw["saves"],
+            "ckpt_bytes": raw["ckpt_bytes"],
+            "clock": "cuda-events" if self.cuda else "monotonic",
+            **self.rank,
+        }
+
+    def fetched(self, key: str, batch: Any) -> None:
+        self.counts[key] = self.counts.get(key, 0) + 1
+        self.step_counts[key] = self.step_counts.get(key, 0) + 1
+        n = _batch_size(self.torch, batch)
+        if n:
+            self.samples[key] = self.samples.get(key, 0) + n
+
+
+def _batch_size(torch: Any, batch: Any, depth: int = 0) -> int | None:
+    """The first dimension of the first tensor in a batch (a tensor, a tuple/list, a dict, a dataclass-like)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else None
+    if depth > 3:
+        return None
+    if isinstance(batch, dict) or (hasattr(batch, "keys") and hasattr(batch, "__getitem__")):
+        items = [batch[k] for k in list(batch.keys())[:8]]
+    elif isinstance(batch, (list, tuple)):
+        items = list(batch[:8])
+    else:
+        return None
+    for item in items:
+        n = _batch_size(torch, item, depth + 1)
+        if n:
+            return n
+    return None
+
+
+_STEPS: _Steps | None = None
+
+
+def _on_torch(torch: Any) -> None:
+    """Install the hooks once torch is imported (ordinary torch imports: the user's process imports them anyway)."""
+    global _STEPS
+    import importlib
+
+    st = _STEPS = _Steps(torch)
+    optim = importlib.import_module("torch.optim.optimizer")
+    optim.register_optimizer_step_pre_hook(functools.partial(_step_pre, st))
+    optim.register_optimizer_step_post_hook(lambda opt, args, kwargs: _safely(st.end_step))
+    dataloader = importlib.import_module("torch.utils.data.dataloader")
+    _patch_next(dataloader._BaseDataLoaderIter, st)
+    _patch_loader_init(dataloader.DataLoader)
+    _patch_backward(torch, st)
+    torch.save = _timed(torch.save, st, "checkpoint", saved=True)
+    atexit.register(lambda: _safely(st.flush, True))
+    _say("hello", argv=sys.argv[:20], ppid=os.getppid(), pgid=os.getpgid(0), main=_main_process(), **_rank())
+    _say("torch", version=str(torch.__version__))
+
+
+def step() -> None:
+    """The marker for a loop without a torch optimizer (a hand-written update): one call ends one step.
+
+    One line in the user's loop, harmless without verify:
+    ``getattr(sys.modules.get("_gpu_preflight_agent"), "step", lambda: None)()``
+    """
+    if _STEPS is not None:
+        _safely(_STEPS.end_step, False)
+
+
+def _step_pre(st: _Steps, opt: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    _safely(st.begin_step)
+    closure = kwargs.get("closure") if "closure" in kwargs else (args[0] if args else None)
+    if not callable(closure):
+        return None
+    timed = _timed(closure, st, "forward")  # Lightning: forward and backward run inside optimizer.step
+    return (args, {**kwargs, "closure": timed}) if "closure" in kwargs else ((timed, *args[1:]), kwargs)
+
+
+def _timed(fn: Callable[..., Any], st: _Steps, region: str, saved: bool = False) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        st.enter(region)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            st.leave(region)
+            if saved:
+                st.saves += 1
+                st.ckpt_bytes += _size(args[1] if len(args) > 1 else kwargs.get("f"))
+
+    return wrapper
+
+
+def _size(target: Any) -> int:
+    try:
+        return os.path.getsize(os.fspath(target)) if isinstance(target, (str, os.PathLike)) else 0
+    except OSError:
+        return 0
+
+
+def _patch_next(cls: Any, st: _Steps) -> None:
+    real = cls.__next__
+
+    @functools.wraps(real)
+    def __next__(self: Any) -> Any:
+        key = f"data:{id(getattr(self, '_dataset', self))}"
+        st.enter(key)
+        try:
+            batch = real(self)
+        finally:
+            st.leave(key)
+        _safely(st.fetched, key, batch)
+        return batch
+
+    cls.__next__ = __next__
+
+
+def _patch_backward(torch: Any, st: _Steps) -> None:
+    real_tensor = torch.Tensor.backward
+
+    @functools.wraps(real_tensor)
+    def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        outermost = not st.stack or st.stack[-1][0] != "backward"
+        st.enter("backward")
+        try:
+            return real_tensor(self, *args, **kwargs)
+        finally:
+            st.leave("backward")
+            if outermost:
+                st.micro += 1
+                st.loss = self.detach() if self.numel() == 1 else st.loss
+
+    torch.Tensor.backward = backward
+    torch.autograd.backward = _timed(torch.autograd.backward, st, "backward")
+
+
+def _on_dcp(module: Any) -> None:
+    st = _STEPS
+    if st is None:
+        return
+    import importlib
+
+    saver = importlib.import_module("torch.distributed.checkpoint.state_dict_saver")
+    for name in ("save", "async_save"):
+        for owner in (saver, module):  # re-exported: both attributes are what user code may call
+            if hasattr(owner, name):
+                setattr(owner, name, _timed(getattr(owner, name), st, "checkpoint"))
+
+
+def _on_safetensors(module: Any) -> None:
+    st = _STEPS
+    if st is not None and hasattr(module, "save_file"):
+        module.save_file = _timed(module.save_file, st, "checkpoint")
+
+
+def _overrides() -> dict[str, Any]:
+    text = os.environ.get(LOADER_ENV, "")
+    return json.loads(text) if text else {}
+
+
+def _patch_loader_init(cls: Any) -> None:
+    import inspect
+
+    real = cls.__init__
+    signature = inspect.signature(real)
+    wanted = _overrides()
+
+    @functools.wraps(real)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        asked = {k: bound.arguments.get(k) for k in ("num_workers", "pin_memory", "persistent_workers")}
+        asked["prefetch_factor"] = bound.arguments.get("prefetch_factor")
+        site = _call_site()
+        if wanted:
+            bound.arguments.update(_valid(wanted, bound.arguments))
+            args, kwargs = bound.args[1:], bound.kwargs
+        real(self, *args, **kwargs)
+        _safely(_loader_event, self, asked, site)
+
+    cls.__init__ = __init__
+
+
+def _valid(wanted: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+    """The overrides that the loader accepts (prefetch_factor and persistent_workers need workers)."""
+    out = dict(wanted)
+    if int(out.get("num_workers", current.get("num_workers") or 0)) == 0:
+        out["prefetch_factor"], out["persistent_workers"] = None, False
+    return out
+
+
+def _call_site() -> str:
+    """``file:line`` of the user's code that built the loader (outside torch and this file)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if f"{os.sep}torch{os.sep}" not in name and not name.endswith("_gpu_preflight_agent.py"):
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "?"
+
+
+def _loader_event(loader: Any, asked: dict[str, Any], site: str) -> None:
+    got = {k: getattr(loader, k, None) for k in ("num_workers", "pin_memory", "persistent_workers")}
+    got["prefetch_factor"] = getattr(loader, "prefetch_factor", None)
+    _say(
+        "loader",
+        feed=f"data:{id(loader.dataset)}",
+        dataset=type(loader.dataset).__name__,
+        batch_size=getattr(loader, "batch_size", None),
+        settings=got,
+        asked=asked,
+        site=site,
+        **_rank(),
+    )

@@ -1,0 +1,407 @@
+"""Judge the user's own command: the agent's step lines become verify's results, verdicts and measurements.
+
+The step lines have the smoke loop's phase names (``data_wait``, ``h2d``, ``forward``, ``backward``,
+``optimizer``, in seconds) plus ``checkpoint`` (time in ``torch.save`` and friends during that step), so the
+breakdown, the verdict rules (``checks/verify/diagnosis.py``), the upgrade bound, the sampler summary and the
+cost are verify's own code. What differs: ``forward`` is the step minus every hooked part (the forward pass and
+the loop's own code: the loss, ``.to(device)``, logging), ``h2d`` is not hooked (0, inside ``forward``), and
+checkpoint time is what the script itself saved, amortised over the measured steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from checks.config import VerifyConfig
+from checks.result import Result, fail, ok, skip, warn
+from checks.verify import report as verify_report
+from checks.verify.contract import (
+    PHASES,
+    ChildResult,
+    ChildRun,
+    DataInfo,
+    Device,
+    Files,
+    Measurements,
+    RunFacts,
+    RunSpec,
+    Step,
+    StepBlock,
+    StepTime,
+)
+from checks.verify.diagnosis import Verdict, diagnose
+from checks.verify.plan import Outcome, Plan
+from checks.verify.sampler import Trace
+from checks.verify.smoke.figures import breakdown, enqueue_ratio, loss_trend, step_figures
+from checks.verify.user.launch import CommandRun
+
+ENDED = {
+    "stopped": "stopped by verify",
+    "exited": "ended by itself",
+    "crashed": "crashed",
+    "interrupted": "interrupted (Ctrl-C)",
+    "no-step": "stopped by verify: no optimizer step",
+    "stalled": "stopped by verify: steps stopped coming",
+    "no-torch": "never imported torch",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rank:
+    """One training process's steps: warm-up and measured, with the loader its steps consume from."""
+
+    key: Any  # the rank, or "pidN" for a process without one
+    pid: int
+    warmup: list[dict[str, Any]]
+    steps: list[dict[str, Any]]
+    loader: dict[str, Any] | None
+    device: dict[str, Any]
+
+
+def ranks(events: Sequence[dict[str, Any]], warmup: int, steps: int, seconds: float) -> list[Rank]:
+    """Every process that stepped, rank order; its first ``warmup`` steps apart, then ``steps`` (all with
+    ``seconds``)."""
+    by: dict[Any, list[dict[str, Any]]] = {}
+    for e in events:
+        if e.get("event") == "step":
+            by.setdefault(e["rank"] if e.get("rank") is not None else f"pid{e['pid']}", []).append(e)
+    out = []
+    for key, records in sorted(by.items(), key=lambda kv: (isinstance(kv[0], str), str(kv[0]).zfill(6))):
+        pid = records[-1]["pid"]
+        measured = records[warmup:] if seconds else records[warmup : warmup + steps]
+        feed = measured[-1]["feed"] if measured else records[-1]["feed"]
+        loaders = [e for e in events if e.get("event") == "loader" and e.get("pid") == pid and e.get("feed") == feed]
+        devices = [e for e in events if e.get("event") == "device" and e.get("pid") == pid]
+        device = {k: devices[-1].get(k) for k in ("type", "name", "uuid")} if devices else {"type": "cpu"}
+        out.append(Rank(key, pid, records[:warmup], measured, loaders[-1] if loaders else None, device))
+    return out
+
+
+def step_record(line: dict[str, Any]) -> Step:
+    """The contract's ``Step`` of one agent step line (its extra keys stay in the line)."""
+    fetch = tuple((float(a), float(b)) for a, b in line.get("fetch") or ())
+    loss = line.get("loss")
+    return Step(
+        **{p: float(line[p]) for p in PHASES},
+        host_start=float(line["host_start"]),
+        host_end=float(line["host_end"]),
+        enqueue_s=float(line["enqueue_s"]),
+        fetch=fetch,
+        loss=float("nan") if loss is None else float(loss),
+    )
+
+
+def _median_int(values: Sequence[int]) -> int:
+    return int(statistics.median(values)) if values else 0
+
+
+def rank_figures(r: Rank) -> dict[str, Any] | None:
+    """Step time, shares (checkpoints amortised over the measured steps) and samples/s of one process."""
+    if not r.steps:
+        return None
+    samples = _median_int([s["samples"] for s in r.steps])
+    records = [step_record(s) for s in r.steps]
+    figs = step_figures(records, samples)
+    ckpt = sum(s["checkpoint"] for s in r.steps)
+    per_step = ckpt / len(r.steps)
+    figs["shares"] = breakdown(records, per_step)
+    figs["step_s"] = figs["mean_s"] + per_step
+    figs["samples_per_s"] = figs["samples_per_s"] or None
+    figs["samples_per_step"] = samples or None
+    figs["micro_batches"] = _median_int([s["micro"] for s in r.steps]) or 1
+    figs["checkpoint_s_per_step"] = per_step
+    saves = sum(s["saves"] for s in r.steps)
+    figs["checkpoint"] = (
+        {
+            "save_s": ckpt / saves,
+            "bytes": sum(s["ckpt_bytes"] for s in r.steps) / saves,
+            "every_steps": _every(len(r.steps), saves),
+            "saves": saves,
+        }
+        if saves
+        else None
+    )
+    if figs["samples_per_s"]:
+        figs["samples_per_s_with_checkpoints"] = samples / figs["step_s"]
+    return figs
+
+
+def _every(steps: int, saves: int) -> float | int:
+    every = steps / saves
+    return int(every) if every == int(every) else round(every, 1)
+
+
+def _child_result(lead: Rank, figs: dict[str, Any] | None) -> ChildResult:
+    """The contract's ``ChildResult`` of the lead process, which verify's own judging code reads."""
+    micro = (figs or {}).get("micro_batches") or 1
+    per_micro = ((figs or {}).get("samples_per_step") or 0) // micro
+    window = (lead.steps[0]["host_start"], lead.steps[-1]["host_end"]) if lead.steps else None
+    loader = (lead.loader or {}).get("settings") or {}
+    d = lead.device
+    return ChildResult(
+        steps=tuple(step_record(s) for s in lead.steps),
+        warmup=tuple(step_record(s) for s in lead.warmup),
+        device=Device(type=str(d.get("type") or "cpu"), name=str(d.get("name") or "CPU"), uuid=d.get("uuid")),
+        batch_size=per_micro or None,
+        accum=micro,
+        loader=dict(loader),
+        timeline={"measure": window} if window else {},
+        data=DataInfo(kind="command"),
+    )
+
+
+def run_spec(warmup: int, steps: int, cwd: str) -> RunSpec:
+    """The plan's spec for a command run: nothing for a child to build (the command is the run)."""
+    return RunSpec(
+        device="auto", precision="auto", model_size="auto", data=None, dataset="", model="", user_path=cwd,
+        batch_size=0, batch_size_cpu=0, batch_size_gpu=0, accum=1, warmup=warmup, steps=steps, lr=0.0, seed=0,
+        loader={}, profile_steps=0,
+    )  # fmt: skip
+
+
+def judge(
+    run: CommandRun,
+    trace: Trace,
+    plan: Plan,
+    cfg: VerifyConfig,
+    rule_warmup: int,
+    rule_steps: int,
+    rule_seconds: float,
+    gate: Sequence[Result] | None,
+    gpu_index: int | None = None,
+    gpu_error: str | None = None,
+    advice: dict[str, Any] | None = None,
+) -> tuple[list[Result], dict[str, Any], list[Verdict]]:
+    """Results, measurements (the report's JSON object) and verdicts of one run of the command."""
+    found = ranks(run.events, rule_warmup, rule_steps, rule_seconds)
+    lead = next((r for r in found if r.key == 0), found[0] if found else None)
+    figs = rank_figures(lead) if lead else None
+    child = _child_result(lead, figs) if lead else ChildResult()
+    outcome = Outcome(
+        ChildRun(result=child, interrupted=run.interrupted, seconds=run.seconds), trace, gpu_index, gpu_error
+    )
+    results = [command_result(run, found, rule_warmup)]
+    s = None
+    if figs is not None and lead is not None:
+        world = max(1, len(found))
+        figs["samples_per_s"] = (figs["samples_per_s"] or 0) * world or None
+        if figs.get("samples_per_s_with_checkpoints"):
+            figs["samples_per_s_with_checkpoints"] *= world
+        s = verify_report.signals(plan, outcome, cfg, figs, gate)
+        s = dataclasses.replace(s, checkpoint=figs["checkpoint"])
+        results.append(_loop(lead, figs))
+    else:
+        results.append(skip("verify-loop", "no measured step"))
+    results.append(_loss(lead, cfg))
+    verdicts = diagnose(s, cfg) if s is not None else []
+    if advice is not None:
+        verdicts = apply_advice(verdicts, advice)
+    judged = verify_report._diagnosis(verdicts, figs, child, s)
+    sampler_row, sampler = verify_report._sampler(plan, outcome)
+    cost_row, priced = verify_report._cost(plan, child, figs)
+    results += [*judged.rows, sampler_row, cost_row]
+    m = Measurements(
+        run=RunFacts(
+            device=child.device, precision=None, batch_size=child.batch_size, accum=child.accum, model=None,
+            data=child.data, torch=None, threads=None, seconds=round(run.seconds, 2), interrupted=run.interrupted,
+            failure=None if run.ended in ("stopped", "exited") else run.ended, error=None,
+        ),
+        dataloader=dict((lead.loader if lead else None) or {}),
+        diagnosis=judged.diagnosis,
+        sampler=sampler,
+        files=Files(plan.json_path, str(plan.csv_path), str(plan.png_path)),
+        steps=None if figs is None or lead is None else _step_block(lead, figs),
+        upgrade=judged.upgrade,
+        mfu=judged.mfu,
+        cost=priced,
+        timeline=dict(child.timeline) or None,
+    ).to_json()  # fmt: skip
+    m |= _command_figures(run, found, figs, advice)
+    return [*(gate or []), *results], m, verdicts
+
+
+def _step_block(lead: Rank, figs: dict[str, Any]) -> StepBlock:
+    return StepBlock(
+        step_breakdown=figs["shares"],
+        step_time=StepTime(figs["steps"], figs["median_s"], figs["p95_s"], figs["mean_s"]),
+        samples_per_s=figs["samples_per_s"],
+        tokens_per_s=None,
+        samples_per_s_with_checkpoints=figs.get("samples_per_s_with_checkpoints"),
+        tokens_per_s_with_checkpoints=None,
+        enqueue_ratio=enqueue_ratio([step_record(s) for s in lead.steps]),
+    )
+
+
+def _command_figures(
+    run: CommandRun, found: Sequence[Rank], figs: dict[str, Any] | None, advice: dict[str, Any] | None
+) -> dict[str, Any]:
+    """What only a command run has: ``command``, the micro-batches and samples per step, the script's own
+    saves, every rank under torchrun, the measured loader advice."""
+    out: dict[str, Any] = {"command": command_facts(run, found)}
+    if figs is not None:
+        out["micro_batches_per_step"] = figs["micro_batches"]
+        out["samples_per_step"] = figs["samples_per_step"]
+        out["forward_includes"] = (
+            "the forward pass and the loop's own code between the data and backward (loss, .to(device), logging): "
+            "no hook separates them"
+        )
+        if figs["checkpoint"]:
+            out["checkpoint"] = figs["checkpoint"]
+    if len(found) > 1:
+        out["ddp"] = {"world_size": len(found), "per_rank": per_rank(found)}
+        out["per_rank"] = out["ddp"]["per_rank"]
+    if advice is not None:
+        out["advice"] = advice
+    return out
+
+
+def per_rank(found: Sequence[Rank]) -> list[dict[str, Any]]:
+    out = []
+    for r in found:
+        figs = rank_figures(r)
+        row: dict[str, Any] = {"rank": r.key, "pid": r.pid, "steps": len(r.steps), "device": r.device}
+        if figs:
+            row |= {"median_s": figs["median_s"], "step_breakdown": figs["shares"]}
+            row |= {"samples_per_s": figs["samples_per_s"], "micro_batches_per_step": figs["micro_batches"]}
+        out.append(row)
+    return out
+
+
+def command_facts(run: CommandRun, found: Sequence[Rank]) -> dict[str, Any]:
+    """``measurements.command``: what ran, how it ended, who ended it."""
+    return {
+        "argv": list(run.argv),
+        "exit_status": run.returncode,
+        "ended": run.ended,
+        "stopped_by_verify": run.stopped_by_verify,
+        "ended_by_itself": run.ended in ("exited", "crashed", "no-torch"),
+        "signals": run.signals,
+        "seconds": round(run.seconds, 2),
+        "steps_seen": {str(r.key): len(r.warmup) + len(r.steps) for r in found},
+        "processes_seen": len(run.pids),
+        "processes_left": run.left,
+        "traceback": run.traceback() if run.ended == "crashed" else [],
+    }
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "no exit status"
+    return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+
+
+def command_result(run: CommandRun, found: Sequence[Rank], warmup: int) -> Result:
+    """``verify-command``: the command, how it ended, and (a crash) the last lines of its traceback."""
+    cmd = shlex.join(run.argv)
+    steps = max((len(r.warmup) + len(r.steps) for r in found), default=0)
+    status = describe_exit(run.returncode)
+    if run.left:
+        hint = "kill them: " + " ".join(map(str, run.left))
+        return fail("verify-command", f"{cmd}: processes left running: {run.left}", hint, value=run.ended)
+    if run.ended == "crashed":
+        last = run.traceback()
+        summary = f"{cmd} crashed ({status}) after {steps} optimizer step(s): {last[-1] if last else ''}"
+        return fail("verify-command", summary, "its traceback ends:\n" + "\n".join(last), value=run.ended)
+    if run.ended == "no-step":
+        imported = any(e.get("event") == "hello" for e in run.events)
+        what = "no torch optimizer step" if imported else "no torch optimizer step (torch not even imported yet)"
+        summary = f"{cmd}: {what} within {run.seconds:.0f} s (stopped by verify)"
+        hint = (
+            "verify counts torch.optim optimizer steps: a custom update rule or a framework without a torch "
+            "optimizer is not seen (see docs/verify.md, where it cannot see); or the script needs longer "
+            "(preflight.verify.timeout_s)"
+        )
+        return fail("verify-command", summary, hint, value=run.ended)
+    if run.ended == "stalled":
+        hint = "a hung collective or data read: run it alone and look where it waits (py-spy dump)"
+        return fail("verify-command", f"{cmd}: steps stopped after {steps} (stopped by verify)", hint, value=run.ended)
+    if run.ended == "interrupted":
+        summary = f"{cmd}: interrupted after {steps} step(s); the figures cover the steps before Ctrl-C"
+        return warn("verify-command", summary, "let it run to the end for a full report", value=run.ended)
+    how = (
+        f"stopped by verify after {steps} steps ({'/'.join(run.signals) or 'no signal'})"
+        if run.ended == "stopped"
+        else f"ended by itself after {steps} steps ({status})"
+    )
+    if run.ended == "exited" and steps <= warmup:
+        summary = f"{cmd} ended by itself after {steps} step(s), all of them warm-up ({status})"
+        return warn("verify-command", summary, "lower --warmup or let it train longer", value=run.ended)
+    return ok("verify-command", f"{cmd}: {how}", value=run.ended)
+
+
+def _loop(lead: Rank, figs: dict[str, Any]) -> Result:
+    micro = figs["micro_batches"]
+    per = figs.get("samples_per_step")
+    batch = f", {per} samples per step" if per else ", batch size unreadable from the batches"
+    accum = f" of {micro} micro-batches" if micro > 1 else ""
+    rate = f", {figs['samples_per_s']:,.1f} samples/s" if figs.get("samples_per_s") else ""
+    summary = (
+        f"{len(lead.steps)} optimizer steps{accum} measured ({len(lead.warmup)} warm-up excluded){batch}; "
+        f"median {figs['median_s'] * 1000:.1f} ms{rate} on {lead.device.get('name') or lead.device.get('type')}"
+    )
+    return ok("verify-loop", summary, value=len(lead.steps))
+
+
+def _loss(lead: Rank | None, cfg: VerifyConfig) -> Result:
+    """A NaN/inf loss fails; one that does not go down is a warning (a user's few dozen steps can be noisy)."""
+    losses = [s["loss"] for s in ((lead.warmup + lead.steps) if lead else []) if s.get("loss") is not None]
+    if not losses:
+        return skip("verify-loss", "no loss seen (backward on a one-element tensor)")
+    t = loss_trend(losses)
+    if not t["finite"]:
+        return fail("verify-loss", "the loss is NaN/inf", "lower the learning rate; check the data and fp16 overflow")
+    summary = f"loss {t['first']:.4g} -> {t['last']:.4g} over {len(losses)} steps (first vs last quarter)"
+    if t["decreasing"] or not cfg.loss_must_decrease:
+        return ok("verify-loss", summary, value=t["last"])
+    return warn("verify-loss", summary + ": not going down yet", "check the learning rate and labels", value=t["last"])
+
+
+def plan_for(usable_cores: float, json_path: str, csv: Path, png: Path, price: float) -> Plan:
+    """The parts of verify's plan that its judging code reads (no smoke spec: the user's command is the run)."""
+    return Plan(
+        spec=run_spec(0, 0, ""),
+        data=None,
+        loader={},
+        usable_cores=usable_cores,
+        json_path=json_path,
+        csv_path=csv,
+        png_path=png,
+        ckpt_every=1,
+        ckpt_temporary=False,
+        price_per_hour=price,
+    )
+
+
+def measured_fix(advice: dict[str, Any], rule_fix: str) -> str:
+    """The verdict's fix: the measured change, or that none measured faster (then the rule's own fix)."""
+    faster = advice.get("faster")
+    if faster:
+        base, step = advice["baseline_mean_step_s"], faster["mean_step_s"]
+        return (
+            f"{advice['change']}: measured {faster['speedup']:.2f}x faster on your command "
+            f"(mean step {base * 1000:.0f} -> {step * 1000:.0f} ms)"
+        )
+    tried = [r for r in advice.get("candidates", []) if r.get("speedup")]
+    if not tried:
+        return rule_fix
+    shown = "; ".join(f"{_args(r['overrides'])}: {r['speedup']:.2f}x" for r in tried)
+    gain = f"{advice['min_gain']:.0%}"
+    return f"no DataLoader setting measured {gain} faster on your command ({shown}); {rule_fix}"
+
+
+def _args(setting: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in setting.items())
+
+
+def apply_advice(verdicts: list[Verdict], advice: dict[str, Any]) -> list[Verdict]:
+    """The primary data verdict with the measured fix and its evidence; the others as they were."""
+    if not verdicts or verdicts[0].id not in ("data-bound", "cpu-starved"):
+        return verdicts
+    top = verdicts[0]
+    evidence = {**top.evidence, "command_advice": advice}
+    return [dataclasses.replace(top, fix=measured_fix(advice, top.fix), evidence=evidence), *verdicts[1:]]

@@ -1,0 +1,317 @@
+"""Run the user's own command under the agent and stop it by the rules (parent side, no torch).
+
+The command runs as given, in the user's folder and environment, plus: a temporary folder first on
+``PYTHONPATH`` holding the start-up file and the agent (``inject/``), ``GPU_PREFLIGHT_EVENTS`` naming the folder
+the agent writes its JSON lines to, and ``GPU_PREFLIGHT_LOADER`` when DataLoader settings are overridden.
+
+It starts in a session of its own. Once every rank has done ``warmup + steps`` optimizer steps (or ``seconds``
+have passed since the first measured one), verify stops it: SIGINT to its process group, SIGTERM after
+``INT_GRACE_S``, SIGKILL after ``TERM_GRACE_S`` more. torchrun starts each rank in a session of its own and
+forwards the signal to them; DataLoader workers go with their process. Whatever is still alive afterwards
+(ranks a killed torchrun orphaned, a crashed script's workers) is killed by process id: verify makes itself a
+child subreaper, so orphans become its children and it can find them.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from checks.probe.sample import process_exists, process_tree
+
+INJECT = Path(__file__).resolve().parent / "inject"
+EVENTS_ENV = "GPU_PREFLIGHT_EVENTS"
+LOADER_ENV = "GPU_PREFLIGHT_LOADER"
+INT_GRACE_S = 10.0  # SIGINT -> SIGTERM: time for the script's own teardown (torchrun closes its ranks). Tool-defined.
+TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL. Tool-defined.
+TREE_EVERY_S = 0.5  # how often the process tree is read (its members are killed by id at the end)
+_POLL_S = 0.1
+_PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
+_PR_GET_CHILD_SUBREAPER = 37
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When verify stops the command: after ``warmup + steps`` steps on every rank, or ``seconds`` measured."""
+
+    warmup: int
+    steps: int
+    seconds: float = 0.0  # > 0: measure for this long instead of ``steps``
+    first_step_s: float = 900.0  # no optimizer step by then: stop and say so
+    stall_s: float = 300.0  # no step for this long once steps have started
+    limit_s: float = 0.0  # > 0: stop after this long whatever happened (the advice re-runs' budget)
+
+
+@dataclass
+class CommandRun:
+    """How the command went: its events, its exit, who ended it and what was left."""
+
+    argv: tuple[str, ...]
+    events: list[dict[str, Any]] = field(default_factory=list)
+    returncode: int | None = None
+    ended: str = ""  # stopped | exited | crashed | interrupted | no-step | stalled | limit | no-torch
+    stopped_by_verify: bool = False
+    interrupted: bool = False
+    signals: list[str] = field(default_factory=list)
+    stderr_tail: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    pids: set[int] = field(default_factory=set)
+    left: list[int] = field(default_factory=list)  # still alive after the clean-up (should be none)
+
+    def traceback(self, lines: int = 12) -> list[str]:
+        """The last lines of the last traceback the command printed (all of stderr's tail when none)."""
+        tail = self.stderr_tail
+        starts = [i for i, line in enumerate(tail) if line.startswith("Traceback (most recent call last)")]
+        return tail[starts[-1] :][-lines:] if starts else tail[-lines:]
+
+
+class _Tails:
+    """Complete JSON lines appended to every ``events-*.jsonl`` of a folder since the last call."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.offsets: dict[Path, int] = {}
+        self.partial: dict[Path, str] = {}
+
+    def read(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for path in sorted(self.folder.glob("events-*.jsonl")):
+            try:
+                with path.open(encoding="utf-8") as fh:
+                    fh.seek(self.offsets.get(path, 0))
+                    text = fh.read()
+                    self.offsets[path] = fh.tell()
+            except OSError:
+                continue
+            lines = (self.partial.get(path, "") + text).split("\n")
+            self.partial[path] = lines.pop()
+            for line in lines:
+                with contextlib.suppress(json.JSONDecodeError):
+                    out.append(json.loads(line))
+        return out
+
+
+def subreaper(on: bool) -> bool:
+    """Make orphaned descendants this process's children, or stop (Linux ``prctl``); False where not possible."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _was_subreaper() -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        flag = ctypes.c_int(0)
+        return bool(libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and flag.value)
+    except (OSError, AttributeError):
+        return False
+
+
+def environment(folder: Path, overrides: Mapping[str, Any] | None) -> dict[str, str]:
+    """The user's environment with the start-up folder first on PYTHONPATH (theirs kept after it)."""
+    env = dict(os.environ)
+    theirs = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(folder / "inject") + (os.pathsep + theirs if theirs else "")
+    env[EVENTS_ENV] = str(folder / "events")
+    if overrides:
+        env[LOADER_ENV] = json.dumps(dict(overrides))
+    else:
+        env.pop(LOADER_ENV, None)
+    return env
+
+
+def _stage(folder: Path) -> None:
+    (folder / "inject").mkdir()
+    (folder / "events").mkdir()
+    for name in ("sitecustomize.py", "_gpu_preflight_agent.py"):
+        shutil.copy(INJECT / name, folder / "inject" / name)
+
+
+def run_command(
+    argv: Sequence[str],
+    rule: StopRule,
+    cwd: str,
+    echo: IO[bytes] | None,
+    stdout: int | IO[Any] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    on_event: Callable[[dict[str, Any]], None] = lambda e: None,
+    on_start: Callable[[int], None] = lambda pid: None,
+) -> CommandRun:
+    """Run ``argv`` under the agent until it ends or the rule stops it; nothing it started is left running.
+
+    ``echo``: where the command's stderr goes as it comes (None: only kept for the report); ``stdout``: its
+    standard output (None: this process's; ``subprocess.DEVNULL`` to hide it).
+    """
+    run = CommandRun(argv=tuple(argv))
+    was = _was_subreaper()
+    reaper = subreaper(True)
+    before = process_tree(os.getpid())
+    with tempfile.TemporaryDirectory(prefix="gpu-preflight-command-") as tmp:
+        folder = Path(tmp)
+        _stage(folder)
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=environment(folder, overrides),
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        on_start(proc.pid)
+        tee = threading.Thread(target=_tee, args=(proc, echo, run), daemon=True)
+        tee.start()
+        tails = _Tails(folder / "events")
+        try:
+            _watch(proc, tails, run, rule, on_event)
+        except KeyboardInterrupt:
+            run.interrupted, run.ended = True, "interrupted"
+        finally:
+            if proc.poll() is None:
+                run.stopped_by_verify = True
+                _stop(proc, run)
+            proc.wait()
+            _clean_up(run, before, reaper)
+            if reaper and not was:  # orphans of later work go to init again, as before
+                subreaper(False)
+            tee.join(timeout=5)
+            run.events += tails.read()
+        run.returncode = proc.returncode
+        run.seconds = time.monotonic() - start
+    if not run.ended:
+        run.ended = "exited" if proc.returncode == 0 else "crashed"
+    if not any(e.get("event") == "hello" for e in run.events) and run.ended in ("exited", "crashed"):
+        run.ended = "no-torch"
+    return run
+
+
+def _tee(proc: subprocess.Popen[bytes], echo: IO[bytes] | None, run: CommandRun) -> None:
+    """Pass the command's stderr through as it comes and keep its last lines (the traceback of a crash)."""
+    tail: collections.deque[str] = collections.deque(maxlen=60)
+    assert proc.stderr is not None
+    for raw in iter(proc.stderr.readline, b""):
+        if echo is not None:
+            with contextlib.suppress(OSError, ValueError):
+                echo.write(raw)
+                echo.flush()
+        tail.append(raw.decode("utf-8", "replace").rstrip("\n"))
+        run.stderr_tail = list(tail)
+
+
+def step_counts(events: Sequence[dict[str, Any]]) -> tuple[dict[Any, int], int]:
+    """Optimizer steps per rank (a process without a rank counts as its own), and the world size seen."""
+    counts: dict[Any, int] = {}
+    world = 1
+    for e in events:
+        if e.get("event") != "step":
+            continue
+        key = e["rank"] if e.get("rank") is not None else f"pid{e['pid']}"
+        counts[key] = counts.get(key, 0) + 1
+        world = max(world, int(e.get("world_size") or 1))
+    return counts, world
+
+
+def _watch(
+    proc: subprocess.Popen[bytes],
+    tails: _Tails,
+    run: CommandRun,
+    rule: StopRule,
+    on_event: Callable[[dict[str, Any]], None],
+) -> None:
+    """Poll until the command ends or a rule says stop (``run.ended`` then names the rule)."""
+    start = last_step = time.monotonic()
+    tree_at, measured_at, world = 0.0, None, 1
+    counts: dict[Any, int] = {}
+    target = rule.warmup + rule.steps
+    while proc.poll() is None:
+        news = tails.read()
+        run.events += news
+        for event in news:
+            on_event(event)
+        now = time.monotonic()
+        if any(e.get("event") == "step" for e in news):
+            last_step = now
+            counts, world = step_counts(run.events)
+        if now - tree_at >= TREE_EVERY_S:
+            run.pids |= process_tree(proc.pid)
+            tree_at = now
+        reached = [k for k, n in counts.items() if n >= (rule.warmup + 1 if rule.seconds else target)]
+        if rule.seconds and len(reached) >= world and measured_at is None:
+            measured_at = now
+        if (rule.seconds and measured_at is not None and now - measured_at >= rule.seconds) or (
+            not rule.seconds and len(reached) >= world
+        ):
+            run.ended = "stopped"
+            return
+        if rule.limit_s and now - start >= rule.limit_s:
+            run.ended = "limit"
+            return
+        if not counts and now - start >= rule.first_step_s:
+            run.ended = "no-step"
+            return
+        if counts and now - last_step >= rule.stall_s:
+            run.ended = "stalled"
+            return
+        time.sleep(_POLL_S)
+
+
+def _signal_group(pgid: int, sig: signal.Signals, run: CommandRun) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+        run.signals.append(sig.name)
+
+
+def _stop(proc: subprocess.Popen[bytes], run: CommandRun) -> None:
+    """SIGINT, then SIGTERM, then SIGKILL to the command's process group, each after its grace time."""
+    run.pids |= process_tree(proc.pid)
+    for sig, grace in ((signal.SIGINT, INT_GRACE_S), (signal.SIGTERM, TERM_GRACE_S)):
+        _signal_group(proc.pid, sig, run)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+            return
+    _signal_group(proc.pid, signal.SIGKILL, run)
+
+
+def _clean_up(run: CommandRun, before: set[int], reaper: bool) -> None:
+    """Kill by id what the command left: as a subreaper, every descendant this process did not have before
+    (orphans come to us); else every process seen in the command's tree (a reused id is not ours: not killed)."""
+    mine = os.getpid()
+    descendants = process_tree(mine) - before - {mine}
+    leftovers = descendants if reaper else (run.pids | descendants) - {mine}
+    alive = [pid for pid in leftovers if process_exists(pid)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + (TERM_GRACE_S if sig == signal.SIGTERM else 2.0)
+        while alive and time.monotonic() < deadline:
+            _reap(alive)
+            alive = [pid for pid in alive if process_exists(pid)]
+            time.sleep(0.05)
+        if not alive:
+            break
+    _reap(list(leftovers))
+    run.pids |= leftovers
+    run.left = sorted(pid for pid in leftovers if process_exists(pid))
+
+
+def _reap(pids: Sequence[int]) -> None:
+    """Collect the exit status of those that are our children now (orphans given to the subreaper)."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)

@@ -1,0 +1,147 @@
+"""verify's JSON report cannot drift: representative runs judged to the same JSON as recorded, and a schema.
+
+``golden/`` was written by the code before the typed contract (``checks/verify/contract.py``) replaced the dicts;
+``verify_report.schema.json`` holds every key a report's ``results`` and ``measurements`` may have, and which are
+always there. The validator is the small subset of JSON Schema the file uses (type, properties, required,
+additionalProperties, items).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checks.verify.contract import (
+    EVENTS,
+    ChildResult,
+    ContractError,
+    DeviceEvent,
+    RunSpec,
+    StepEvent,
+    event_line,
+    parse_event,
+)
+from tests.checks.verify.verify_cases import CASES, GOLDEN, HERE, RUNS, judged
+
+SCHEMA = json.loads((HERE / "verify_report.schema.json").read_text(encoding="utf-8"))
+REPO = Path(__file__).resolve().parents[3]
+KINDS = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+
+
+def violations(doc: Any, schema: dict[str, Any], path: str = "$") -> list[str]:
+    """Where ``doc`` breaks ``schema``: one line per problem (empty: it conforms)."""
+    kinds = schema.get("type")
+    if kinds is not None:
+        wanted = [kinds] if isinstance(kinds, str) else kinds
+        if not any(_is(doc, k) for k in wanted):
+            return [f"{path}: {type(doc).__name__} where {'/'.join(wanted)} is expected"]
+    out: list[str] = []
+    if isinstance(doc, dict):
+        props = schema.get("properties", {})
+        out += [f"{path}: missing key {k!r}" for k in schema.get("required", []) if k not in doc]
+        extra = schema.get("additionalProperties", True)
+        for k, v in doc.items():
+            if k in props:
+                out += violations(v, props[k], f"{path}.{k}")
+            elif extra is False:
+                out.append(f"{path}: unknown key {k!r}")
+            elif isinstance(extra, dict):
+                out += violations(v, extra, f"{path}.{k}")
+    if isinstance(doc, list) and "items" in schema:
+        for i, item in enumerate(doc):
+            out += violations(item, schema["items"], f"{path}[{i}]")
+    return out
+
+
+def _is(value: Any, kind: str) -> bool:
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, KINDS[kind])
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal JSON, NaN equal to NaN (a NaN loss is a figure, not a difference)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_run_is_judged_to_the_json_recorded_before_the_contract(name: str) -> None:
+    golden = json.loads((GOLDEN / f"{name}.json").read_text(encoding="utf-8"))
+    assert same(judged(name), golden)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_judged_run_meets_the_report_schema(name: str) -> None:
+    doc = judged(name)
+    assert violations({"results": doc["results"], "measurements": doc["measurements"]}, SCHEMA) == []
+
+
+def test_the_schema_rejects_an_unknown_key_a_missing_one_and_a_wrong_type() -> None:
+    doc = judged("cpu-data-bound")
+    m = doc["measurements"]
+    assert violations({"results": doc["results"], "measurements": m | {"step_tim": {}}}, SCHEMA) == [
+        "$.measurements: unknown key 'step_tim'"
+    ]
+    del m["files"]
+    m["run"]["seconds"] = "12"
+    assert violations({"results": doc["results"], "measurements": m}, SCHEMA) == [
+        "$.measurements: missing key 'files'",
+        "$.measurements.run.seconds: str where number is expected",
+    ]
+
+
+def test_every_measurement_key_is_documented_in_formats_md() -> None:
+    text = (REPO / "docs" / "formats.md").read_text(encoding="utf-8")
+    section = text[text.index("## Verify and watch outputs") :]
+    named = set(re.findall(r"`([a-z_0-9]+)`", section))
+    assert sorted(set(SCHEMA["properties"]["measurements"]["properties"]) - named) == []
+
+
+@pytest.mark.parametrize("name", ["cpu-data-bound", "cpu-ddp-gloo"])
+def test_a_recorded_child_speaks_the_contract(name: str) -> None:
+    """What today's child wrote (spec, every event, the result) parses into the records and back."""
+    doc = json.loads((RUNS / f"{name}.json").read_text(encoding="utf-8"))
+    spec = RunSpec.from_json(doc["spec"])
+    assert RunSpec.from_json(spec.to_json()) == spec
+    events = [parse_event(json.dumps(e)) for e in doc["events"]]
+    assert {type(e).KIND for e in events} >= {"phase", "step", "device"}
+    assert [parse_event(event_line(e)) for e in events] == events
+    result = ChildResult.from_json(doc["result"])
+    assert result.steps and result.checkpoint is not None and result.checkpoint.reproduced is not None
+    back = ChildResult.from_json(json.loads(json.dumps(result.to_json())))
+    assert back.to_json().keys() == result.to_json().keys() and len(back.steps) == len(result.steps)
+    assert (len(result.ranks), result.ddp is not None) == ((2, True) if "ddp" in name else (0, False))
+
+
+def test_an_event_of_an_unknown_kind_or_shape_is_rejected_in_one_line() -> None:
+    with pytest.raises(ContractError, match="event: unknown kind 'progress'"):
+        parse_event('{"event": "progress", "t": 1.0}')
+    with pytest.raises(ContractError, match="event step: unknown key 'total'"):
+        parse_event({"event": "step", "phase": "measure", "i": 1, "of": 2, "total": 2})
+    with pytest.raises(ContractError, match=r"event step\.i: expected int, got '1'"):
+        parse_event({"event": "step", "phase": "measure", "i": "1", "of": 2})
+    with pytest.raises(ContractError, match="missing 1 required positional argument: 'batch'"):
+        parse_event({"event": "sweep"})
+    assert parse_event('{"event": "step", "phase": "warmup", "i": 1, "of": 2, "t": 3.5}') == StepEvent(
+        "warmup", 1, 2, 3.5
+    )
+    assert parse_event({"event": "device", "type": "cpu", "name": "cpu"}) == DeviceEvent("cpu", "cpu")
+    assert set(EVENTS) == {"phase", "step", "device", "oom-probe", "sweep"}
+
+
+def test_a_result_with_an_unknown_key_is_not_a_child_result() -> None:
+    with pytest.raises(ContractError, match="ChildResult: unknown key 'step'"):
+        ChildResult.from_json({"step": []})
+    with pytest.raises(ContractError, match=r"ChildResult\.checkpoint\.data\.exact: expected bool"):
+        ChildResult.from_json({"checkpoint": {"data": {"batches": 2, "exact": "yes", "order_same": True}}})

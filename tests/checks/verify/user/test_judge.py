@@ -1,0 +1,70 @@
+"""The parent side of ``verify -- COMMAND`` without a command: step lines in, figures and rows out."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from checks.verify.user import judge as j
+from checks.verify.user.launch import CommandRun, _Tails, environment, step_counts
+
+
+def step(i: int, pid: int = 10, rank: int | None = None, **over: Any) -> dict[str, Any]:
+    base = {"event": "step", "i": i, "pid": pid, "rank": rank, "world_size": 2 if rank is not None else None}
+    base |= {"data_wait": 0.06, "h2d": 0.0, "forward": 0.02, "backward": 0.015, "optimizer": 0.005}
+    base |= {"checkpoint": 0.0, "saves": 0, "ckpt_bytes": 0, "micro": 2, "samples": 16, "feed": "data:1"}
+    base |= {"host_start": float(i), "host_end": i + 0.1, "enqueue_s": 0.04, "fetch": [], "loss": 1.0 / i}
+    return base | over
+
+
+def test_ranks_leave_out_the_warm_up_and_stop_at_the_asked_steps() -> None:
+    events = [step(i) for i in range(1, 10)]
+    (only,) = j.ranks(events, warmup=2, steps=5, seconds=0)
+    assert [s["i"] for s in only.warmup] == [1, 2]
+    assert [s["i"] for s in only.steps] == [3, 4, 5, 6, 7]
+
+
+def test_shares_add_up_with_checkpoints_amortised_over_the_measured_steps() -> None:
+    events = [step(i, checkpoint=0.1 if i % 2 else 0.0, saves=i % 2, ckpt_bytes=(i % 2) * 10**6) for i in range(1, 6)]
+    (r,) = j.ranks(events, warmup=1, steps=4, seconds=0)
+    figs = j.rank_figures(r)
+    assert figs is not None
+    assert abs(sum(figs["shares"].values()) - 1.0) < 1e-9
+    assert figs["checkpoint"] == {"save_s": 0.1, "bytes": 1e6, "every_steps": 2, "saves": 2}
+    assert abs(figs["shares"]["data_wait"] - 0.06 / 0.15) < 1e-9  # 0.1 step + 0.05 amortised save
+    assert figs["micro_batches"] == 2 and figs["samples_per_step"] == 16
+
+
+def test_every_rank_counts_and_the_world_size_comes_from_the_ranks() -> None:
+    events = [step(i, pid=p, rank=r) for i in range(1, 4) for p, r in ((11, 0), (12, 1))]
+    counts, world = step_counts(events)
+    assert counts == {0: 3, 1: 3} and world == 2
+    assert [r.key for r in j.ranks(events, 1, 2, 0)] == [0, 1]
+
+
+def test_a_crash_names_its_exit_status_and_the_end_of_its_traceback() -> None:
+    run = CommandRun(argv=("python", "train.py"), returncode=1, ended="crashed")
+    run.stderr_tail = ["noise", "Traceback (most recent call last):", '  File "train.py", line 3', "ValueError: bad"]
+    result = j.command_result(run, [], warmup=1)
+    assert result.status.value == "fail"
+    assert "exit status 1" in result.summary and result.summary.endswith("ValueError: bad")
+    assert run.traceback()[0].startswith("Traceback")
+
+
+def test_the_start_up_folder_goes_first_and_the_users_pythonpath_stays(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/their/path")
+    env = environment(tmp_path, {"num_workers": 2})
+    assert env["PYTHONPATH"] == f"{tmp_path / 'inject'}{os.pathsep}/their/path"
+    assert json.loads(env["GPU_PREFLIGHT_LOADER"]) == {"num_workers": 2}
+
+
+def test_the_tail_reads_complete_lines_of_every_process(tmp_path: Path) -> None:
+    tails = _Tails(tmp_path)
+    (tmp_path / "events-1.jsonl").write_text('{"event": "hello"}\n{"event": "st', encoding="utf-8")
+    (tmp_path / "events-2.jsonl").write_text('{"event": "hello"}\n', encoding="utf-8")
+    assert [e["event"] for e in tails.read()] == ["hello", "hello"]
+    with (tmp_path / "events-1.jsonl").open("a", encoding="utf-8") as fh:
+        fh.write('ep"}\n')
+    assert tails.read() == [{"event": "step"}]
