@@ -7,8 +7,10 @@ invoke.yaml files, ``INVOKE_PREFLIGHT_*`` variables and ``-f FILE``; ``validate`
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
+import functools
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -313,9 +315,17 @@ class PreflightConfig:
 
 
 def load_defaults() -> dict[str, Any]:
-    """Return the ``preflight`` mapping of ``templates/defaults.yaml``."""
+    """Return the ``preflight`` mapping of ``templates/defaults.yaml`` (a fresh copy: the caller may change it)."""
+    return copy.deepcopy(_parsed_defaults())
+
+
+@functools.cache
+def _parsed_defaults() -> dict[str, Any]:
+    # Parsed once per process, with libyaml where PyYAML has it: the pure-Python parser takes ~50 ms for this
+    # file, and every make_config() reads it (the test suite builds thousands of configs).
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with DEFAULTS_FILE.open(encoding="utf-8") as fh:
-        data = yaml.safe_load(fh)
+        data = yaml.load(fh, Loader=loader)
     return typing.cast(dict[str, Any], data["preflight"])
 
 

@@ -1,16 +1,82 @@
-"""Make the repository root importable for the tests, and keep each test's cache folder private."""
+"""Make the repository root importable for the tests, keep each test's cache folder private, and hold the
+markers to their meaning.
+
+``slow`` is wall time: a test (its setup, call and teardown, module fixtures it starts first included) that takes
+more than about ``SLOW_S`` on the 2-core box. ``pytest --check-markers`` lists the unmarked tests over ``SLOW_S``
+(and fails the run if there are any), so a marker is set by measurement, not by guess; it also lists the
+``slow`` tests well under it, for a look: a test that only reads the result of a slow module fixture is one of
+them and rightly slow (run alone, it pays for the fixture). ``measures`` marks tests whose verdict depends on how fast this
+machine is (they time real work against a threshold): robust to a shared box where they can be, skipped with the
+reason where they cannot.
+"""
 
 from __future__ import annotations
 
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.fakes.cli import Here, in_process
+
+SLOW_S = 1.0  # more than this (setup + call + teardown) on the 2-core box: mark it slow
+FAST_S = 0.3  # a slow-marked test under this is listed for a look (a x3 margin under SLOW_S)
+
+_seconds: defaultdict[str, float] = defaultdict(float)
+_slow_marked: set[str] = set()
+
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """A live bootstrap keeps its disk measurements under $XDG_CACHE_HOME: never the real one from a test."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+
+
+@pytest.fixture
+def here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Here:
+    """The tool's CLI run in this process (tests/fakes/cli.py): ``here(home, "bootstrap", "--json", "-")``."""
+    return in_process(monkeypatch, capsys)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--check-markers",
+        action="store_true",
+        help=f"list tests not marked slow that took over {SLOW_S} s (and fail), and slow ones under {FAST_S} s",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _slow_marked.update(item.nodeid for item in items if item.get_closest_marker("slow"))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _seconds[report.nodeid] += report.duration
+
+
+def mislabelled(seconds: dict[str, float], slow: set[str]) -> tuple[list[str], list[str]]:
+    """(unmarked tests over SLOW_S, slow-marked tests under FAST_S), slowest first and fastest first."""
+    unmarked = sorted((s, n) for n, s in seconds.items() if n not in slow and s > SLOW_S)
+    marked = sorted((s, n) for n, s in seconds.items() if n in slow and s < FAST_S)
+    return [f"{s:6.2f} s  {n}" for s, n in reversed(unmarked)], [f"{s:6.2f} s  {n}" for s, n in marked]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    if not config.getoption("--check-markers"):
+        return
+    unmarked, marked = mislabelled(dict(_seconds), _slow_marked)
+    terminalreporter.section("markers against wall time")
+    terminalreporter.line(f"not marked slow, over {SLOW_S} s: {len(unmarked)}")
+    for line in unmarked:
+        terminalreporter.line("  " + line)
+    terminalreporter.line(f"marked slow, under {FAST_S} s: {len(marked)}")
+    for line in marked:
+        terminalreporter.line("  " + line)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if session.config.getoption("--check-markers") and exitstatus == 0 and mislabelled(dict(_seconds), _slow_marked)[0]:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

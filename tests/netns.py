@@ -14,6 +14,7 @@ Only the test's own namespaces and loopback are used.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import os
 import re
@@ -34,8 +35,9 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), capture_output=True, text=True, check=check, timeout=30)
 
 
+@functools.cache
 def unavailable() -> str | None:
-    """Why namespace hosts cannot be built here, or None."""
+    """Why namespace hosts cannot be built here, or None (asked once per session: each host suite asks twice)."""
     if os.geteuid() != 0:
         return "needs root to create network namespaces"
     for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("ssh-keygen", "openssh-client")):

@@ -10,6 +10,7 @@ circle between modules, a third-party hardware library (pynvml, psutil) outside 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,17 +46,24 @@ def project_modules() -> dict[str, Path]:
 MODULES = project_modules()
 
 
-def imports_of(path: Path) -> Iterator[tuple[str, int]]:
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """The syntax tree of ``path``, parsed once for all the tests of this file (each walks every module)."""
+    return ast.parse(path.read_text(), str(path))
+
+
+@functools.cache
+def imports_of(path: Path) -> tuple[tuple[str, int], ...]:
     """Every absolute module an import statement in ``path`` names, resolved to a project module where it is one."""
-    tree = ast.parse(path.read_text(), str(path))
-    for node in ast.walk(tree):
+    found = []
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield alias.name, node.lineno
+            found += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for alias in node.names:  # `from checks.machine import gpu` imports the module checks.machine.gpu
                 full = f"{node.module}.{alias.name}"
-                yield (full if full in MODULES else node.module), node.lineno
+                found.append((full if full in MODULES else node.module, node.lineno))
+    return tuple(found)
 
 
 def layer_of(module: str, layers: list[str]) -> str | None:
@@ -152,7 +160,7 @@ def test_a_third_party_library_is_imported_only_where_it_belongs(library: str) -
 
 def pseudo_paths(path: Path) -> Iterator[tuple[str, int]]:
     """String constants naming /proc, /sys or the mount table (docstrings and comments do not count)."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     docstrings = {
         id(node.body[0].value)
         for node in ast.walk(tree)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_tasks import assert_usage_error, in_process
+from tests.fakes.cli import assert_usage_error, in_process
 
 MACHINES = Path(__file__).resolve().parent / "fixtures" / "machines"
 

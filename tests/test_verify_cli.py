@@ -16,7 +16,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.test_tasks import REPO, Here, Run, assert_usage_error, by_id, child_env, default_sigint, in_process
+from tests.fakes.cli import REPO, Here, Run, assert_usage_error, by_id, child_env, default_sigint
 
 pytestmark = pytest.mark.slow
 
@@ -24,11 +24,6 @@ PLUGINS = "tests.checks.verify.smoke_plugins"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SHARES = {"data_wait", "h2d", "forward", "backward", "optimizer", "checkpoint"}
 VERDICTS = {"data-bound", "cpu-starved", "h2d-bound", "launch-bound", "compute-bound", "checkpoint-bound", "near-oom", "throttled", "cpu-contended", "cant-tell"}  # fmt: skip
-
-
-@pytest.fixture
-def here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Here:
-    return in_process(monkeypatch, capsys)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The GPU topology of four multi-GPU boxes, as a fake pynvml answers it (issue 10).
 
-Each box is a list of per-GPU answer dicts for ``tests/checks/probe/test_nvml.FakeNvml`` (which checks every call
+Each box is a list of per-GPU answer dicts for ``tests/fakes/nvml.FakeNvml`` (which checks every call
 against the real pynvml signature). The snapshot fixtures ``tests/fixtures/machines/{h100-sxm-8x-nvlink,
 a100-pcie-8x-two-sockets, rtx4090-4x-no-p2p, h100-pcie-2x-bridge}.json`` hold exactly what ``read_topology`` makes
 of these answers (tests/checks/probe/test_nvml_topology.py holds them equal), so the rules' tests replay what the

@@ -6,7 +6,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from checks.config import make_config
+from datasets.journal import Journal
 from datasets.options import Flags, build_request
 from datasets.request import Request
 
@@ -29,3 +32,17 @@ def request(
         text=dataclasses.replace(base.text, **(text or {})),
         **fields,
     )
+
+
+def crash_on(monkeypatch: pytest.MonkeyPatch, event: str, nth: int) -> None:
+    """Make the ``nth`` journal append of ``event`` raise KeyboardInterrupt, as a Ctrl-C at that point would."""
+    real, seen = Journal.append, {"n": 0}
+
+    def append(self: Journal, e: dict) -> None:
+        if e["event"] == event:
+            seen["n"] += 1
+            if seen["n"] == nth:
+                raise KeyboardInterrupt
+        real(self, e)
+
+    monkeypatch.setattr(Journal, "append", append)

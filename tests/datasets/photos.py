@@ -13,6 +13,7 @@ import io
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -95,3 +96,17 @@ def plant_bad_files(folder: Path) -> dict[str, str]:
     for name, (data, _) in bad.items():
         (folder / name).write_bytes(data)
     return {name: reason for name, (_, reason) in bad.items()}
+
+
+def reference(data: bytes, size: int, policy: str = "crop") -> np.ndarray:
+    """Decode independently: full-size decode (no DCT draft), then resize the centred square (or everything)."""
+    im = Image.open(io.BytesIO(data)).convert("RGB")
+    w, h = im.size
+    side = min(w, h)
+    box = (0, 0, w, h) if policy == "stretch" else ((w - side) / 2, (h - side) / 2, (w + side) / 2, (h + side) / 2)
+    return np.asarray(im.resize((size, size), Image.Resampling.BICUBIC, box=box))
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return 99.0 if mse == 0 else 10 * np.log10(255**2 / mse)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_tasks import REPO, assert_usage_error, child_env, default_sigint, invoke, pid_gone
+from tests.fakes.cli import REPO, assert_usage_error, child_env, default_sigint, invoke, pid_gone
 
 pytestmark = pytest.mark.slow
 OUTPUTS = ("images.npy", "labels.npy", "classes.json")

@@ -15,8 +15,8 @@ from datasets import finalize, manifest, npyfile, run_images
 from datasets.finalize import RowHasher
 from datasets.stage import stage, verify
 from tests.datasets import jobs
+from tests.datasets.jobs import crash_on
 from tests.datasets.photos import image_tree
-from tests.datasets.test_journal_finalize import crash_on
 
 ROW = (8, 8, 3)
 ROW_BYTES = int(np.prod(ROW))
@@ -108,6 +108,7 @@ def assert_manifest_holds_the_files_hashes(dest: Path) -> None:
     assert verify(dest) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_without_rejects_images_npy_is_not_read_again_and_its_hash_is_unchanged(
     clean_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
@@ -120,6 +121,7 @@ def test_without_rejects_images_npy_is_not_read_again_and_its_hash_is_unchanged(
     assert_manifest_holds_the_files_hashes(dest)
 
 
+@pytest.mark.slow
 def test_a_run_interrupted_mid_decode_hashes_the_earlier_rows_on_resume(
     clean_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -139,6 +141,7 @@ def test_a_run_interrupted_mid_decode_hashes_the_earlier_rows_on_resume(
     assert sha256(resumed.dest / "images.npy") == sha256(straight / "images.npy")
 
 
+@pytest.mark.slow
 def test_with_rejects_the_compacted_file_is_hashed_after(photo_tree: Path, tmp_path: Path) -> None:
     req = jobs.request(photo_tree, tmp_path / "ds", images={"size": 40}, workers=2, max_rejects="10")
     dest = stage(req).dest

@@ -9,21 +9,7 @@ import pytest
 from PIL import Image
 
 from datasets.images import RejectedImage, Resize, crop_box, decode_bytes, decode_file, to_rgb
-from tests.datasets.photos import encode, photo, photo_bytes, plant_bad_files
-
-
-def reference(data: bytes, size: int, policy: str = "crop") -> np.ndarray:
-    """Decode independently: full-size decode (no DCT draft), then resize the centred square (or everything)."""
-    im = Image.open(io.BytesIO(data)).convert("RGB")
-    w, h = im.size
-    side = min(w, h)
-    box = (0, 0, w, h) if policy == "stretch" else ((w - side) / 2, (h - side) / 2, (w + side) / 2, (h + side) / 2)
-    return np.asarray(im.resize((size, size), Image.Resampling.BICUBIC, box=box))
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return 99.0 if mse == 0 else 10 * np.log10(255**2 / mse)
+from tests.datasets.photos import encode, photo, photo_bytes, plant_bad_files, psnr, reference
 
 
 @pytest.mark.parametrize("name", ["rocket.jpg", "retina.jpg", "hubble_deep_field.jpg", "coffee.png"])

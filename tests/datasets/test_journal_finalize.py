@@ -13,7 +13,7 @@ from datasets import finalize, npyfile
 from datasets.errors import StageFailure
 from datasets.journal import Journal, locked
 from datasets.stage import stage
-from tests.datasets.jobs import request
+from tests.datasets.jobs import crash_on, request
 
 
 def test_torn_last_line_is_dropped_and_cut(tmp_path: Path) -> None:
@@ -54,19 +54,7 @@ def test_rewrite_shape_keeps_the_data(tmp_path: Path) -> None:
     assert np.load(path).tolist() == [0, 1, 2, 3, 4, 5]
 
 
-def crash_on(monkeypatch: pytest.MonkeyPatch, event: str, nth: int) -> None:
-    real, seen = Journal.append, {"n": 0}
-
-    def append(self: Journal, e: dict) -> None:
-        if e["event"] == event:
-            seen["n"] += 1
-            if seen["n"] == nth:
-                raise KeyboardInterrupt
-        real(self, e)
-
-    monkeypatch.setattr(Journal, "append", append)
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize(("fmt", "event"), [("npy", "compact"), ("pt", "shard")])
 def test_crash_while_finishing_resumes_to_the_same_bytes(
     photo_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, event: str

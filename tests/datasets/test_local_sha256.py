@@ -18,7 +18,7 @@ from datasets.errors import StageFailure, UsageError
 from datasets.request import Request
 from datasets.stage import stage
 from tests.datasets import jobs
-from tests.test_tasks import invoke
+from tests.fakes.cli import invoke
 
 WRONG = "0" * 64
 

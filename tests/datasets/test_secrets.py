@@ -21,8 +21,8 @@ import pytest
 from datasets.sources import file_name, parse
 from tests.datasets.photos import image_tree
 from tests.datasets.servers import sshd
+from tests.fakes.cli import Run, invoke
 from tests.loopback import serve
-from tests.test_tasks import Run, invoke
 
 pytestmark = pytest.mark.slow
 

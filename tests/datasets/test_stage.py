@@ -20,7 +20,7 @@ from datasets.manifest import Reject
 from datasets.request import Request, allowed_rejects
 from datasets.stage import stage, verify
 from tests.datasets import jobs
-from tests.datasets.test_images import psnr, reference
+from tests.datasets.photos import psnr, reference
 
 SIZE = 48
 
@@ -73,6 +73,7 @@ def test_rerun_is_a_noop_and_output_is_deterministic_across_worker_counts(photo_
         assert (one.dest / name).read_bytes() == (two.dest / name).read_bytes()
 
 
+@pytest.mark.slow
 def test_changed_source_or_parameters_restage(source_copy: Path, tmp_path: Path) -> None:
     dest = tmp_path / "ds"
     stage(request(source_copy, dest))
@@ -84,6 +85,7 @@ def test_changed_source_or_parameters_restage(source_copy: Path, tmp_path: Path)
     assert np.load(dest / "images.npy", mmap_mode="r").shape == (71, 32, 32, 3)
 
 
+@pytest.mark.slow
 def test_too_many_rejects_fail_then_resume_with_a_higher_limit(photo_tree: Path, tmp_path: Path) -> None:
     with pytest.raises(StageFailure, match="more than --max-rejects allows") as info:
         stage(request(photo_tree, tmp_path / "ds", max_rejects="1"))
@@ -95,6 +97,7 @@ def test_too_many_rejects_fail_then_resume_with_a_higher_limit(photo_tree: Path,
     assert (resumed.dest / "images.npy").read_bytes() == (straight.dest / "images.npy").read_bytes()
 
 
+@pytest.mark.slow
 def test_pt_shards_hold_the_same_samples_and_load_weights_only(photo_tree: Path, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     npy = stage(request(photo_tree, tmp_path / "npy")).dest
@@ -177,6 +180,7 @@ def test_max_rejects_accepts_counts_and_fractions() -> None:
         allowed_rejects("lots", 10)
 
 
+@pytest.mark.slow
 def test_a_lost_dataset_in_between_is_restaged(photo_tree: Path, tmp_path: Path) -> None:
     dest = stage(request(photo_tree, tmp_path / "ds")).dest
     (dest / "images.npy").write_bytes(b"")

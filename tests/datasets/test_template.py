@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -14,10 +15,16 @@ from datasets.stage import stage, verify
 from tests.datasets.jobs import request
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "staged_dataset.py"
-torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def torch() -> ModuleType:
+    return pytest.importorskip("torch")
 
 
 def load_template() -> Any:
+    """The template as a module (it imports torch: the test skips with the reason where torch is missing)."""
+    pytest.importorskip("torch")
     spec = importlib.util.spec_from_file_location("staged_dataset", TEMPLATE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -43,7 +50,7 @@ def test_template_is_one_file_that_needs_only_numpy_and_torch() -> None:
 
 
 @pytest.mark.slow
-def test_dataloader_with_workers_reads_the_staged_samples(staged: Path) -> None:
+def test_dataloader_with_workers_reads_the_staged_samples(staged: Path, torch: ModuleType) -> None:
     dataset = load_template().StagedImages(staged)
     assert len(dataset) == 72 and dataset.classes == ["cat", "dog", "fish"]
     loader = torch.utils.data.DataLoader(dataset, batch_size=16, num_workers=2)
@@ -56,7 +63,9 @@ def test_dataloader_with_workers_reads_the_staged_samples(staged: Path) -> None:
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2])
-def test_unshuffled_batches_are_the_file_in_order_with_a_last_partial_batch(staged: Path, workers: int) -> None:
+def test_unshuffled_batches_are_the_file_in_order_with_a_last_partial_batch(
+    staged: Path, workers: int, torch: ModuleType
+) -> None:
     loader = load_template().staged_loader(staged, 16, shuffle=False, workers=workers)
     batches = [(x.clone(), y.clone()) for x, y in loader]
     images, labels = arrays(staged)
@@ -106,7 +115,9 @@ def epoch_indices_of(loader: Any, epoch: int) -> list[list[int]]:
     return epoch_indices(loader)
 
 
-def test_a_loader_rebuilt_from_the_state_yields_what_the_uninterrupted_run_would(staged: Path) -> None:
+def test_a_loader_rebuilt_from_the_state_yields_what_the_uninterrupted_run_would(
+    staged: Path, torch: ModuleType
+) -> None:
     make = load_template().staged_loader
     whole = make(staged, 16, seed=9, workers=1)
     whole.set_epoch(5)

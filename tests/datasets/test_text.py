@@ -73,6 +73,7 @@ def test_too_many_rejected_lines_fail(tmp_path: Path) -> None:
         stage(request(tmp_path / "src", tmp_path / "ds", max_rejects="1"))
 
 
+@pytest.mark.slow
 def test_hugging_face_tokenizer_from_a_local_file(tmp_path: Path) -> None:
     tokenizers = pytest.importorskip("tokenizers")
     docs = corpus(tmp_path / "src")
@@ -99,6 +100,7 @@ def wordlevel(tmp_path: Path, size: int) -> Path:
     return tmp_path / "big.json"
 
 
+@pytest.mark.slow
 def test_vocabulary_past_uint16_uses_uint32_and_a_forced_uint16_is_refused(tmp_path: Path) -> None:
     path = wordlevel(tmp_path, 70_000)
     (tmp_path / "src").mkdir()

@@ -71,6 +71,7 @@ def test_dry_run_lists_every_step_and_runs_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()
 
 
+@pytest.mark.slow
 def test_a_spent_budget_skips_every_step_and_still_writes_the_summary(tmp_path: Path) -> None:
     env = {**os.environ, "ACCEPTANCE_WORK": str(tmp_path / "work"), "ACCEPTANCE_PYTHON": sys.executable}
     done = run_script(str(tmp_path / "out"), "--budget", "0", env=env)
@@ -85,9 +86,10 @@ def test_a_spent_budget_skips_every_step_and_still_writes_the_summary(tmp_path: 
 # --- the summariser ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def h200_run(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def h200_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An output folder as a run on the H200 fixture leaves it: bootstrap's report, the snapshot, two steps."""
+    tmp_path = tmp_path_factory.mktemp("h200-run")
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
@@ -109,6 +111,7 @@ def h200_run(tmp_path: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_summary_gives_each_benchmark_figure_as_a_fraction_of_the_datasheet(h200_run: Path) -> None:
     assert summarise.main(["summary", str(h200_run)]) == 0
     doc = json.loads((h200_run / "summary.json").read_text(encoding="utf-8"))
@@ -125,6 +128,7 @@ def test_summary_gives_each_benchmark_figure_as_a_fraction_of_the_datasheet(h200
     assert "| bootstrap | gpu0 NVIDIA H200 | gpu-matmul | 748.2 TFLOPS | 989 TFLOPS | 76% | bfloat16 |" in md
 
 
+@pytest.mark.slow
 def test_summary_lists_each_step_with_its_exit_code_and_seconds(h200_run: Path) -> None:
     doc = summarise.summarise(h200_run)
     steps = {s["name"]: s for s in doc["steps"]}
@@ -207,6 +211,7 @@ def test_requirements_are_the_projects_dependencies() -> None:
     assert "invoke>=2.2,<3" in reqs and "nvidia-ml-py>=12.535" in reqs and not any("torch" in r for r in reqs)
 
 
+@pytest.mark.slow
 def test_gpu_marked_tests_are_skipped_with_the_reason_here() -> None:
     reason = no_gpu_reason()
     if reason is None:

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests.fakes.cli import default_sigint
 from tests.netns import Cluster, cluster, controller_env, python_for_hosts, unavailable
-from tests.test_tasks import default_sigint
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 
@@ -100,6 +100,7 @@ def test_every_live_host_reports_and_the_stopped_one_is_a_clean_fail_row(fleet: 
     assert [(r["id"], r["status"]) for r in h5] == [("host-bootstrap", "fail")]
 
 
+@pytest.mark.measures
 def test_bandwidth_matrix_matches_the_shaped_links(fleet: Any) -> None:
     _, doc, _ = fleet
     links = doc["measurements"]["links"]
@@ -271,6 +272,7 @@ def _scratch(home: Path) -> list[Path]:
     return list(home.glob(".gpu-preflight-disk-*"))
 
 
+@pytest.mark.measures
 def test_builtin_link_test_matches_the_shaped_rate(ctl: Controller) -> None:
     """The built-in sender/receiver (no iperf3) through the library, on a 500 and a 2000 Mbit/s host."""
     from checks.config import make_config

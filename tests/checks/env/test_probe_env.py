@@ -8,6 +8,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from checks.facts import EnvFacts
 from checks.probe.env import nvcc_release, read_env, requirement_closure, variables
 from checks.snapshot import dump_snapshot, load_snapshot, write_snapshot
@@ -52,10 +54,16 @@ def test_nvcc_under_cuda_home_and_a_hung_one_is_cut_off(tmp_path: Path) -> None:
     assert env.cuda_home == str(tmp_path / "cuda")
 
 
+@pytest.mark.skipif(
+    os.access("/usr/local/cuda/bin/nvcc", os.X_OK),
+    reason="this machine has /usr/local/cuda/bin/nvcc (the last place looked)",
+)
 def test_no_nvcc_anywhere_is_none_not_an_error(tmp_path: Path) -> None:
     env = read_env(_root(tmp_path), {"PATH": str(tmp_path), "CUDA_HOME": str(tmp_path / "nothing")}, distributions=[])
-    if not os.access("/usr/local/cuda/bin/nvcc", os.X_OK):  # the last place looked
-        assert (env.nvcc_path, env.nvcc_version, env.nvcc_error) == (None, None, None)
+    assert (env.nvcc_path, env.nvcc_version, env.nvcc_error) == (None, None, None)
+
+
+def test_a_missing_nvcc_is_an_error_of_its_own(tmp_path: Path) -> None:
     assert nvcc_release(str(tmp_path / "missing-nvcc"), 1.0)[1] is not None
 
 

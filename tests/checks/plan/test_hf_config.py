@@ -13,7 +13,8 @@ import pytest
 
 from checks.plan.model import layer_activation_bytes, shape_from_hf, transformer_parameters
 from checks.plan.run import SCRIPT
-from tests.checks.plan.test_plan_cli import Here, here, plan  # noqa: F401 - `here` is a fixture
+from tests.fakes.cli import Here
+from tests.fakes.plan import plan
 
 pytestmark = pytest.mark.slow
 SEQ = 128
@@ -55,7 +56,7 @@ def transformers_count(config: Path) -> int:
 
 @pytest.mark.parametrize("cfg", [LLAMA, GPT2], ids=["llama", "gpt2"])
 def test_built_on_meta_counts_what_transformers_and_the_formula_count(
-    here: Here,  # noqa: F811
+    here: Here,
     tmp_path: Path,
     cfg: dict[str, Any],
 ) -> None:
@@ -93,7 +94,7 @@ def test_one_block_against_korthikanti(tmp_path: Path, cfg: dict[str, Any]) -> N
         assert data["model"]["linear_layers"] == 2 * 4 + 1
 
 
-def test_whole_model_per_sample_against_the_formula_path(here: Here, tmp_path: Path) -> None:  # noqa: F811
+def test_whole_model_per_sample_against_the_formula_path(here: Here, tmp_path: Path) -> None:
     """The logits are counted alike (16-bit output + the loss's fp32 log-softmax = the formula's 6 B x s x V)."""
     pytest.importorskip("transformers")
     config = write(tmp_path, LLAMA)
@@ -107,7 +108,7 @@ def test_whole_model_per_sample_against_the_formula_path(here: Here, tmp_path: P
 
 
 def test_without_transformers_the_formula_path_is_used_and_said(
-    here: Here,  # noqa: F811
+    here: Here,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -128,7 +129,7 @@ def test_without_transformers_the_formula_path_is_used_and_said(
     assert doc["model"]["parameters"] == transformer_parameters(shape_from_hf(LLAMA, 0, "test"))[0]
 
 
-def test_a_config_transformers_cannot_read_falls_back_and_says_why(here: Here, tmp_path: Path) -> None:  # noqa: F811
+def test_a_config_transformers_cannot_read_falls_back_and_says_why(here: Here, tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     config = write(tmp_path, LLAMA | {"model_type": "no-such-model"})
     run, doc = plan(here, tmp_path, "--hf-config", str(config))

@@ -9,28 +9,10 @@ from typing import Any
 
 import pytest
 
-from tests.test_tasks import Here, Run, assert_usage_error, in_process
+from tests.fakes.cli import Here, assert_usage_error
+from tests.fakes.plan import SEVEN_B, plan
 
 pytestmark = pytest.mark.slow
-MODELS = Path(__file__).resolve().parent
-NO_GPU = str(Path(__file__).resolve().parents[2] / "fixtures" / "machines" / "cpu-only-no-driver.json")
-SEVEN_B = ("--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32", "--seq", "2048", "--vocab", "32000")
-
-
-@pytest.fixture
-def here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Here:
-    monkeypatch.chdir(MODELS)
-    return in_process(monkeypatch, capsys)
-
-
-def plan(here: Here, tmp: Path, *args: str, config: dict[str, Any] | None = None) -> tuple[Run, dict[str, Any]]:
-    extra: list[str] = []
-    if config is not None:
-        (tmp / "cfg.yaml").write_text(json.dumps({"preflight": {"plan": config}}))
-        extra = ["-f", str(tmp / "cfg.yaml")]
-    out = tmp / "plan.json"
-    run = here(tmp, *extra, "plan", "--machine", NO_GPU, *args, "--json", str(out))
-    return run, json.loads(out.read_text()) if out.exists() else {}
 
 
 def option(doc: dict[str, Any], card: str) -> dict[str, Any]:

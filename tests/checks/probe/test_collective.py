@@ -44,6 +44,7 @@ def test_nccl_without_a_gpu_is_a_failed_run_with_the_ranks_last_words() -> None:
     assert _no_children_left()
 
 
+@pytest.mark.slow
 def test_p2p_timing_loop_runs_on_cpu() -> None:
     facts = run_p2p({"device": "cpu", "mib": 4, "warmup": 1, "repeats": 3}, timeout=60.0)
     assert facts.skipped is None and facts.mib == 4

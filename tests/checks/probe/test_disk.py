@@ -47,6 +47,7 @@ def test_builtin_measures_every_figure_and_leaves_nothing(tmp_path: Path) -> Non
     assert scratch_left(tmp_path) == []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not fio_available(), reason="fio is not installed (apt-get install fio)")
 def test_fio_measures_the_sequential_figures_when_installed(tmp_path: Path) -> None:
     loc = measure_location(str(tmp_path), True, read_mounts(), FAST)
@@ -199,6 +200,7 @@ def scratch_of_a_killed_process(parent: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_killed_runs_scratch_directory_is_swept_and_reported(tmp_path: Path) -> None:
     left = scratch_of_a_killed_process(tmp_path)
     loc = measure_location(str(tmp_path), True, read_mounts(), replace(FAST, use_fio=False))
@@ -207,6 +209,7 @@ def test_a_killed_runs_scratch_directory_is_swept_and_reported(tmp_path: Path) -
     assert sweep_stale(str(tmp_path)).paths == ()
 
 
+@pytest.mark.slow
 def test_a_live_runs_scratch_directory_is_kept(tmp_path: Path) -> None:
     proc, path = scratch_of_a_process(tmp_path)
     try:
@@ -230,6 +233,7 @@ def test_a_reused_pid_does_not_keep_a_dead_runs_directory(tmp_path: Path) -> Non
         assert Path(mine).is_dir()
 
 
+@pytest.mark.slow
 def test_look_alikes_without_a_valid_owner_are_kept(tmp_path: Path) -> None:
     (tmp_path / "dead").mkdir()
     dead = scratch_of_a_killed_process(tmp_path / "dead")

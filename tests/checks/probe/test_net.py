@@ -80,6 +80,7 @@ def test_download_is_bounded_by_bytes(session: requests.Session) -> None:
     assert MIB <= d.bytes < len(BODY)
 
 
+@pytest.mark.slow
 def test_slow_server_is_cut_at_the_time_bound_without_error(session: requests.Session) -> None:
     start = time.monotonic()
     with http_server() as base:
@@ -177,6 +178,7 @@ def test_route_and_free_port() -> None:
     assert 0 < agent("free-port")["port"] < 65536  # the agent the fleet asks for the rendezvous port
 
 
+@pytest.mark.slow
 def test_agent_reports_errors_as_json() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

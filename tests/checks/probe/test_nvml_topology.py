@@ -10,8 +10,8 @@ import pytest
 
 from checks.probe.nvml import read_topology
 from checks.snapshot import load_snapshot
-from tests.checks.probe.test_nvml import FakeNvml
 from tests.checks.topology_machines import CPU_COUNT, MACHINES, h100_pcie_2x_bridge, h100_sxm_8x, rtx4090_4x
+from tests.fakes.nvml import FakeNvml
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "machines"
 

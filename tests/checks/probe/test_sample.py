@@ -3,9 +3,11 @@ process readers against real processes."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,7 +15,7 @@ import pynvml
 import pytest
 
 from checks.probe.sample import GpuReader, HostReader, process_exists, process_tree
-from tests.checks.probe.test_nvml import FakeNvml, h100
+from tests.fakes.nvml import FakeNvml, h100
 
 PARENT = (
     "import subprocess, sys, time\n"
@@ -100,22 +102,41 @@ def test_without_nvml_the_reader_is_inert_and_says_why() -> None:
     assert reader.error and "could not load" in reader.error
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the process has used so far, from /proc/PID/stat (fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def samples(reader: HostReader, n: int) -> list[dict[str, Any]]:
+    rows = []
+    for _ in range(n):
+        time.sleep(0.15)
+        rows.append(reader.read())
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.measures
 def test_host_reader_measures_a_process_tree_and_its_descendants() -> None:
     burn = "import time\nt = time.time()\nwhile time.time() - t < 2.5: pass"
     parent = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {burn!r}])"
     proc = subprocess.Popen([sys.executable, "-c", parent])
     try:
         reader = HostReader(pid=proc.pid, usable=2.0)
-        rows = []
-        for _ in range(12):
-            time.sleep(0.15)
-            rows.append(reader.read())
+        rows = samples(reader, 6)
+        burners = process_tree(proc.pid) - {proc.pid}
+        start, cpu = time.monotonic(), {b: cpu_seconds(b) for b in burners}  # what it really gets from now on
+        rows += samples(reader, 6)
+        share = sum(cpu_seconds(b) - cpu[b] for b in burners) / (time.monotonic() - start)
     finally:
         proc.kill()
         proc.wait()
+    if share < 0.6:
+        pytest.skip(f"the box is busy: the burning process got {share:.2f} of a core, this test needs 0.6 or more")
     busy = [v for r in rows[-6:] if (v := r.get("worker_cpu_cores")) is not None]
     assert rows[-1]["workers"] == 1.0  # the burning grandchild is counted as a worker
-    assert busy and max(busy) > 0.5  # it keeps a core busy
+    assert busy and max(busy) > 0.5, (busy, share)  # it keeps a core busy
     assert {"cpu_pct", "cpu_max_core_pct", "iowait_pct", "core0_pct"} <= set(rows[-1])
 
 

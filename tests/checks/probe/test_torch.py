@@ -106,10 +106,10 @@ def test_alloc_read_back_through_a_fresh_login_shell(tmp_path: Path) -> None:
     ensure_alloc_conf([home / ".profile"], "expandable_segments:True", ("PYTORCH_CUDA_ALLOC_CONF",))
     seen = read_alloc("expandable_segments:True", ("PYTORCH_CUDA_ALLOC_CONF",), 60, environ=env)
     assert seen.env_seen == "expandable_segments:True"
-    import torch
-
-    if hasattr(torch._C, "_accelerator_getAllocatorSettings"):
-        assert seen.torch_settings == "expandable_segments:True" and seen.source == "accelerator-api"
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch._C, "_accelerator_getAllocatorSettings"):
+        pytest.skip(f"torch {torch.__version__} cannot parse allocator settings without a GPU: the shell part passed")
+    assert seen.torch_settings == "expandable_segments:True" and seen.source == "accelerator-api"
 
 
 def test_alloc_value_torch_rejects_is_reported(tmp_path: Path) -> None:

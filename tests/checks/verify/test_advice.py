@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from checks.config import make_config
-from tests.checks.verify.test_smoke_planted import PLUGINS, config, smoke
+from tests.fakes.smoke import PLUGINS, config, smoke
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.measures]
 GAIN = make_config().verify.advice_min_gain
 
 
@@ -99,12 +99,17 @@ def test_a_small_neighbour_does_not_take_the_blame_for_a_saturated_pipeline(
     verdicts = m["diagnosis"]["verdicts"]
     assert results["diagnosis"].value == "cpu-starved", verdicts[0]
     ev = verdicts[0]["evidence"]
-    others = ev["machine_cpu_during_wait"] - ev["cpu_during_wait"]
-    if others < cfg.verify.contended_min_share:  # the neighbour alone (no other job on the box meanwhile)
-        assert "other processes take the CPU" not in verdicts[0]["summary"]
-        assert "cpu-contended" not in [v["id"] for v in verdicts]
     advice, _ = measured(m)
-    if advice["faster"]:
-        assert advice["measured_samples_s"] >= (1 + GAIN) * advice["current_samples_s"]
-    else:  # no setting measured faster: none is named, and the unmeasurable fix says it is an estimate
-        assert "no loader setting measured" in verdicts[0]["fix"] and "estimate" in verdicts[0]["fix"]
+    fix = verdicts[0]["fix"]
+    # Either the setting it names was measured faster, or none is named and the fix says its figure is an estimate.
+    named = advice["faster"] and advice["measured_samples_s"] >= (1 + GAIN) * advice["current_samples_s"]
+    estimated = not advice["faster"] and "no loader setting measured" in fix and "estimate" in fix
+    assert named or estimated, (advice, fix)
+    others = ev["machine_cpu_during_wait"] - ev["cpu_during_wait"]
+    if others >= cfg.verify.contended_min_share:
+        pytest.skip(
+            f"other jobs on this box took {others:.0%} of the cores during the run besides the planted neighbour "
+            f"(~5%): a real contention of {cfg.verify.contended_min_share:.0%} or more, not what this test plants"
+        )
+    assert "other processes take the CPU" not in verdicts[0]["summary"]
+    assert "cpu-contended" not in [v["id"] for v in verdicts]

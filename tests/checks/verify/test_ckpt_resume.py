@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.checks.verify.smoke_plugins import PHOTO_ROOT_ENV
-from tests.checks.verify.test_smoke_planted import PLUGINS, checkpoint, config, smoke
 from tests.datasets.photos import image_tree, photo_bytes
+from tests.fakes.smoke import PLUGINS, checkpoint, config, smoke
 
 pytestmark = pytest.mark.slow
 

@@ -303,7 +303,7 @@ def test_ctrl_c_stops_every_rank_writes_the_partial_report_and_exits_130(tmp_pat
 
     import psutil
 
-    from tests.test_tasks import by_id, child_env
+    from tests.fakes.cli import by_id, child_env
 
     home = tmp_path / "home"
     home.mkdir()
@@ -338,7 +338,7 @@ def test_nproc_beyond_the_cores_exits_2_in_one_line(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from tests.test_tasks import child_env
+    from tests.fakes.cli import child_env
 
     home = tmp_path / "home"
     home.mkdir()

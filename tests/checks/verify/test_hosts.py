@@ -127,6 +127,7 @@ def ctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
         yield Controller(built, home)
 
 
+@pytest.mark.measures
 def test_the_same_model_as_two_ranks_on_one_box_is_not_comm_bound(ctl: Controller) -> None:
     # First in the module: right after a --hosts run this 2-core box was seen busy for a while (cpu-starved,
     # share 11-14% at batch 1024), which is not what this test compares. Twice the batch doubles the math per
@@ -152,6 +153,7 @@ def _by_id(report: dict[str, Any]) -> dict[str, Any]:
     return {r["id"]: r for r in report["results"]}
 
 
+@pytest.mark.measures
 def test_two_hosts_on_100_mbit_are_comm_bound_with_the_gradient_bytes_and_the_link(across: Any) -> None:
     proc, report, seconds = across
     assert report, proc.stderr[-3000:]

@@ -60,6 +60,7 @@ def _labels(fig: Any) -> set[str]:
     return {line.get_label() for ax in fig.axes for line in ax.get_lines()}
 
 
+@pytest.mark.slow
 def test_no_gpu_panel_on_a_machine_without_one() -> None:
     fig = figure(_trace(gpu=False), "invoke verify: data-bound", None, 2.0, STEPS, shares=SHARES)
     assert [ax.get_ylabel() for ax in _time_axes(fig)] == ["CPU %", "step (ms)"]
@@ -68,6 +69,7 @@ def test_no_gpu_panel_on_a_machine_without_one() -> None:
     assert "GPU %" not in [ax.get_ylabel() for ax in figure(_trace(gpu=False), "t", 0, 2.0).axes]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gpu", [0, None])
 def test_legends_sit_outside_the_axes_so_lines_at_100_percent_stay_visible(gpu: int | None) -> None:
     fig = figure(_trace(gpu=gpu is not None), "invoke verify: gpu-bound", gpu, 2.0, STEPS, shares=SHARES)
@@ -105,6 +107,7 @@ def test_watch_png_has_an_x_label_and_only_the_series_it_recorded() -> None:
     assert legend is not None and {t.get_text() for t in legend.get_texts()} == _labels(fig)
 
 
+@pytest.mark.slow
 def test_draw_writes_the_png_atomically(tmp_path: Path) -> None:
     out = tmp_path / "verify.png"
     draw(

@@ -1,5 +1,9 @@
 """The smoke loop's parts without a child process: staged-data validation, datasets, batch order, figures,
-checkpoint helpers, OOM search, sweep knee, cost, and verify's input checks."""
+checkpoint helpers, OOM search, sweep knee, cost, and verify's input checks.
+
+The child's modules (ckpt, extras, models, setup) import torch: the tests of those take the ``torch`` fixture and
+import them inside, so the rest of the file runs (and the torch ones skip with the reason) where torch is missing.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,11 @@ import os
 import pickle
 import random
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from checks.config import make_config
 from checks.errors import PreflightError
@@ -23,7 +27,6 @@ from checks.usercode import required_arguments
 from checks.verify.contract import DeviceEvent, OomProbeEvent, PhaseEvent, Step, StepEvent
 from checks.verify.cost import cost, describe
 from checks.verify.plan import Options, checkpoint_dir, cpu_machine, effective, gate, outputs, progress
-from checks.verify.smoke import ckpt
 from checks.verify.smoke.data import (
     EpochBatches,
     StagedDataError,
@@ -33,13 +36,22 @@ from checks.verify.smoke.data import (
     inspect_staged,
     synthetic_spec,
 )
-from checks.verify.smoke.extras import kernel_summary, knee_batch, largest_fit
 from checks.verify.smoke.figures import breakdown, loss_trend, percentile, step_figures, union_length
-from checks.verify.smoke.models import build_model, default_loss
-from checks.verify.smoke.setup import UsageError, call_factory
 from tests.factories import machine
 
 CFG = make_config().verify
+
+
+@pytest.fixture
+def torch() -> ModuleType:
+    return pytest.importorskip("torch")
+
+
+@pytest.fixture
+def ckpt(torch: ModuleType) -> ModuleType:
+    from checks.verify.smoke import ckpt
+
+    return ckpt
 
 
 def stage_images(root: Path, n: int = 10, side: int = 8, classes: list[str] | None = None) -> Path:
@@ -195,12 +207,14 @@ def test_loss_trend() -> None:
     assert nan["finite"] is False and nan["decreasing"] is False
 
 
-def test_strip_prefixes_of_wrappers() -> None:
+def test_strip_prefixes_of_wrappers(ckpt: ModuleType) -> None:
     state = {"module.fc.weight": 1, "_orig_mod.module.fc.bias": 2, "head.w": 3}
     assert ckpt.strip_prefixes(state) == {"fc.weight": 1, "fc.bias": 2, "head.w": 3}
 
 
-def test_checkpoint_holds_every_rng_and_loads_with_weights_only(tmp_path: Path) -> None:
+def test_checkpoint_holds_every_rng_and_loads_with_weights_only(
+    tmp_path: Path, torch: ModuleType, ckpt: ModuleType
+) -> None:
     random.seed(1)
     np.random.seed(2)
     torch.manual_seed(3)
@@ -214,13 +228,13 @@ def test_checkpoint_holds_every_rng_and_loads_with_weights_only(tmp_path: Path) 
     assert [p.name for p in tmp_path.iterdir()] == [ckpt.CHECKPOINT_NAME]  # no temporary file left behind
 
 
-def test_compare_is_bit_for_bit_unless_a_tolerance_is_set() -> None:
+def test_compare_is_bit_for_bit_unless_a_tolerance_is_set(ckpt: ModuleType) -> None:
     assert ckpt.compare([1.0, 2.0], [1.0, 2.0], 0.0)["reproduced"] is True
     assert ckpt.compare([1.0, 2.0], [1.0, 2.0000001], 0.0)["reproduced"] is False
     assert ckpt.compare([1.0, 2.0], [1.0, 2.0000001], 1e-6)["reproduced"] is True
 
 
-def test_same_batches_tells_order_from_augmentation() -> None:
+def test_same_batches_tells_order_from_augmentation(torch: ModuleType, ckpt: ModuleType) -> None:
     batch = [torch.arange(6).view(2, 3), torch.tensor([0, 1])]
     augmented = [batch[0] + 1, batch[1].clone()]
     reordered = [batch[0].flip(0), batch[1].flip(0)]
@@ -231,7 +245,7 @@ def test_same_batches_tells_order_from_augmentation() -> None:
     assert ckpt.same_batches([batch], [[batch[0].int(), batch[1]]])["exact"] is False  # a dtype is a difference
 
 
-def test_replay_draws_from_the_resumed_feed_and_hands_out_the_kept_batches() -> None:
+def test_replay_draws_from_the_resumed_feed_and_hands_out_the_kept_batches(torch: ModuleType, ckpt: ModuleType) -> None:
     class Counter:
         n = 0
 
@@ -247,16 +261,20 @@ def test_replay_draws_from_the_resumed_feed_and_hands_out_the_kept_batches() -> 
     assert [b[0].item() for b in replay.drawn] == [1, 2] and replay.feed.n == 2
 
 
-@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint16])
-def test_the_text_model_takes_any_integer_width_and_starts_near_uniform(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("dtype", ["int64", "int32", "int16", "uint16"])
+def test_the_text_model_takes_any_integer_width_and_starts_near_uniform(dtype: str, torch: ModuleType) -> None:
+    from checks.verify.smoke.models import build_model, default_loss
+
     torch.manual_seed(0)
     model = build_model({"kind": "tokens", "vocab": 256, "seq_len": 32}, "small")
-    ids = torch.randint(0, 256, (4, 33)).to(dtype)
+    ids = torch.randint(0, 256, (4, 33)).to(getattr(torch, dtype))
     loss = default_loss(model(ids[:, :-1]), ids[:, 1:]).item()
     assert abs(loss - math.log(256)) < 1.5, loss
 
 
-def test_a_factory_that_needs_arguments_is_a_usage_error() -> None:
+def test_a_factory_that_needs_arguments_is_a_usage_error(torch: ModuleType) -> None:
+    from checks.verify.smoke.setup import UsageError, call_factory
+
     def needs(root: str, augment: bool = True) -> None: ...
 
     def free(size: int = 3, *rest: Any, **more: Any) -> int:
@@ -268,7 +286,9 @@ def test_a_factory_that_needs_arguments_is_a_usage_error() -> None:
         call_factory("--dataset", "m:needs", needs)
 
 
-def test_largest_fit_halves_then_bisects() -> None:
+def test_largest_fit_halves_then_bisects(torch: ModuleType) -> None:
+    from checks.verify.smoke.extras import largest_fit
+
     tried: list[int] = []
 
     def fits(b: int) -> bool:
@@ -280,13 +300,17 @@ def test_largest_fit_halves_then_bisects() -> None:
     assert largest_fit(lambda b: False, 8) == 0
 
 
-def test_knee_is_the_smallest_batch_near_the_best_throughput() -> None:
+def test_knee_is_the_smallest_batch_near_the_best_throughput(torch: ModuleType) -> None:
+    from checks.verify.smoke.extras import knee_batch
+
     rows: list[dict[str, Any]] = [{"batch": 32, "samples_per_s": 100.0}, {"batch": 64, "samples_per_s": 190.0}, {"batch": 128, "samples_per_s": 199.0}, {"batch": 256, "oom": True}]  # fmt: skip
     assert knee_batch(rows, 0.95) == 64
     assert knee_batch([], 0.95) is None
 
 
-def test_kernel_summary() -> None:
+def test_kernel_summary(torch: ModuleType) -> None:
+    from checks.verify.smoke.extras import kernel_summary
+
     kernels = [(0, 4_000), (5_000, 9_000), (10_000, 100_000)]  # ns
     s = kernel_summary(kernels, compute_s=200e-6, steps=2)
     assert s["kernels_per_step"] == 1.5 and s["median_kernel_us"] == 4.0

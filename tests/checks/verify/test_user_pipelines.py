@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.checks.verify.test_smoke_planted import PLUGINS, config, smoke
-from tests.test_tasks import invoke
+from tests.fakes.cli import invoke
+from tests.fakes.smoke import PLUGINS, config, smoke
 
 pytestmark = pytest.mark.slow
 
