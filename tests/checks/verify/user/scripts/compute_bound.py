@@ -5,9 +5,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 torch.manual_seed(0)
-x = torch.randn(4096, 512)
+x = torch.randn(4096, 1024)
 y = torch.randint(0, 10, (4096,))
-model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(512, 512), nn.GELU())], nn.Linear(512, 10))
+model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(1024, 1024), nn.GELU())], nn.Linear(1024, 10))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 loader = DataLoader(TensorDataset(x, y), batch_size=256, shuffle=True)
 
