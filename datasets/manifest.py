@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -217,18 +217,29 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def describe_outputs(out: Path, tick: Callable[[int], None]) -> dict[str, Output]:
-    """Hash every output file in ``out`` and record its size (and, for arrays, shape and dtype)."""
+def describe_outputs(
+    out: Path, tick: Callable[[int], None], known: Mapping[str, str] | None = None
+) -> dict[str, Output]:
+    """Hash every output file in ``out`` and record its size (and, for arrays, shape and dtype).
+
+    ``known`` holds sha256s already taken while the files were written (stage-data's writers hash as they go);
+    those files are not read again, and ``tick`` is called for the bytes actually hashed here.
+    """
+    known = known or {}
     found: dict[str, Output] = {}
     for path in sorted(out.iterdir()):
-        if path.name == NAME or path.name.startswith("."):
+        if path.name == NAME or path.name.startswith(".") or not path.is_file():
             continue
         shape, dtype = None, None
         if path.suffix == ".npy":
             array = np.load(path, mmap_mode="r")
             shape, dtype = tuple(array.shape), str(array.dtype)
-        found[path.name] = Output(bytes=path.stat().st_size, sha256=file_sha256(path), shape=shape, dtype=dtype)
-        tick(found[path.name].bytes)
+        size = path.stat().st_size
+        sha = known.get(path.name)
+        if sha is None:
+            sha = file_sha256(path)
+            tick(size)
+        found[path.name] = Output(bytes=size, sha256=sha, shape=shape, dtype=dtype)
     return found
 
 

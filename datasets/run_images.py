@@ -19,7 +19,6 @@ from datasets.manifest import Classes, Contents, Counts, Output, Reject, Timings
 from datasets.places import gib
 from datasets.progress import Progress
 from datasets.request import Request, allowed_rejects
-from datasets.transfer import file_sha256
 from datasets.words import count
 
 SLOTS = "slots.npy"  # one row per input, rejects as zero rows, until finalize
@@ -179,21 +178,9 @@ def _per_class(classes: tuple[str, ...], labels: np.ndarray) -> dict[str, int]:
 def describe(out: Path, progress: Progress, known: Mapping[str, str] | None = None) -> dict[str, Output]:
     """Hash the outputs with a progress bar (large datasets take a while); ``known`` holds sha256s already taken."""
     known = known or {}
-    if not known:
-        total = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
-        bar = progress.bar("hash", total, "B")
-        try:
-            return manifest.describe_outputs(out, bar.update)
-        finally:
-            bar.close()
-    found: dict[str, Output] = {}  # as manifest.describe_outputs, taking the known hashes (a test holds them equal)
-    for path in sorted(out.iterdir()):
-        if path.name == manifest.NAME or path.name.startswith(".") or not path.is_file():
-            continue
-        shape, dtype = None, None
-        if path.suffix == ".npy":
-            array = np.load(path, mmap_mode="r")
-            shape, dtype = tuple(array.shape), str(array.dtype)
-        sha = known.get(path.name) or file_sha256(path)
-        found[path.name] = Output(bytes=path.stat().st_size, sha256=sha, shape=shape, dtype=dtype)
-    return found
+    total = sum(p.stat().st_size for p in out.iterdir() if p.is_file() and p.name not in known)
+    bar = progress.bar("hash", total, "B")
+    try:
+        return manifest.describe_outputs(out, bar.update, known)
+    finally:
+        bar.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from datasets import finalize, manifest, npyfile, run_images
+from datasets import finalize, manifest, npyfile
 from datasets.finalize import RowHasher
 from datasets.stage import stage, verify
 from tests.datasets import jobs
@@ -82,19 +82,13 @@ def clean_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def hashed_files(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record the names of the files the finishing step reads back to hash."""
     names: list[str] = []
-    real_file, real_all = run_images.file_sha256, manifest.describe_outputs
+    real_file = manifest.file_sha256
 
     def one(path: Path) -> str:
         names.append(path.name)
         return real_file(path)
 
-    def every(out: Path, tick: finalize.Tick) -> dict[str, manifest.Output]:
-        found = real_all(out, tick)
-        names.extend(found)
-        return found
-
-    monkeypatch.setattr(run_images, "file_sha256", one)
-    monkeypatch.setattr(manifest, "describe_outputs", every)
+    monkeypatch.setattr(manifest, "file_sha256", one)
     return names
 
 
