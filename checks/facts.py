@@ -125,6 +125,8 @@ class HostFacts:
     cpu_model: str | None = None
     cpu_logical: int | None = None  # os.cpu_count(): what the host has, not what we may use
     cpu_affinity: int | None = None  # CPUs in this process's affinity mask
+    cpu_freq_driver: str | None = None  # cpufreq scaling driver (intel_pstate, acpi-cpufreq...); None: no cpufreq
+    cpu_governors: dict[str, int] = field(default_factory=dict)  # scaling governor -> how many CPUs use it
     cgroup_cpu_quota: float | None = None  # cores allowed by cpu.max / cfs_quota; None: unlimited
     mem_total: int | None = None  # bytes
     mem_available: int | None = None

@@ -175,6 +175,36 @@ def ulimits(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     return [ok("ulimits", f"open files {h.nofile_soft}, locked memory {lock}", value=value)]
 
 
+# cpufreq drivers whose own "powersave" policy still scales the clock with load; under every other driver the
+# generic powersave governor holds the lowest clock (docs/sources.md#cpu-governor).
+DYNAMIC_POWERSAVE_DRIVERS = ("intel_pstate", "amd-pstate-epp")
+
+
+def cpu_governor(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
+    """No CPU held at its lowest clock by the cpufreq powersave governor (data loading runs on these cores).
+
+    Command line equivalent: cat /sys/devices/system/cpu/cpu*/cpufreq/scaling_{driver,governor} | sort | uniq -c
+    """
+    h = m.host
+    if not h.cpu_governors:
+        return [ok("cpu-governor", "cpufreq not exposed here (a VM or container: the host sets the clocks)")]
+    driver = h.cpu_freq_driver or "unknown driver"
+    total = sum(h.cpu_governors.values())
+    seen = ", ".join(f"{n} {name}" for name, n in sorted(h.cpu_governors.items(), key=lambda kv: -kv[1]))
+    value = {"driver": h.cpu_freq_driver, "governors": dict(h.cpu_governors)}
+    slow = h.cpu_governors.get("powersave", 0)
+    if slow and h.cpu_freq_driver not in DYNAMIC_POWERSAVE_DRIVERS:
+        summary = f"{slow} of {total} CPUs on the powersave governor ({driver}): they run at their lowest clock"
+        hint = (
+            "JPEG decoding and augmentation in DataLoader workers slow down with the clock (an estimate: not "
+            "measured here): `sudo cpupower frequency-set -g performance` (or write performance to "
+            "/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor); without root, ask the provider"
+        )
+        return [warn("cpu-governor", summary, hint, value=value)]
+    note = " (this driver's powersave still scales with load)" if slow else ""
+    return [ok("cpu-governor", f"cpufreq {driver}: {seen}{note}", value=value)]
+
+
 # Issue 14 (BENCHMARKS.md, "staged loader"): workers only slow a memory-mapped read down, since every batch a
 # worker makes is copied into fresh shared memory; staged_loader reads whole batches in a thread instead.
 STAGED_ADVICE = (

@@ -38,6 +38,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("gpu-compute-mode", gpu.gpu_compute_mode),
     ("gpu-topology", topology.gpu_topology),
     ("cpu-cores", resources.cpu_cores),
+    ("cpu-governor", resources.cpu_governor),
     ("ram", resources.ram),
     ("shm", resources.shm),
     ("ulimits", resources.ulimits),

@@ -77,6 +77,7 @@ def read_host(
     memlock_soft, memlock_hard = _rlimit(getrlimit, resource.RLIMIT_MEMLOCK)
     container = in_container(root, env)
     nvswitches = nvswitch_count(root)
+    freq_driver, governors = cpu_governors(root)
     return HostFacts(
         hostname=socket.gethostname() or "unknown",
         kernel=platform.release() or None,
@@ -84,6 +85,8 @@ def read_host(
         cpu_model=cpu_model(root),
         cpu_logical=os.cpu_count(),
         cpu_affinity=affinity,
+        cpu_freq_driver=freq_driver,
+        cpu_governors=governors,
         cgroup_cpu_quota=cgroup_cpu_quota(root, cgroups),
         mem_total=meminfo.get("MemTotal"),
         mem_available=meminfo.get("MemAvailable"),
@@ -109,6 +112,23 @@ def cpu_model(root: Path) -> str | None:
         if key.strip() == "model name" and value.strip():
             return value.strip()
     return None
+
+
+def cpu_governors(root: Path) -> tuple[str | None, dict[str, int]]:
+    """Return the cpufreq scaling driver and how many CPUs run each governor; (None, {}) without cpufreq.
+
+    Most cloud VMs and many containers have no cpufreq folder: the hypervisor sets the clocks.
+    Command line equivalent: cat /sys/devices/system/cpu/cpu*/cpufreq/scaling_{driver,governor} | sort | uniq -c
+    """
+    cpus = root / "sys" / "devices" / "system" / "cpu"
+    driver: str | None = None
+    governors: dict[str, int] = {}
+    for folder in _sorted_glob(cpus, "cpu[0-9]*/cpufreq"):
+        governor = (_read_text(folder / "scaling_governor") or "").strip()
+        if governor:
+            governors[governor] = governors.get(governor, 0) + 1
+            driver = driver or (_read_text(folder / "scaling_driver") or "").strip() or None
+    return driver, governors
 
 
 def cgroup_cpu_quota(root: Path, cgroups: Mapping[str, str]) -> float | None:

@@ -72,3 +72,23 @@ def test_memlock_only_matters_with_several_gpus() -> None:
     m = machine(gpus=(gpu(0), gpu(1)), host={"memlock_soft": 64 * 1024})
     [r] = res.ulimits(m, config())
     assert r.status is Status.WARN and "locked memory" in r.summary
+
+
+def test_powersave_under_acpi_cpufreq_warns_with_the_count() -> None:
+    r = _one(res.cpu_governor, cpu_freq_driver="acpi-cpufreq", cpu_governors={"powersave": 6, "performance": 2})
+    assert r.status is Status.WARN and "6 of 8 CPUs on the powersave governor (acpi-cpufreq)" in r.summary
+    assert "frequency-set -g performance" in (r.hint or "") and "estimate" in (r.hint or "")
+
+
+def test_powersave_of_a_dynamic_pstate_driver_passes() -> None:
+    r = _one(res.cpu_governor, cpu_freq_driver="intel_pstate", cpu_governors={"powersave": 8})
+    assert r.status is Status.OK and "8 powersave" in r.summary and "scales with load" in r.summary
+    # intel_pstate in passive mode is "intel_cpufreq": there powersave is the generic one, the lowest clock
+    r = _one(res.cpu_governor, cpu_freq_driver="intel_cpufreq", cpu_governors={"powersave": 8})
+    assert r.status is Status.WARN
+
+
+def test_no_cpufreq_is_ok_and_says_the_host_sets_the_clocks() -> None:
+    r = _one(res.cpu_governor)
+    assert r.status is Status.OK and "cpufreq not exposed" in r.summary
+    assert _one(res.cpu_governor, cpu_freq_driver="acpi-cpufreq", cpu_governors={"performance": 4}).status is Status.OK

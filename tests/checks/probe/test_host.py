@@ -297,3 +297,16 @@ def test_read_host_on_this_machine() -> None:
     assert facts.nofile_soft is not None and (facts.nofile_soft == -1 or facts.nofile_soft >= 1)
     assert facts.python is not None and facts.python.count(".") == 2
     assert facts.cgroup_cpu_quota is None or facts.cgroup_cpu_quota > 0
+
+
+def test_cpu_governors_counted_per_cpu_with_the_driver(tmp_path: Path) -> None:
+    cpus = "sys/devices/system/cpu"
+    for n, governor in enumerate(["powersave", "powersave", "performance"]):
+        put(tmp_path, f"{cpus}/cpu{n}/cpufreq/scaling_governor", governor + "\n")
+        put(tmp_path, f"{cpus}/cpu{n}/cpufreq/scaling_driver", "acpi-cpufreq\n")
+    (tmp_path / cpus / "cpu3").mkdir()  # an offline CPU has no cpufreq folder
+    put(tmp_path, f"{cpus}/cpufreq/policy0/scaling_governor", "powersave\n")  # policy folders are not CPUs
+    facts = host(tmp_path)
+    assert facts.cpu_freq_driver == "acpi-cpufreq"
+    assert facts.cpu_governors == {"powersave": 2, "performance": 1}
+    assert host(tmp_path / "empty").cpu_governors == {}

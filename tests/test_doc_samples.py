@@ -1,0 +1,146 @@
+"""The sample outputs in README.md and docs/ are what the tool prints today.
+
+A sample is a ```text block whose first line is ``$ COMMAND``. Where the command's output does not depend on the
+machine (a replayed snapshot, an analytic plan), it is run here and the block must match it line for line; a line
+that is only ``...`` stands for any number of lines left out. Live samples (a bootstrap of this machine) cannot be
+replayed: their check ids must still be the runner's, in the runner's order. On a mismatch the test prints the
+command's whole output to paste.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.cli import REPO, Here
+
+DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
+# Commands whose output depends only on the checkout: what is run here.
+REPLAYABLE = re.compile(r"^(NO_COLOR=1 )?invoke (bootstrap --machine tests/fixtures/\S+\.json|plan --params .*)$")
+LIVE_BOOTSTRAP = re.compile(r"^(NO_COLOR=1 )?invoke bootstrap$")
+
+
+@dataclass(frozen=True)
+class Sample:
+    doc: Path
+    line: int  # 1-based line of the ``$`` line
+    command: str
+    lines: tuple[str, ...]  # what the doc shows after the command, up to the block's end or the next ``$``
+
+    def __str__(self) -> str:
+        return f"{self.doc.relative_to(REPO)}:{self.line}: $ {self.command}"
+
+
+def samples(doc: Path) -> list[Sample]:
+    """Every ``$ command`` in the doc's ```text blocks, with the lines shown under it."""
+    found: list[Sample] = []
+    block: list[tuple[int, str]] | None = None
+    for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+        if block is None:
+            block = [] if line.strip() == "```text" else None
+            continue
+        if line.strip() == "```":
+            found += _split(doc, block)
+            block = None
+        else:
+            block.append((number, line))
+    return found
+
+
+def _split(doc: Path, block: list[tuple[int, str]]) -> list[Sample]:
+    starts = [i for i, (_, line) in enumerate(block) if line.startswith("$ ")]
+    ends = [*starts[1:], len(block)] if starts else []
+    return [
+        Sample(doc, block[s][0], block[s][1][2:], tuple(line.rstrip() for _, line in block[s + 1 : e]))
+        for s, e in zip(starts, ends, strict=True)
+    ]
+
+
+def matches(shown: tuple[str, ...], printed: list[str]) -> bool:
+    """Whether the doc's lines are the printed ones, each ``...`` line standing for zero or more lines."""
+    if not shown:
+        return not printed
+    head, rest = shown[0], shown[1:]
+    if head.strip() == "...":
+        return any(matches(rest, printed[i:]) for i in range(len(printed) + 1))
+    return bool(printed) and printed[0] == head and matches(rest, printed[1:])
+
+
+ALL = [s for doc in DOCS for s in samples(doc)]
+REPLAYED = [s for s in ALL if REPLAYABLE.match(s.command)]
+LIVE = [s for s in ALL if LIVE_BOOTSTRAP.match(s.command)]
+
+
+def write_full_samples() -> None:
+    """Rewrite every replayable sample shown whole (no ``...``) with what its command prints now."""
+    import subprocess
+    import sys
+
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8").splitlines(keepends=True)
+        for sample in reversed([s for s in samples(doc) if REPLAYABLE.match(s.command)]):
+            if any(line.strip() == "..." for line in sample.lines):
+                print(f"{sample}: shortened by hand, not rewritten")
+                continue
+            words = shlex.split(sample.command)
+            env = {**dict(__import__("os").environ), "NO_COLOR": "1"}
+            out = subprocess.run(
+                [sys.executable, "-m", "invoke", *words[words.index("invoke") + 1 :]],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout
+            start = sample.line  # 0-based index of the first line after the $ line
+            text[start : start + len(sample.lines)] = [line.rstrip() + "\n" for line in out.splitlines()]
+        doc.write_text("".join(text), encoding="utf-8")
+
+
+def test_the_docs_have_samples_to_check() -> None:
+    assert {s.doc.name for s in REPLAYED} >= {"README.md", "checks.md", "plan.md"}, [str(s) for s in ALL]
+    assert LIVE, "docs/checks.md's live bootstrap sample is gone"
+
+
+def test_ellipsis_matches_any_run_of_lines_and_nothing_else() -> None:
+    assert matches(("a", "  ...", "d"), ["a", "b", "c", "d"]) and matches(("a", "...", "b"), ["a", "b"])
+    assert not matches(("a", "...", "d"), ["a", "b", "c"]) and not matches(("a", "b"), ["a", "c"])
+
+
+@pytest.mark.parametrize("sample", REPLAYED, ids=str)
+def test_replayable_sample_is_what_the_command_prints(sample: Sample, here: Here, tmp_path: Path) -> None:
+    words = shlex.split(sample.command)
+    args = words[2:] if words[0] == "NO_COLOR=1" else words[1:]
+    run = here(tmp_path, *args)
+    printed = [line.rstrip() for line in run.out.splitlines()]
+    assert matches(sample.lines, printed), f"{sample} is stale; the command prints now:\n" + "\n".join(printed)
+
+
+@pytest.mark.parametrize("sample", LIVE, ids=str)
+def test_live_bootstrap_sample_lists_the_runners_checks_in_order(sample: Sample) -> None:
+    from checks.machine.runner import CHECKS
+
+    status = re.compile(r"^  (OK|WARN|FAIL|SKIP|ERROR)\s+([a-z0-9-]+)")
+    grouped = re.compile(r"^  SKIP  \d+ skipped .*: ([a-z0-9, -]+)$")  # several skips with one reason
+    rows: list[str] = []
+    for line in sample.lines:
+        if m := grouped.match(line):
+            rows += m.group(1).split(", ")
+        elif m := status.match(line):
+            rows.append(m.group(2))
+    shown = sorted({BENCH.get(r, r) for r in rows}, key=[c for c, _ in CHECKS].index)
+    known = [c for c, _ in CHECKS]
+    missing = [c for c in known if c not in shown]
+    assert not missing, f"{sample} lacks the rows of {missing}: run `NO_COLOR=1 invoke bootstrap` and paste"
+
+
+# The runner's gpu-bench check reports as these rows.
+BENCH = {row: "gpu-bench" for row in ("gpu-h2d", "gpu-d2h", "gpu-d2d", "gpu-matmul")}
+
+
+if __name__ == "__main__":  # python -m tests.test_doc_samples: refresh the samples shown whole
+    write_full_samples()
