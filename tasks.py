@@ -201,7 +201,7 @@ def verify(c: Context, f: fl.VerifyFlags) -> None:
         else:
             judged = run_verify.verify(request, say=say)
     _show_judged(judged, every_row=f.all)
-    exit_with(judged.report.exit_code(strict=cfg.report.strict))
+    exit_with(judged.report.exit_code(strict=f.strict or cfg.report.strict))
 
 
 def _verify_command(cfg: PreflightConfig, f: fl.VerifyFlags) -> None:
@@ -218,7 +218,7 @@ def _verify_command(cfg: PreflightConfig, f: fl.VerifyFlags) -> None:
     with interruptible(), terminate_as_interrupt():
         judged = verify_command(request, say=say)
     _show_judged(judged, every_row=f.all)
-    exit_with(judged.report.exit_code(strict=cfg.report.strict))
+    exit_with(judged.report.exit_code(strict=f.strict or cfg.report.strict))
 
 
 @task()

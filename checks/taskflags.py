@@ -56,9 +56,15 @@ class Hook:
 
 
 @dataclass(frozen=True)
-class BootstrapFlags(Machine, DryRun, Hosts, EveryRow, Hook):
+class Strict:
+    """bootstrap's and verify's exit rule; last among their bases, so the older flags keep their short letters."""
+
+    strict: bool = flag(False, "exit 1 on warnings too (default preflight.report.strict)")
+
+
+@dataclass(frozen=True)
+class BootstrapFlags(Machine, DryRun, Hosts, EveryRow, Hook, Strict):
     json: str = flag("", JSON_TEXT)
-    strict: bool = flag(False, "exit 1 on warnings too")
     bench: bool = flag(True, "run the GPU micro-benchmarks (default on; --no-bench skips them)")
     lock: str = flag("", "also check this box (with --hosts: each host) against a lock FILE (invoke lock): every pin at its version")  # fmt: skip
     install: bool = flag(False, "with --hosts: install the dependencies into a virtualenv next to each host's checkout first")  # fmt: skip
@@ -112,7 +118,7 @@ class Command:
 
 
 @dataclass(frozen=True)
-class VerifyFlags(Outputs, EveryRow, Hosts, Command):
+class VerifyFlags(Outputs, EveryRow, Hosts, Command, Strict):
     data: str = flag("", "a staged dataset DIR (invoke stage-data's npy layout); default: synthetic data")
     steps: int = flag(0, "measured steps (default preflight.verify.steps; warm-up steps come first)")
     batch_size: int = flag(0, "batch size per step (default preflight.verify.batch_size_gpu / _cpu)")
@@ -183,6 +189,7 @@ class PlanFlags(Machine):
 
 
 COMMAND_FLAGS = frozenset(f.name for f in dataclasses.fields(Command)) | {
+    "strict",
     "steps",
     "price_per_hour",
     "all",

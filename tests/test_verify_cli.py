@@ -309,3 +309,29 @@ def test_watch_refuses_a_pid_that_does_not_exist(here: Here, home: Path) -> None
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     assert_usage_error(here(home, "watch", "--pid", str(gone.pid)), f"no process {gone.pid}")
+
+
+@pytest.mark.parametrize(
+    "flags, config, code", [((), "", 0), (("--strict",), "", 1), ((), "report: {strict: true}", 1)]
+)
+def test_verify_strict_makes_a_warning_exit_1(
+    flags: tuple[str, ...], config: str, code: int, here: Here, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--strict (or preflight.report.strict) reaches verify's exit code; the run itself is replaced (one warn row)."""
+    from checks.result import Report, warn
+    from checks.verify.run import Judged
+    from checks.verify.user import run as user_run
+
+    asked: list[Any] = []
+
+    def judged(request: Any, say: Any) -> Judged:
+        asked.append(request)
+        row = warn("checkpoint-bound", "checkpoints take 30% of the step", "save less often")
+        return Judged(Report(host="h", machine="m", results=(row,)), (), str(home / "r.json"), (), False)
+
+    monkeypatch.setattr(user_run, "verify_command", judged)
+    if config:
+        (home / "invoke.yaml").write_text(f"preflight: {{{config}}}\n", encoding="utf-8")
+    run = here(home, "verify", *flags, "--", sys.executable, "train.py", env={"INVOKE_RUNTIME_CONFIG": str(home / "invoke.yaml")} if config else None)  # fmt: skip
+    assert run.code == code, run.why()
+    assert asked and asked[0].command == (sys.executable, "train.py")
