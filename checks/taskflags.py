@@ -91,11 +91,11 @@ class StageFlags:
     dest: str = flag("", "the staged dataset's own folder (default: <fastest local disk with room>/staged/<name>)")
     kind: str = flag("", "images, text or auto (preflight.stage.kind)")
     format: str = flag("", "npy (one memmap) or pt (torch.load-safe shards)")
-    size: int = flag(0, "output side S in pixels (images are S x S x 3)")
+    size: int = flag(0, "output side S in pixels (images are S x S x 3; 0: preflight.stage.size)")
     resize: str = flag("", "crop (shorter side to S, centre crop) or stretch (plain resize)")
     sha256: str = flag("", "expected sha256 of a downloaded file")
     max_rejects: str = flag("", "rejected inputs allowed: a count (25) or a fraction (0.1%, 0.001)")
-    workers: int = flag(0, "decode processes (default: usable cores less preflight.stage.reserve_cores)")
+    workers: int = flag(0, "decode processes (0: usable cores less preflight.stage.reserve_cores)")
     reserve_cores: int = flag(-1, "usable cores left free while decoding")
     copy: bool = flag(False, "copy a local folder to the staging disk with rsync first, instead of reading it in place")
     field: str = flag("", "JSON field of a .jsonl document's text")
@@ -120,25 +120,30 @@ class Command:
 @dataclass(frozen=True)
 class VerifyFlags(Outputs, EveryRow, Hosts, Command, Strict):
     data: str = flag("", "a staged dataset DIR (invoke stage-data's npy layout); default: synthetic data")
-    steps: int = flag(0, "measured steps (default preflight.verify.steps; warm-up steps come first)")
-    batch_size: int = flag(0, "batch size per step (default preflight.verify.batch_size_gpu / _cpu)")
-    accum: int = flag(0, "gradient-accumulation micro-batches per optimizer step")
+    steps: int = flag(0, "measured steps (0: preflight.verify.steps; warm-up steps come first)")
+    batch_size: int = flag(0, "batch size per step (0: preflight.verify.batch_size_gpu / _cpu)")
+    accum: int = flag(0, "gradient-accumulation micro-batches per optimizer step (0: preflight.verify.accum)")
     workers: int = flag(-1, "DataLoader workers (default: bootstrap's recommendation)")
     ckpt_dir: str = flag("", "your real checkpoint DIR, to time a save there (default: a temporary directory)")
-    ckpt_every: int = flag(0, "steps between checkpoints, to amortise the save (default preflight.verify.checkpoint_every_steps)")  # fmt: skip
-    price_per_hour: float = flag(0.0, "this machine's price per hour: cost per epoch and per lost share")
+    ckpt_every: int = flag(0, "steps between checkpoints, to amortise the save (0: preflight.verify.checkpoint_every_steps)")  # fmt: skip
+    price_per_hour: float = flag(
+        0.0, "this machine's price per hour: cost per epoch and per lost share (0: preflight.verify.price_per_hour)"
+    )
     sweep: bool = flag(False, "double the batch until OOM or the throughput knee")
     ab: bool = flag(False, "also time the model under torch.compile (reduce-overhead on a GPU)")
     dataset: str = flag("", "your own dataset: MODULE:CALLABLE returning a map-style Dataset of (input, target)")
     model: str = flag("", "your own model: MODULE:CALLABLE returning an nn.Module")
     device: str = flag("", "auto, cuda or cpu (default preflight.verify.device)")
-    nproc: int = flag(0, "processes, DistributedDataParallel (default: every visible GPU when two or more; CPU: gloo)")
+    nproc: int = flag(
+        0,
+        "processes, DistributedDataParallel (0: preflight.verify.nproc, every visible GPU when two or more; CPU: gloo)",
+    )
     command: tuple[str, ...] = command()  # invoke verify [flags] -- COMMAND [ARGS...]
 
 
 @dataclass(frozen=True)
 class WatchFlags(Outputs):
-    seconds: int = flag(0, "how long to sample (default preflight.verify.watch_seconds); Ctrl-C stops early")
+    seconds: int = flag(0, "how long to sample (0: preflight.verify.watch_seconds); Ctrl-C stops early")
     pid: int = flag(0, "your training process: its tree's CPU and its GPU are judged (default: the whole machine)")
 
 
@@ -177,9 +182,9 @@ class PlanFlags(Machine):
     method: str = flag("full", "full, lora or qlora")
     optimizer: str = flag("adamw", "adamw, sgd or adam8bit")
     precision: str = flag("mixed", "mixed (16-bit compute, fp32 master), bf16 (all 16-bit) or fp32")
-    lora_rank: int = flag(0, "LoRA rank (default preflight.plan.lora_rank)")
+    lora_rank: int = flag(0, "LoRA rank (0: preflight.plan.lora_rank)")
     batch_size: int = flag(1, "micro-batch per GPU that must fit (default 1)")
-    gpus: int = flag(0, "GPUs per option (default: the fewest that fit)")
+    gpus: int = flag(0, "GPUs per option (0: the fewest that fit)")
     sharding: str = flag("auto", "auto, ddp, zero1, zero2, zero3 or fsdp")
     checkpointing: bool = flag(False, "activation checkpointing of the model's blocks")
     attention: str = flag("flash", "flash (fused kernels, as on a GPU) or as-written")
