@@ -187,6 +187,7 @@ def verify(c: Context, f: fl.VerifyFlags) -> None:
     from checks.verify.plan import Options
 
     cfg = settings(c)
+    cfg = replace(cfg, report=replace(cfg.report, strict=cfg.report.strict or f.strict))  # --strict sets it
     if f.command:
         return _verify_command(cfg, f)
     request = run_verify.VerifyRequest(config=cfg, options=fill(Options, f))
@@ -201,7 +202,7 @@ def verify(c: Context, f: fl.VerifyFlags) -> None:
         else:
             judged = run_verify.verify(request, say=say)
     _show_judged(judged, every_row=f.all)
-    exit_with(judged.report.exit_code(strict=f.strict or cfg.report.strict))
+    exit_with(judged.report.exit_code(strict=cfg.report.strict))
 
 
 def _verify_command(cfg: PreflightConfig, f: fl.VerifyFlags) -> None:
@@ -218,7 +219,7 @@ def _verify_command(cfg: PreflightConfig, f: fl.VerifyFlags) -> None:
     with interruptible(), terminate_as_interrupt():
         judged = verify_command(request, say=say)
     _show_judged(judged, every_row=f.all)
-    exit_with(judged.report.exit_code(strict=f.strict or cfg.report.strict))
+    exit_with(judged.report.exit_code(strict=cfg.report.strict))
 
 
 @task()
