@@ -8,12 +8,22 @@ more than about ``SLOW_S`` on the 2-core box. ``pytest --check-markers`` lists t
 them and rightly slow (run alone, it pays for the fixture). ``measures`` marks tests whose verdict depends on how fast this
 machine is (they time real work against a threshold): robust to a shared box where they can be, skipped with the
 reason where they cannot.
+
+The suite runs on pytest-xdist workers (``-n auto --dist loadfile`` in pyproject.toml: one per core, at most
+``MAX_WORKERS``; a test file stays on one worker). A ``measures`` test has the box alone: it takes an exclusive
+lock that every other test takes shared, from its setup (module fixtures first built there included) to its
+teardown, so no other worker's test runs beside it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import sys
+import tempfile
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +34,7 @@ from tests.fakes.cli import Here, in_process
 
 SLOW_S = 1.0  # more than this (setup + call + teardown) on the 2-core box: mark it slow
 FAST_S = 0.3  # a slow-marked test under this is listed for a look (a x3 margin under SLOW_S)
+MAX_WORKERS = 4  # -n auto on a big box: more workers would only queue on the measures tests' lock
 
 _seconds: defaultdict[str, float] = defaultdict(float)
 _slow_marked: set[str] = set()
@@ -39,6 +50,37 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 def here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Here:
     """The tool's CLI run in this process (tests/fakes/cli.py): ``here(home, "bootstrap", "--json", "-")``."""
     return in_process(monkeypatch, capsys)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+
+
+def _box_lock() -> Path | None:
+    """The lock file the workers of this run share (None outside xdist: one process needs no lock)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    return Path(tempfile.gettempdir()) / f"gpu-preflight-tests-{run}.lock" if run else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    path = _box_lock()
+    if path is None:
+        yield
+        return
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX if item.get_closest_marker("measures") else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = _box_lock()
+    if path is not None and not hasattr(config, "workerinput"):  # the controller, once the workers are done
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

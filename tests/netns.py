@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import ipaddress
+import itertools
 import os
 import re
 import shutil
@@ -102,6 +103,9 @@ def free_subnet() -> ipaddress.IPv4Network:
     raise RuntimeError("no free 10.213.x.0/24 subnet")
 
 
+_CLUSTERS = itertools.count()
+
+
 @dataclass
 class NsHost:
     """One namespace host."""
@@ -128,7 +132,9 @@ class Cluster:
 
     root: Path
     subnet: ipaddress.IPv4Network
-    prefix: str = field(default_factory=lambda: f"gpf{os.getpid()}")
+    # gpf<pid>c<n>: a second cluster of the same process gets new names, as a namespace's veths go away
+    # asynchronously after `ip netns del` (the next cluster's `ip link add` could meet the last one's link).
+    prefix: str = field(default_factory=lambda: f"gpf{os.getpid()}c{next(_CLUSTERS) % 10}")
     hosts: list[NsHost] = field(default_factory=list)
 
     @property

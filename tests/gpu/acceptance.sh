@@ -58,7 +58,7 @@ PLAN=(
     "snapshot|120|always|$TOPOLOGY_BUDGET python -m invoke snapshot --bench --out \"\$OUT/snapshot.json\" --description \"\$GPU_COUNT x \$GPU_NAME, recorded by tests/gpu/acceptance.sh (invoke snapshot --bench)\""
     "fixture|30|always|python tests/gpu/summarise.py fixture \"\$OUT/snapshot.json\" tests/fixtures/machines \"\$OUT/fixtures\""
     "bootstrap|150|always|$TOPOLOGY_BUDGET python -m invoke bootstrap --json \"\$OUT/bootstrap.json\""
-    "gpu-tests|150|always|python -m pytest -m gpu tests/gpu -rs -p no:cacheprovider --junitxml=\"\$OUT/gpu-tests.xml\""
+    "gpu-tests|150|always|python -m pytest -m gpu -o addopts=-ra tests/gpu -rs -p no:cacheprovider --junitxml=\"\$OUT/gpu-tests.xml\""
     "verify-image|150|always|$VERIFY --json \"\$OUT/verify/image.json\""
     "verify-text|150|always|INVOKE_PREFLIGHT_VERIFY_DATA_KIND=tokens $VERIFY --json \"\$OUT/verify/text.json\""
     "photos|60|always|python tests/gpu/prepare.py photos \"\$WORK/photos\" --count 512"

@@ -216,7 +216,9 @@ def test_gpu_marked_tests_are_skipped_with_the_reason_here() -> None:
     reason = no_gpu_reason()
     if reason is None:
         pytest.skip("this machine has an NVIDIA GPU: the gpu-marked tests run")
-    argv = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-rs", "-q", "-p", "no:cacheprovider"]
+    # as acceptance.sh runs them: in one process (-o addopts drops -n; the GPU box installs no pytest-xdist)
+    argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-o", "addopts=-ra", "tests/gpu", "-rs", "-q"]
+    argv += ["-p", "no:cacheprovider"]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:]
     skipped = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]

@@ -82,14 +82,17 @@ class Smoke:
         self.result.update(b.describe())
         self.emit(DeviceEvent(**self.result["device"]))
         self.done("setup")
-        self.phase("flops")
-        # A separate dataset object: touching the loader's own in this process would open its memory maps
-        # here, and a spawn/forkserver worker started later would receive the whole array instead of a path.
-        source = b.fresh_dataset()
-        batch = torch.utils.data.default_collate([source[i] for i in range(b.batch_size)])
-        flops, note = extras.count_flops(b.trainer, batch)
-        self.result.update(flops_per_step=flops, flops_note=note)
-        self.done("flops")
+        if b.cuda:  # the count is only for MFU, which needs a GPU's datasheet peak (about a second on 2 cores)
+            self.phase("flops")
+            # A separate dataset object: touching the loader's own in this process would open its memory maps
+            # here, and a spawn/forkserver worker started later would receive the whole array instead of a path.
+            source = b.fresh_dataset()
+            batch = torch.utils.data.default_collate([source[i] for i in range(b.batch_size)])
+            flops, note = extras.count_flops(b.trainer, batch)
+            self.result.update(flops_per_step=flops, flops_note=note)
+            self.done("flops")
+        else:
+            self.result.update(flops_per_step=None, flops_note="not counted off the GPU (MFU needs a GPU's peak)")
         if self.spec.ddp:
             b.wrap = lambda m: ddp.wrap(m, b.device)
             b.trainer.model = b.wrap(b.trainer.model)

@@ -4,6 +4,8 @@ recorded JSON."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import psutil
 import pytest
 
@@ -21,12 +23,19 @@ RECORDED_P2P = {
 }
 
 
-def _no_children_left() -> bool:
-    return not psutil.Process().children(recursive=True)
+@pytest.fixture
+def children_left() -> Callable[[], list[str]]:
+    """The processes under this one that were not there when the test began (a worker may hold a fixture's)."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+
+    def left() -> list[str]:
+        return [f"{p.pid} {p.name()}" for p in psutil.Process().children(recursive=True) if p.pid not in before]
+
+    return left
 
 
 @pytest.mark.slow
-def test_local_allreduce_with_two_gloo_processes() -> None:
+def test_local_allreduce_with_two_gloo_processes(children_left: Callable[[], list[str]]) -> None:
     facts = run_local_allreduce(2, "gloo", max_mib=4, budget_s=5.0, timeout_s=60.0)
     assert facts.error is None, facts.error
     assert [r.bytes for r in facts.rows] == [1 << 20, 4 << 20]
@@ -34,14 +43,14 @@ def test_local_allreduce_with_two_gloo_processes() -> None:
         assert (row.backend, row.world_size, row.iterations >= 2) == ("gloo", 2, True)
         assert row.busbw_gb_s == row.algbw_gb_s > 0  # 2(n-1)/n is 1 for two processes
         assert row.seconds and row.algbw_gb_s == pytest.approx(row.bytes / row.seconds / 1e9, rel=0.01)
-    assert _no_children_left()
+    assert children_left() == []
 
 
 @pytest.mark.slow
-def test_nccl_without_a_gpu_is_a_failed_run_with_the_ranks_last_words() -> None:
+def test_nccl_without_a_gpu_is_a_failed_run_with_the_ranks_last_words(children_left: Callable[[], list[str]]) -> None:
     facts = run_local_allreduce(2, "nccl", max_mib=1, budget_s=1.0, timeout_s=60.0)
     assert facts.rows == () and facts.error is not None and facts.error.startswith("all-reduce exited with")
-    assert _no_children_left()
+    assert children_left() == []
 
 
 @pytest.mark.slow

@@ -308,6 +308,26 @@ def test_knee_is_the_smallest_batch_near_the_best_throughput(torch: ModuleType) 
     assert knee_batch([], 0.95) is None
 
 
+def test_flop_count_of_one_step_is_forward_and_backward_times_accumulation(torch: ModuleType) -> None:
+    """The child counts FLOPs only on a GPU (for MFU); the counter itself runs anywhere: Linear(32 -> 8), batch 4."""
+    from checks.verify.smoke.extras import count_flops
+    from checks.verify.smoke.loop import HostClock, Trainer
+
+    model = torch.nn.Linear(32, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = torch.nn.functional.cross_entropy
+    batch = (torch.randn(4, 32), torch.zeros(4, dtype=torch.long))
+    forward = 2 * 4 * 32 * 8  # one multiply-add per weight and sample
+    # backward: the weight's gradient costs as much again; the input needs none (it is the first layer)
+    for accum in (1, 3):
+        trainer = Trainer(model, optimizer, loss, torch.device("cpu"), HostClock(), accum=accum)
+        assert count_flops(trainer, batch) == (2 * forward * accum, None)
+        assert all(p.grad is None for p in model.parameters())  # the counted step leaves no gradient behind
+    broken = Trainer(model, optimizer, lambda out, target: 1 / 0, torch.device("cpu"), HostClock())
+    flops, note = count_flops(broken, batch)
+    assert flops is None and note is not None and note.startswith("FLOP counting failed: ZeroDivisionError")
+
+
 def test_kernel_summary(torch: ModuleType) -> None:
     from checks.verify.smoke.extras import kernel_summary
 
