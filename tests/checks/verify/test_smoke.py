@@ -323,7 +323,11 @@ def test_flop_count_of_one_step_is_forward_and_backward_times_accumulation(torch
         trainer = Trainer(model, optimizer, loss, torch.device("cpu"), HostClock(), accum=accum)
         assert count_flops(trainer, batch) == (2 * forward * accum, None)
         assert all(p.grad is None for p in model.parameters())  # the counted step leaves no gradient behind
-    broken = Trainer(model, optimizer, lambda out, target: 1 / 0, torch.device("cpu"), HostClock())
+
+    def broken_loss(out: Any, target: Any) -> Any:
+        raise ZeroDivisionError("division by zero")
+
+    broken = Trainer(model, optimizer, broken_loss, torch.device("cpu"), HostClock())
     flops, note = count_flops(broken, batch)
     assert flops is None and note is not None and note.startswith("FLOP counting failed: ZeroDivisionError")
 
