@@ -17,7 +17,6 @@ teardown, so no other worker's test runs beside it.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import sys
@@ -25,6 +24,7 @@ import tempfile
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,15 +56,22 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
 
 
-def _box_lock() -> Path | None:
-    """The lock file the workers of this run share (None outside xdist: one process needs no lock)."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    return Path(tempfile.gettempdir()) / f"gpu-preflight-tests-{run}.lock" if run else None
+_BOX_LOCK = "gpu_preflight_box_lock"  # the key in each worker's workerinput
+_made_locks: list[Path] = []  # the controller's: the one lock file of this run, made when the first worker starts
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: the controller, once per worker it starts
+def pytest_configure_node(node: Any) -> None:
+    if not _made_locks:
+        fd, name = tempfile.mkstemp(prefix="gpu-preflight-tests-", suffix=".lock")
+        os.close(fd)
+        _made_locks.append(Path(name))
+    node.workerinput[_BOX_LOCK] = str(_made_locks[0])
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    path = _box_lock()
+    path = getattr(item.config, "workerinput", {}).get(_BOX_LOCK)  # None outside xdist: one process needs no lock
     if path is None:
         yield
         return
@@ -77,10 +84,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    path = _box_lock()
-    if path is not None and not hasattr(config, "workerinput"):  # the controller, once the workers are done
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+    for path in _made_locks:  # the controller, once its workers are done
+        path.unlink(missing_ok=True)
+    _made_locks.clear()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

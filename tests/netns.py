@@ -1,7 +1,7 @@
 """Test hosts for fleet runs: network namespaces on a bridge, each with a real sshd, links shaped with tc.
 
-Each host is a namespace ``gpf<pid>h<N>`` joined to a bridge ``gpf<pid>br`` in the root namespace by a veth pair;
-the bridge holds the controller's address (.1). Each host runs Debian's ``/usr/sbin/sshd -D -f <its config>``
+Each host is a namespace ``gpf<pid>c<n>h<N>`` joined to a bridge ``gpf<pid>c<n>br`` in the root namespace by a veth
+pair; the bridge holds the controller's address (.1). Each host runs Debian's ``/usr/sbin/sshd -D -f <its config>``
 inside ``ip netns exec`` with a throwaway host key, and accepts a throwaway client key; its HOME and TMPDIR are
 directories of its own (sshd ``SetEnv``), so a bootstrap "there" writes only under the test's temporary
 directory. ``tc tbf`` shapes both ends of a host's veth, so a pair of hosts is limited by the slower of the two.
