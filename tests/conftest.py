@@ -12,12 +12,20 @@ reason where they cannot.
 The suite runs on pytest-xdist workers (``-n auto --dist loadfile`` in pyproject.toml: one per core, at most
 ``MAX_WORKERS``; a test file stays on one worker). A ``measures`` test has the box alone: it takes an exclusive
 lock that every other test takes shared, from its setup (module fixtures first built there included) to its
-teardown, so no other worker's test runs beside it.
+teardown, so no other worker's test runs beside it. Files go to the workers heaviest first (the seconds each took
+in an earlier whole run, ``tests/file_seconds.json``; ``pytest --record-file-seconds`` rewrites it), so the last
+file a worker takes is a short one instead of the verify-across-hosts module.
+
+Byte code: many tests start Python processes that import the checkout's modules (a torch child per verify run).
+Where ``PYTHONDONTWRITEBYTECODE`` is set (as on the CI box) each of them compiled every module again; the suite
+and its children write byte code instead, under ``.pytest_cache/pycache`` (``PYTHONPYCACHEPREFIX``), so no
+``__pycache__`` folder appears in the checkout or in a test's own folders.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import sys
 import tempfile
@@ -28,13 +36,20 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+PYCACHE = ROOT / ".pytest_cache" / "pycache"
+if not os.environ.get("PYTHONPYCACHEPREFIX"):  # a developer's own prefix is kept
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = str(PYCACHE)
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # children inherit both (the xdist workers start after this)
+sys.dont_write_bytecode = False
 
-from tests.fakes.cli import Here, in_process
+from tests.fakes.cli import Here, in_process  # noqa: E402 - after the path and byte-code settings
 
 SLOW_S = 1.0  # more than this (setup + call + teardown) on the 2-core box: mark it slow
 FAST_S = 0.3  # a slow-marked test under this is listed for a look (a x3 margin under SLOW_S)
 MAX_WORKERS = 4  # -n auto on a big box: more workers would only queue on the measures tests' lock
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")  # {test file: wall seconds in a whole run}
 
 _seconds: defaultdict[str, float] = defaultdict(float)
 _slow_marked: set[str] = set()
@@ -91,14 +106,35 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
+        "--record-file-seconds",
+        action="store_true",
+        help=f"write each test file's seconds in this run to {FILE_SECONDS.name} (the heaviest-first order)",
+    )
+    parser.addoption(
         "--check-markers",
         action="store_true",
         help=f"list tests not marked slow that took over {SLOW_S} s (and fail), and slow ones under {FAST_S} s",
     )
 
 
+def heaviest_first(items: list[pytest.Item], seconds: dict[str, float]) -> list[pytest.Item]:
+    """``items`` with their files in decreasing recorded seconds (a file not recorded: the median of those that
+    are), each file's tests in their own order; ties keep the collection order. Every worker sorts the same
+    collection the same way, as xdist requires."""
+    files = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
+    known = sorted(seconds[f] for f in files if f in seconds)
+    default = known[len(known) // 2] if known else 0.0
+    rank = {f: (-seconds.get(f, default), i) for i, f in enumerate(files)}
+    return sorted(items, key=lambda item: rank[item.nodeid.split("::")[0]])
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _slow_marked.update(item.nodeid for item in items if item.get_closest_marker("slow"))
+    try:
+        recorded = json.loads(FILE_SECONDS.read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    items[:] = heaviest_first(items, recorded)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -126,5 +162,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if session.config.getoption("--record-file-seconds") and not hasattr(session.config, "workerinput"):
+        per_file: defaultdict[str, float] = defaultdict(float)
+        for nodeid, seconds in _seconds.items():
+            per_file[nodeid.split("::")[0]] += seconds
+        text = json.dumps({f: round(s, 1) for f, s in sorted(per_file.items())}, indent=1) + "\n"
+        tmp = FILE_SECONDS.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(FILE_SECONDS)
     if session.config.getoption("--check-markers") and exitstatus == 0 and mislabelled(dict(_seconds), _slow_marked)[0]:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 
 from checks.verify.contract import (
+    ChildResult,
+    ContractError,
     DeviceEvent,
     Event,
     LoaderProbeSpec,
@@ -283,6 +285,19 @@ class Smoke:
         return extras.sweep(make, b.batch_size, s.limit, s.warmup, s.steps, s.knee)
 
 
+def typed(result: dict[str, Any]) -> dict[str, Any]:
+    """The result as the contract writes it (``ChildResult``: its keys, its types): a key or value the contract does
+    not know is caught here, in the producer, and reported as the run's error with what was measured before it."""
+    try:
+        return ChildResult.from_json(json.loads(json.dumps(result, default=str))).to_json()
+    except ContractError as exc:
+        kept = {k: result[k] for k in ("interrupted", "timeline", "phase") if k in result}
+        return ChildResult.from_json(json.loads(json.dumps(kept))).to_json() | {
+            "error": f"the child's result breaks the contract: {exc}",
+            "error_kind": "crash",
+        }
+
+
 def main(argv: list[str]) -> int:
     spec = RunSpec.from_json(json.loads(Path(argv[1]).read_text(encoding="utf-8")))
     smoke = Smoke(spec, Events(spec.events))
@@ -305,7 +320,7 @@ def main(argv: list[str]) -> int:
         ddp.stop()  # after a failure a peer may be gone: the process exits without the collective teardown
     out = Path(spec.result)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(smoke.result, default=str), encoding="utf-8")
+    tmp.write_text(json.dumps(typed(smoke.result)), encoding="utf-8")
     tmp.replace(out)
     sys.stdout.flush()
     return 0

@@ -396,3 +396,18 @@ def test_progress_lines() -> None:
     assert progress(StepEvent("measure", 11, 30)) is None
     assert progress(OomProbeEvent(64)) == "verify: oom-probe batch 64"
     assert progress(DeviceEvent("cpu", "cpu")) is None
+
+
+def test_the_child_writes_its_result_through_the_contract(torch: ModuleType) -> None:
+    from checks.verify.contract import ChildResult
+    from checks.verify.smoke.child import typed
+
+    step = {"data_wait": 0.1, "h2d": 0.0, "forward": 0.2, "backward": 0.3, "optimizer": 0.05}
+    good = {"interrupted": False, "error": None, "timeline": {"setup": [1.0, 2.5]}, "warmup": [], "steps": [step]}
+    out = typed(good | {"phase": "measure"})
+    assert ChildResult.from_json(out).steps[0].forward == 0.2 and out["phase"] == "measure"
+    assert "ranks" not in out and "ddp" not in out  # left out when empty, as the parent expects
+    # A key the contract lacks is the child's error, with the timeline kept; never a result the parent rejects.
+    bad = typed(good | {"phase": "measure", "loader_alonee": {"samples_s": 3}})
+    assert bad["error_kind"] == "crash" and "unknown key 'loader_alonee'" in bad["error"]
+    assert bad["timeline"] == {"setup": [1.0, 2.5]} and ChildResult.from_json(bad).error == bad["error"]
