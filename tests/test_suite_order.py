@@ -24,9 +24,9 @@ def test_an_unrecorded_file_weighs_the_median_and_ties_keep_the_collection_order
     seconds = {"x.py": 1.0, "y.py": 9.0, "z.py": 4.0, "w.py": 4.0}
     assert [i.nodeid for i in heaviest_first(items, seconds)] == [
         "y.py::t",
+        "new.py::t",  # the median, 4.0: ties with z and w, and was collected before them
         "z.py::t",
         "w.py::t",
-        "new.py::t",
         "x.py::t",
     ]
     assert [i.nodeid for i in heaviest_first(items, {})] == [i.nodeid for i in items]
