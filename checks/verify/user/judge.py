@@ -410,6 +410,14 @@ def measured_fix(advice: dict[str, Any], rule_fix: str) -> str:
         return rule_fix
     shown = "; ".join(f"{_args(r['overrides'])}: {r['speedup']:.2f}x" for r in tried)
     gain = f"{advice['min_gain']:.0%}"
+    if all(r["speedup"] < 1 for r in tried):  # the rule's "more workers" is what was just measured slower
+        base = advice["baseline_mean_step_s"] * 1000
+        return (
+            f"keep the DataLoader as it is: every setting tried measured slower on your command ({shown}), so "
+            f"handing batches to workers costs more than it saves at {base:.1f} ms a step; the wait is the "
+            "process building each batch itself: make that cheaper (one read per batch instead of one per sample "
+            "and a collate), or train on larger batches"
+        )
     return f"no DataLoader setting measured {gain} faster on your command ({shown}); {rule_fix}"
 
 

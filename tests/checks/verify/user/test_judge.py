@@ -68,3 +68,22 @@ def test_the_tail_reads_complete_lines_of_every_process(tmp_path: Path) -> None:
     with (tmp_path / "events-1.jsonl").open("a", encoding="utf-8") as fh:
         fh.write('ep"}\n')
     assert tails.read() == [{"event": "step"}]
+
+
+def _advice(*speedups: float) -> dict[str, Any]:
+    rows = [
+        {"overrides": {"num_workers": n + 1, "persistent_workers": True}, "speedup": x} for n, x in enumerate(speedups)
+    ]
+    return {"baseline_mean_step_s": 0.0013, "min_gain": 0.1, "faster": None, "candidates": rows}
+
+
+def test_settings_measured_slower_are_not_advised_again() -> None:
+    rule = "set num_workers > 0 (the main process loads every batch itself)"
+    slower = j.measured_fix(_advice(0.31, 0.36), rule)
+    assert slower.startswith("keep the DataLoader as it is: every setting tried measured slower")
+    assert "num_workers=1, persistent_workers=True: 0.31x" in slower and "1.3 ms a step" in slower
+    assert "set num_workers > 0" not in slower
+    # One setting about as fast (not the 10% asked): the rule's fix stays, after what was measured.
+    mixed = j.measured_fix(_advice(0.31, 1.04), rule)
+    assert mixed.startswith("no DataLoader setting measured 10% faster") and mixed.endswith(rule)
+    assert j.measured_fix({"faster": None, "candidates": []}, rule) == rule  # nothing timed: the rule alone
