@@ -25,9 +25,11 @@ from checks.verify.contract import (
     ChildResult,
     ChildRun,
     DataInfo,
+    DdpFigures,
     Device,
     Files,
     Measurements,
+    RankRow,
     RunFacts,
     RunSpec,
     Step,
@@ -77,7 +79,7 @@ def ranks(events: Sequence[dict[str, Any]], warmup: int, steps: int, seconds: fl
         feed = measured[-1]["feed"] if measured else records[-1]["feed"]
         loaders = [e for e in events if e.get("event") == "loader" and e.get("pid") == pid and e.get("feed") == feed]
         devices = [e for e in events if e.get("event") == "device" and e.get("pid") == pid]
-        device = {k: devices[-1].get(k) for k in ("type", "name", "uuid")} if devices else {"type": "cpu"}
+        device = {k: devices[-1].get(k) for k in ("type", "name", "uuid", "index")} if devices else {"type": "cpu"}
         out.append(Rank(key, pid, records[:warmup], measured, loaders[-1] if loaders else None, device))
     return out
 
@@ -211,7 +213,7 @@ def judge(
         )
         figs = dataclasses.replace(figs, fig=whole)
         s = verify_report.signals(plan, outcome, cfg, figs.fig, gate)
-        s = dataclasses.replace(s, checkpoint=figs.checkpoint)
+        s = dataclasses.replace(s, checkpoint=figs.checkpoint, ddp=rank_rows(found) if len(found) > 1 else None)
         results.append(_loop(lead, figs))
     else:
         results.append(skip("verify-loop", "no measured step"))
@@ -279,13 +281,37 @@ def _command_figures(
     return out
 
 
+def own_step_s(r: Rank) -> float | None:
+    """A rank's own work per step (median): the step outside backward. DDP's all-reduce runs inside backward, and
+    there every rank waits for the slowest one, so a rank whose data, forward or optimizer takes longer shows it
+    here and makes the others' backward longer. (The smoke loop times ``no_sync`` steps for this instead; a
+    user's command is not changed to run them.)"""
+    own = [s["data_wait"] + s["forward"] + s["optimizer"] + s["checkpoint"] for s in r.steps]
+    return statistics.median(own) if own else None
+
+
+def rank_rows(found: Sequence[Rank]) -> DdpFigures:
+    """The ranks as the straggler rule reads them (``own_s``: ``own_step_s``; ``gpu``: torch's index on its host).
+    No exposed communication is measured for a command (it needs ``no_sync`` steps), so no comm-bound verdict."""
+    rows = []
+    for r in found:
+        if not isinstance(r.key, int):
+            continue
+        figs = rank_figures(r)
+        gpu = r.device.get("index") if r.device.get("type") == "cuda" else None
+        wait = round(figs.fig.shares["data_wait"], 4) if figs else None
+        median = figs.fig.median_s if figs else None
+        rows.append(RankRow(r.key, median, own_step_s(r), None, wait, None, gpu))
+    return DdpFigures(world_size=len(found), backend="the command's own", per_rank=tuple(rows))
+
+
 def per_rank(found: Sequence[Rank]) -> list[dict[str, Any]]:
     out = []
     for r in found:
         figs = rank_figures(r)
         row: dict[str, Any] = {"rank": r.key, "pid": r.pid, "steps": len(r.steps), "device": r.device}
         if figs:
-            row |= {"median_s": figs.fig.median_s, "step_breakdown": figs.fig.shares}
+            row |= {"median_s": figs.fig.median_s, "own_s": own_step_s(r), "step_breakdown": figs.fig.shares}
             row |= {"samples_per_s": figs.fig.samples_per_s, "micro_batches_per_step": figs.micro_batches}
         out.append(row)
     return out

@@ -194,8 +194,10 @@ class _Steps:
     def describe_device(self) -> None:
         device: dict[str, Any] = {"type": "cuda" if self.cuda else "cpu", "name": "CPU", "uuid": None}
         if self.cuda:
-            props = self.torch.cuda.get_device_properties(self.torch.cuda.current_device())
+            index = self.torch.cuda.current_device()
+            props = self.torch.cuda.get_device_properties(index)
             device |= {"name": props.name, "uuid": f"GPU-{props.uuid}" if getattr(props, "uuid", None) else None}
+            device["index"] = index  # torch's index on this host (the straggler verdict names the GPU)
         _say("device", **device, **_rank())
 
     def end_step(self, optimizer: bool = True) -> None:

@@ -87,3 +87,19 @@ def test_settings_measured_slower_are_not_advised_again() -> None:
     mixed = j.measured_fix(_advice(0.31, 1.04), rule)
     assert mixed.startswith("no DataLoader setting measured 10% faster") and mixed.endswith(rule)
     assert j.measured_fix({"faster": None, "candidates": []}, rule) == rule  # nothing timed: the rule alone
+
+
+def test_the_rank_the_others_wait_for_is_the_straggler() -> None:
+    from checks.config import make_config
+    from checks.verify.distributed import straggler
+
+    # Rank 1 waits 40 ms more for its data each step; rank 0 waits as long inside backward (the all-reduce).
+    slow = {"data_wait": 0.046}
+    waiting = {"data_wait": 0.006, "backward": 0.055}
+    events = [step(i, pid=p, rank=r, **over) for i in range(1, 6) for p, r, over in ((11, 0, waiting), (12, 1, slow))]
+    figures = j.rank_rows(j.ranks(events, 1, 4, 0))
+    assert [(x.rank, round(x.own_s or 0, 3)) for x in figures.per_rank] == [(0, 0.031), (1, 0.071)]
+    found = straggler(figures.per_rank, make_config().verify)
+    assert found is not None and found["rank"] == 1 and found["score"] > 1
+    even = [step(i, pid=p, rank=r, data_wait=0.006) for i in range(1, 6) for p, r in ((11, 0), (12, 1))]
+    assert straggler(j.rank_rows(j.ranks(even, 1, 4, 0)).per_rank, make_config().verify) is None
