@@ -19,6 +19,7 @@ from typing import Any
 
 from checks.config import VerifyConfig
 from checks.result import Result, fail, ok, skip, warn
+from checks.verify import distributed
 from checks.verify import report as verify_report
 from checks.verify.contract import (
     PHASES,
@@ -195,7 +196,7 @@ def judge(
 ) -> tuple[list[Result], dict[str, Any], list[Verdict]]:
     """Results, measurements (the report's JSON object) and verdicts of one run of the command."""
     found = ranks(run.events, rule_warmup, rule_steps, rule_seconds)
-    lead = next((r for r in found if r.key == 0), found[0] if found else None)
+    lead = pace_setter(found, cfg)
     figs = rank_figures(lead) if lead else None
     child = _child_result(lead, figs) if lead else ChildResult()
     outcome = Outcome(
@@ -219,6 +220,9 @@ def judge(
         results.append(skip("verify-loop", "no measured step"))
     results.append(_loss(lead, cfg))
     verdicts = diagnose(s, cfg) if s is not None else []
+    if len(found) > 1 and lead is not None:  # whose breakdown the verdicts read (the straggler names its own)
+        verdicts = [v if v.id == "straggler" else dataclasses.replace(v, summary=f"rank {lead.key}: {v.summary}")
+                    for v in verdicts]  # fmt: skip
     if advice is not None:
         verdicts = apply_advice(verdicts, advice)
     judged = verify_report._diagnosis(verdicts, figs.fig if figs else None, child, s)
@@ -241,7 +245,7 @@ def judge(
         cost=priced,
         timeline=dict(child.timeline) or None,
     ).to_json()  # fmt: skip
-    m |= _command_figures(run, found, figs, advice)
+    m |= _command_figures(run, found, lead, figs, advice)
     return [*(gate or []), *results], m, verdicts
 
 
@@ -259,7 +263,7 @@ def _step_block(lead: Rank, figs: RankFigures) -> StepBlock:
 
 
 def _command_figures(
-    run: CommandRun, found: Sequence[Rank], figs: RankFigures | None, advice: dict[str, Any] | None
+    run: CommandRun, found: Sequence[Rank], lead: Rank | None, figs: RankFigures | None, advice: dict[str, Any] | None
 ) -> dict[str, Any]:
     """What only a command run has: ``command``, the micro-batches and samples per step, the script's own
     saves, every rank under torchrun, the measured loader advice."""
@@ -274,11 +278,19 @@ def _command_figures(
         if figs.checkpoint:
             out["checkpoint"] = figs.checkpoint
     if len(found) > 1:
-        out["ddp"] = {"world_size": len(found), "per_rank": per_rank(found)}
+        out["ddp"] = {"world_size": len(found), "per_rank": per_rank(found), "judged_rank": lead.key if lead else None}
         out["per_rank"] = out["ddp"]["per_rank"]
     if advice is not None:
         out["advice"] = advice
     return out
+
+
+def pace_setter(found: Sequence[Rank], cfg: VerifyConfig) -> Rank | None:
+    """The rank whose breakdown explains the step: the straggler where one is found (the others spend the time it
+    costs waiting inside backward, which would read as compute), else rank 0 (else the first process)."""
+    first = next((r for r in found if r.key == 0), found[0] if found else None)
+    slow = distributed.straggler(rank_rows(found).per_rank, cfg) if len(found) > 1 else None
+    return next((r for r in found if slow and r.key == slow["rank"]), first)
 
 
 def own_step_s(r: Rank) -> float | None:

@@ -101,5 +101,9 @@ def test_the_rank_the_others_wait_for_is_the_straggler() -> None:
     assert [(x.rank, round(x.own_s or 0, 3)) for x in figures.per_rank] == [(0, 0.031), (1, 0.071)]
     found = straggler(figures.per_rank, make_config().verify)
     assert found is not None and found["rank"] == 1 and found["score"] > 1
+    lead = j.pace_setter(j.ranks(events, 1, 4, 0), make_config().verify)
+    assert lead is not None and lead.key == 1  # its breakdown explains the step, not rank 0's waiting
     even = [step(i, pid=p, rank=r, data_wait=0.006) for i in range(1, 6) for p, r in ((11, 0), (12, 1))]
     assert straggler(j.rank_rows(j.ranks(even, 1, 4, 0)).per_rank, make_config().verify) is None
+    lead = j.pace_setter(j.ranks(even, 1, 4, 0), make_config().verify)
+    assert lead is not None and lead.key == 0
