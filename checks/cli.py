@@ -38,7 +38,7 @@ import os
 import re
 import sys
 import typing
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -257,12 +257,20 @@ class CheckedConfig(Config):
 # --- the program ------------------------------------------------------------------------------------------
 
 
+def with_placeholder(names: str, numbers: set[str]) -> str:
+    """``-p, --price-per-hour`` as ``-p NUM, --price-per-hour=NUM`` when those flags take a float."""
+    parts = [n + (" NUM" if n.count("-") == 1 and len(n) == 2 else "=NUM") if n in numbers else n
+             for n in names.split(", ")]  # fmt: skip
+    return ", ".join(parts)
+
+
 class PreflightProgram(Program):
     """Invoke's program with one-line usage errors, a checked configuration and the command after ``--``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("config_class", CheckedConfig)
         super().__init__(*args, **kwargs)
+        self.numbers: set[str] = set()  # the float flags of the task whose help is being printed
 
     def run(self, argv: list[str] | None = None, exit: bool = True) -> None:
         """Invoke's run; a ``PreflightError`` from any step is its one line on stderr and its exit code."""
@@ -310,6 +318,19 @@ class PreflightProgram(Program):
                 raise  # a ValueError from somewhere else (a broken task definition): keep its traceback
             raise error from None
         self.give_command()
+
+    def print_task_help(self, name: str) -> None:
+        """Invoke's task help, with ``NUM`` after the flags that take a number with a fraction (Invoke writes a
+        placeholder for ``INT`` and ``STRING`` only, so ``--price-per-hour`` looked like a switch)."""
+        ctx = self.parser.contexts[name]
+        self.numbers = {n for flag, arg in ctx.flags.items() if arg.kind is float for n in ctx.names_for(flag)}
+        try:
+            super().print_task_help(name)
+        finally:
+            self.numbers = set()
+
+    def print_columns(self, tuples: Sequence[tuple[str, str | None]]) -> None:
+        super().print_columns([(with_placeholder(names, self.numbers), text) for names, text in tuples])
 
     def command(self) -> list[str]:
         """The words after the first ``--``, one per argument as the shell passed them.

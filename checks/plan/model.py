@@ -215,8 +215,15 @@ def shape_from_hf(data: dict[str, Any], seq: int, where: str) -> Shape:
 
 
 def check_shape(s: Shape) -> None:
-    for flag, value in (("--layers", s.layers), ("--hidden", s.hidden), ("--heads", s.heads), ("--seq", s.seq)):
+    given = (("--layers", s.layers), ("--hidden", s.hidden), ("--heads", s.heads), ("--seq", s.seq))
+    missing = [flag for flag, value in given if value == 0]  # 0 is each flag's default: not given
+    if missing:
+        raise PreflightError(
+            f"the model's shape needs {', '.join(missing)} (not given, or 0)",
+            hint="give all of --layers --hidden --heads --seq, or --hf-config with a model's config.json",
+        )
+    for flag, value in given:
         if not 1 <= value <= 1 << 24:
-            raise PreflightError(f"{flag} {value} is out of range: give all of --layers --hidden --heads --seq")
+            raise PreflightError(f"{flag} {value} is out of range (1 to {1 << 24})")
     if s.hidden % s.heads:
         raise PreflightError(f"--hidden {s.hidden} is not a multiple of --heads {s.heads}")

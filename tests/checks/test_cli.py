@@ -353,3 +353,11 @@ def test_h_after_a_task_with_positional_arguments_is_not_taken_as_one(
     out, err = capsys.readouterr()
     assert exc.value.code in (0, None) and err == "" and seen == []
     assert "Usage: invoke [--core-opts] compare" in out
+
+
+def test_a_flag_that_takes_a_fraction_shows_its_placeholder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, err = run(["--help", "train"], capsys, tmp_path)
+    assert code == 0 and err == ""
+    names = [line.strip().split("  ")[0] for line in out.splitlines() if "--price" in line or "--steps" in line]
+    assert names == ["-p NUM, --price=NUM", "-s INT, --steps=INT"]  # Invoke itself writes only INT and STRING
+    assert cli.with_placeholder("-q, --quick", {"--price"}) == "-q, --quick"

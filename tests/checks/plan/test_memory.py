@@ -82,3 +82,15 @@ def test_korthikanti_per_layer_bytes() -> None:
     s = Shape(1, 256, 4, 128)
     eager = transformer(s, None, flash=False, dtype_bytes=2, source="t").activations.per_sample
     assert eager == 128 * 256 * (34 + 5 * 4 * 128 / 256)
+
+
+def test_a_shape_without_its_flags_names_what_is_missing() -> None:
+    from checks.errors import PreflightError
+    from checks.plan.model import check_shape
+
+    with pytest.raises(PreflightError) as missing:
+        check_shape(Shape(layers=0, hidden=4096, heads=32, seq=0, vocab=32000))
+    assert str(missing.value).startswith("gpu-preflight: the model's shape needs --layers, --seq (not given, or 0)")
+    with pytest.raises(PreflightError, match=r"^gpu-preflight: --seq -5 is out of range \(1 to 16777216\)"):
+        check_shape(Shape(layers=32, hidden=4096, heads=32, seq=-5, vocab=32000))
+    check_shape(Shape(layers=32, hidden=4096, heads=32, seq=2048, vocab=32000))  # a whole shape passes
