@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from checks.verify.smoke.loop import Feed
+from checks.verify.smoke.loop import Feed, to_device
 
 MakeFeed = Callable[[Any, dict[str, Any]], Feed]
 COST_SHARE = 0.2  # of verify.loader_probe_s for data_cost; the rest times the candidates (tool-defined)
@@ -84,10 +84,9 @@ def _settings(loader: dict[str, Any], workers: int, pin: bool) -> dict[str, Any]
 
 
 def _to_device(batch: Any) -> None:
-    first = batch[0] if isinstance(batch, (list, tuple)) else batch
-    if isinstance(first, torch.Tensor):
-        first.to("cuda", non_blocking=True)
-        torch.cuda.synchronize()
+    """The copy the loop makes of a batch's inputs (every tensor in them, as ``loop.to_device`` moves them)."""
+    to_device(batch[0] if isinstance(batch, (list, tuple)) else batch, torch.device("cuda"))
+    torch.cuda.synchronize()
 
 
 def _feed_rate(

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import torch
+from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader, DistributedSampler
 
 from checks.verify.smoke.data import EpochBatches, StagedDataError
@@ -184,6 +185,20 @@ class StepRecord:
         return {k: (round(v, 7) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Every tensor in ``batch`` on ``device``, however nested (dicts of ``input_ids``/``labels``, lists, tuples,
+    named tuples, as torch's pytree flattens them); an object with its own ``to`` (transformers' ``BatchEncoding``)
+    moves itself; anything else stays as it is."""
+
+    def move(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor):
+            return leaf.to(device, non_blocking=True)
+        to = getattr(leaf, "to", None)
+        return to(device) if callable(to) and not isinstance(leaf, type) else leaf
+
+    return pytree.tree_map(move, batch)
+
+
 @dataclass
 class Trainer:
     """Runs optimizer steps of ``accum`` micro-batches and marks their phases."""
@@ -204,8 +219,9 @@ class Trainer:
 
     def to_device(self, batch: Any) -> tuple[Any, Any]:
         inputs, target = batch[0], batch[1]
-        move = (lambda t: t.to(self.device, non_blocking=True)) if self.device.type == "cuda" else (lambda t: t)
-        return move(inputs), move(target)
+        if self.device.type != "cuda":
+            return inputs, target
+        return to_device(inputs, self.device), to_device(target, self.device)
 
     def step(self, feed: Batches, prev: Any) -> Pending:
         """Run one optimizer step; ``prev`` is the mark that ended the previous one."""

@@ -411,3 +411,18 @@ def test_the_child_writes_its_result_through_the_contract(torch: ModuleType) -> 
     bad = typed(good | {"phase": "measure", "loader_alonee": {"samples_s": 3}})
     assert bad["error_kind"] == "crash" and "unknown key 'loader_alonee'" in bad["error"]
     assert bad["timeline"] == {"setup": [1.0, 2.5]} and ChildResult.from_json(bad).error == bad["error"]
+
+
+def test_every_tensor_of_a_nested_batch_is_moved(torch: ModuleType) -> None:
+    from collections import namedtuple
+
+    from checks.verify.smoke.loop import to_device
+
+    Pair = namedtuple("Pair", "image boxes")
+    batch = {"input_ids": torch.ones(2, 3), "extra": [torch.zeros(1), (torch.ones(1), "name")]}
+    batch["pair"] = Pair(torch.ones(2), {"boxes": torch.zeros(4, 4)})
+    moved = to_device(batch, torch.device("meta"))  # a device every CPU build has
+    assert moved["input_ids"].is_meta and moved["extra"][0].is_meta and moved["extra"][1][0].is_meta
+    assert moved["extra"][1][1] == "name" and isinstance(moved["pair"], Pair)
+    assert moved["pair"].image.is_meta and moved["pair"].boxes["boxes"].is_meta
+    assert not batch["input_ids"].is_meta  # the batch itself is left as it was
