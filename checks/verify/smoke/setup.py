@@ -66,6 +66,7 @@ class Build:
         """A new model and optimizer loaded from a checkpoint (``module.`` prefixes stripped)."""
         model = self.make_model().to(self.device)
         model.load_state_dict(strip_prefixes(restored["model"]))
+        loss = loss_of(model)  # the new model's own: a bound ``loss`` of the old one would train the old layers
         model = self.wrap(model)
         optimizer = make_optimizer(model, self.spec.lr)
         optimizer.load_state_dict(restored["optimizer"])
@@ -73,7 +74,7 @@ class Build:
         if scaler is not None and restored.get("scaler"):
             scaler.load_state_dict(restored["scaler"])
         t = self.trainer
-        return Trainer(model, optimizer, t.loss_fn, t.device, t.clock, t.accum, t.autocast_dtype, scaler)
+        return Trainer(model, optimizer, loss, t.device, t.clock, t.accum, t.autocast_dtype, scaler)
 
     def describe(self) -> dict[str, Any]:
         d = self.device
@@ -184,6 +185,12 @@ def _infer_kind(ref: str, dataset: Any, first: Any) -> dict[str, Any]:
     raise UsageError(f"{ref} items are neither uint8 H x W x 3 images nor 1-D token windows: pass --model too")
 
 
+def loss_of(model: torch.nn.Module) -> Callable[[Any, Any], Any]:
+    """``model.loss(output, target)`` when the module has one (bound to this model), else cross entropy."""
+    loss = getattr(model, "loss", None)
+    return loss if callable(loss) else default_loss
+
+
 def build(spec: RunSpec) -> Build:
     """Seed everything, then build data, model, optimizer, loader and the trainer the spec describes."""
     random.seed(spec.seed)
@@ -204,10 +211,9 @@ def build(spec: RunSpec) -> Build:
     model = make_model().to(device)
     model.train()
     precision, dtype, scaled = pick_precision(spec.precision, device)
-    loss = getattr(model, "loss", None)
     clock = CudaClock() if device.type == "cuda" else HostClock()
     optimizer = make_optimizer(model, spec.lr)
-    trainer = Trainer(model, optimizer, loss if callable(loss) else default_loss, device, clock, spec.accum, dtype)
+    trainer = Trainer(model, optimizer, loss_of(model), device, clock, spec.accum, dtype)
     trainer.scaler = make_scaler() if scaled else None
     batch = spec.batch_size or (spec.batch_size_gpu if device.type == "cuda" else spec.batch_size_cpu)
     loader = loader_kwargs(spec.loader, device.type == "cuda")

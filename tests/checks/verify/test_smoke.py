@@ -426,3 +426,33 @@ def test_every_tensor_of_a_nested_batch_is_moved(torch: ModuleType) -> None:
     assert moved["extra"][1][1] == "name" and isinstance(moved["pair"], Pair)
     assert moved["pair"].image.is_meta and moved["pair"].boxes["boxes"].is_meta
     assert not batch["input_ids"].is_meta  # the batch itself is left as it was
+
+
+def test_the_resumed_trainer_takes_its_loss_from_the_reloaded_model(torch: ModuleType) -> None:
+    from types import SimpleNamespace
+
+    from checks.verify.smoke.loop import HostClock, Trainer
+    from checks.verify.smoke.setup import Build, loss_of, make_optimizer
+
+    class Headed(torch.nn.Module):  # type: ignore[name-defined]  # a detection adapter: its loss runs its own layer
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+
+        def forward(self, x: Any) -> Any:
+            return self.body(x)
+
+        def loss(self, out: Any, target: Any) -> Any:
+            return torch.nn.functional.cross_entropy(self.head(out), target)
+
+    cpu = torch.device("cpu")
+    old = Headed()
+    opt = make_optimizer(old, 0.1)
+    trainer = Trainer(old, opt, loss_of(old), cpu, HostClock(), 1, None)
+    spec = SimpleNamespace(lr=0.1)
+    b = Build(spec, cpu, None, {}, Headed, "fp32", trainer, None, 2, {})  # type: ignore[arg-type]
+    fresh = b.fresh_trainer({"model": old.state_dict(), "optimizer": opt.state_dict()})
+    assert fresh.loss_fn.__self__ is fresh.model and fresh.model is not old  # type: ignore[attr-defined]
+    fresh.loss_fn(fresh.model(torch.ones(3, 4)), torch.tensor([0, 1, 0])).backward()
+    assert fresh.model.head.weight.grad is not None and old.head.weight.grad is None  # the new model trains
+    assert loss_of(torch.nn.Linear(2, 2)).__name__ == "default_loss"
