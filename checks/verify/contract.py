@@ -414,11 +414,13 @@ class DataInfo(Record):
 class DataResume(Record):
     """The loader rebuilt from the saved position against the kept batches (``ckpt.same_batches``)."""
 
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"differs"})
     batches: int
     exact: bool
-    order_same: bool
+    order_same: bool  # the samplers yielded the same sample indices (older results: the targets agreed)
     first_difference: int | None = None
     workers: int = 0
+    differs: tuple[str, ...] | None = None  # "inputs", "targets": the parts that differ in some batch
 
 
 @dataclass(frozen=True)

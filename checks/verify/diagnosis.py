@@ -98,6 +98,7 @@ class Signals:
     data_cost: dict[str, Any] | None = None  # checks.verify.smoke.candidates.data_cost: a sample's time, split
     ddp: DdpFigures | None = None  # measurements.ddp (checks.verify.distributed.figures); None: one process
     gate: tuple[Result, ...] | None = None  # bootstrap's fast checks as verify ran them; None: not run
+    own_code: bool = False  # the user's model or data (--model/--dataset) or their own command ran, not the built-in
 
 
 def diagnose(s: Signals, cfg: VerifyConfig) -> list[Verdict]:
@@ -393,7 +394,9 @@ def _compute_or_abstain(s: Signals, cfg: VerifyConfig) -> Verdict:
         "info",
         "medium",
         summary,
-        "nothing stands out; compare with your real training (--model/--dataset)",
+        "nothing stands out: no one part holds the step; torch.profiler on a few steps splits the largest share further"
+        if s.own_code
+        else "nothing stands out; compare with your real training (--model/--dataset, or verify -- your command)",
         0.0,
         ev,
     )

@@ -113,6 +113,7 @@ def signals(
         data_cost=phase_ok(r.data_cost),
         ddp=distributed.figures(r),
         gate=None if gate is None else tuple(gate),
+        own_code=bool(p.spec.model or p.spec.dataset),
     )
 
 

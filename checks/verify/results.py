@@ -155,22 +155,23 @@ def data_resume_result(r: ChildResult) -> Result:
         return ok("verify-data-resume", summary, value=True)
     if not d.order_same:
         summary = (
-            f"after a resume the next {n} batches hold other targets: the sample order does not resume "
-            "(a sampler without a saved position or epoch, or targets drawn at random)"
+            f"after a resume the next {n} batches hold other samples: the sample order does not resume "
+            "(a sampler without a saved position or epoch)"
         )
         fix = "save the sampler's position and epoch (and call set_epoch) and rebuild the sampler from them"
         return warn("verify-data-resume", summary, fix, value=False)
+    parts = " and ".join(d.differs) if d.differs else "inputs"
+    same = f"the same samples in the same order (the sampler resumed), other {parts}"
+    if "targets" in (d.differs or ()):
+        same += " (random transforms that change the targets too, such as boxes flipped with the image)"
     if d.workers:
         why = (
-            f"the same samples, other inputs: the random transforms run in {d.workers} DataLoader worker(s), "
-            "which reseed from the loader's base seed + worker id when the iterator is re-created, so no "
-            "checkpoint restores where their RNGs were"
+            f"{same}: the random transforms run in {d.workers} DataLoader worker(s), which reseed from the "
+            "loader's base seed + worker id when the iterator is re-created, so no checkpoint restores where "
+            "their RNGs were"
         )
     else:
-        why = (
-            "the same samples, other inputs: the dataset draws randomness the checkpoint does not hold "
-            "(its own generator or OS entropy)"
-        )
+        why = f"{same}: the dataset draws randomness the checkpoint does not hold (its own generator or OS entropy)"
     return warn(
         "verify-data-resume",
         f"{why} (the checkpoint itself is judged by verify-checkpoint)",

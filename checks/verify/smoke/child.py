@@ -266,7 +266,8 @@ class Smoke:
         if ddp.rank() == 0 or copied:  # rank 0's file, or this rank's own copy
             os.unlink(saved.path)
         verdict = compare(on, again, spec.rtol)
-        data = same_batches(recording.kept, replay.drawn) | {"workers": int(b.loader.get("num_workers") or 0)}
+        data = same_batches(recording.kept, replay.drawn, (recording.indices, replay.indices))
+        data["workers"] = int(b.loader.get("num_workers") or 0)
         cost = {"save_s": saved.seconds, "bytes": saved.bytes, "dir": spec.dir, "load_s": load_s}
         return cost | verdict | {"data": data}
 

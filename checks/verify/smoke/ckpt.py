@@ -20,7 +20,7 @@ import contextlib
 import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,11 +155,18 @@ class Recording:
     def __init__(self, feed: Any) -> None:
         self.feed = feed
         self.kept: list[Any] = []
+        self.indices: list[list[int] | None] = []  # each kept batch's sample indices (None: a feed that can't tell)
 
     def next(self) -> Any:
         batch = self.feed.next()
         self.kept.append(_clone(batch))
+        self.indices.append(_indices(self.feed))
         return batch
+
+
+def _indices(feed: Any) -> list[int] | None:
+    told = getattr(feed, "last_indices", None)
+    return None if told is None else list(told)
 
 
 class Replay:
@@ -168,9 +175,11 @@ class Replay:
     def __init__(self, feed: Any, kept: list[Any]) -> None:
         self.feed, self.kept = feed, list(kept)
         self.drawn: list[Any] = []
+        self.indices: list[list[int] | None] = []
 
     def next(self) -> Any:
         self.drawn.append(_clone(self.feed.next()))
+        self.indices.append(_indices(self.feed))
         return self.kept[len(self.drawn) - 1]
 
 
@@ -195,21 +204,35 @@ def _equal(a: Any, b: Any) -> bool:
     return True
 
 
-def same_batches(uninterrupted: list[Any], resumed: list[Any]) -> dict[str, Any]:
-    """Whether the resumed loader yields the batches the uninterrupted run had, bit for bit.
+def same_batches(
+    uninterrupted: list[Any],
+    resumed: list[Any],
+    order: tuple[Sequence[list[int] | None], Sequence[list[int] | None]] | None = None,
+) -> dict[str, Any]:
+    """Whether the resumed loader yields the batches the uninterrupted run had, bit for bit, and where not, what.
 
-    ``order_same``: the targets (second item) agree, so the sampler position resumed and only the inputs differ
-    (augmentation); False means the order itself changed, or the targets are drawn too.
+    ``order``: the sample indices each leg's sampler yielded (``Recording.indices``, ``Replay.indices``);
+    ``order_same`` compares them. Without them the targets (second item) stand in, which cannot tell a new order
+    from targets that random transforms change (boxes flipped with the image). ``differs``: the parts that
+    differ in at least one batch, ``inputs`` (the first item, or the whole batch) and ``targets`` (the second).
     """
     pairs = list(zip(uninterrupted, resumed, strict=True))
     differ = [i for i, (a, b) in enumerate(pairs) if not _equal(a, b)]
     targets = [i for i, (a, b) in enumerate(pairs) if not _equal(_target(a), _target(b))]
+    inputs = [i for i, (a, b) in enumerate(pairs) if not _equal(_inputs(a), _inputs(b))]
+    told = order is not None and None not in (*order[0], *order[1])
+    same_order = list(order[0]) == list(order[1]) if order is not None and told else not targets
     return {
         "batches": len(pairs),
         "exact": bool(pairs) and not differ,
-        "order_same": not targets,
+        "order_same": same_order,
         "first_difference": differ[0] if differ else None,
+        "differs": [part for part, where in (("inputs", inputs), ("targets", targets)) if where],
     }
+
+
+def _inputs(batch: Any) -> Any:
+    return batch[0] if isinstance(batch, (list, tuple)) and len(batch) > 1 else batch
 
 
 def _target(batch: Any) -> Any:

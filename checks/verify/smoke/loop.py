@@ -80,8 +80,11 @@ class Feed:
         self.seed, self.epoch, self.consumed = seed, epoch, start
         generator = torch.Generator()
         generator.manual_seed(seed)  # worker base seeds come from here, not from the global RNG a checkpoint restores
-        self.loader = DataLoader(dataset, batch_sampler=self.batches, generator=generator, **loader)
+        self.told = _Told(self.batches)
+        self.loader = DataLoader(dataset, batch_sampler=self.told, generator=generator, **loader)
         self._it: Iterator[Any] | None = iter(self.loader)
+        self.returned = 0  # batches of the current iterator handed out
+        self.last_indices: list[int] = []  # the sample indices of the batch next() returned last
 
     def next(self) -> Any:
         """Return the next batch, crossing into the next epoch when this one is done."""
@@ -92,8 +95,13 @@ class Feed:
             self.epoch, self.consumed = self.epoch + 1, 0
             self.batches.epoch = self.epoch
             self._it = iter(self.loader)
+            self.returned = 0
             batch = next(self._it)
         self.consumed += 1
+        # The DataLoader hands batches out in the order its batch sampler yielded their indices (prefetching only
+        # runs the sampler ahead), so the one returned now is the ``returned``-th the sampler yielded.
+        self.last_indices = list(self.told.yielded[self.returned])
+        self.returned += 1
         return batch
 
     def position(self) -> dict[str, int]:
@@ -103,6 +111,24 @@ class Feed:
     def close(self) -> None:
         """Drop the iterator, which shuts its workers down."""
         self._it = None
+
+
+class _Told:
+    """A batch sampler that keeps what its wrapped one yields since its last ``iter`` (the order a resume must
+    reproduce, as it was drawn rather than as it should be)."""
+
+    def __init__(self, batches: Any) -> None:
+        self.batches = batches
+        self.yielded: list[list[int]] = []
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self.yielded = []
+        for indices in self.batches:
+            self.yielded.append(indices)
+            yield indices
 
 
 class ShardedBatches:

@@ -214,7 +214,8 @@ def judge(
         )
         figs = dataclasses.replace(figs, fig=whole)
         s = verify_report.signals(plan, outcome, cfg, figs.fig, gate)
-        s = dataclasses.replace(s, checkpoint=figs.checkpoint, ddp=rank_rows(found) if len(found) > 1 else None)
+        ddp = rank_rows(found) if len(found) > 1 else None
+        s = dataclasses.replace(s, checkpoint=figs.checkpoint, ddp=ddp, own_code=True)
         results.append(_loop(lead, figs))
     else:
         results.append(skip("verify-loop", "no measured step"))

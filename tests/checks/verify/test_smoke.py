@@ -243,6 +243,29 @@ def test_same_batches_tells_order_from_augmentation(torch: ModuleType, ckpt: Mod
     assert found["exact"] is False and found["order_same"] is True and found["first_difference"] == 1
     assert ckpt.same_batches([batch], [reordered])["order_same"] is False
     assert ckpt.same_batches([batch], [[batch[0].int(), batch[1]]])["exact"] is False  # a dtype is a difference
+    # Boxes flipped with the image: inputs and targets both differ, yet the sampler yielded the same indices.
+    flipped = [batch[0].flip(1), batch[1].flip(0)]
+    told = ckpt.same_batches([batch], [flipped], ([[4, 7]], [[4, 7]]))
+    assert told["order_same"] is True and told["differs"] == ["inputs", "targets"] and told["exact"] is False
+    assert ckpt.same_batches([batch], [flipped], ([[4, 7]], [[7, 4]]))["order_same"] is False
+    assert found["differs"] == ["inputs"]
+
+
+def test_a_feed_names_the_indices_of_each_batch_and_resumes_them(torch: ModuleType) -> None:
+    from checks.verify.smoke.data import EpochBatches
+    from checks.verify.smoke.loop import Feed
+
+    data = torch.utils.data.TensorDataset(torch.arange(10.0), torch.arange(10))
+    feed = Feed(data, 3, seed=5, loader={"num_workers": 0})
+    drawn = []
+    for _ in range(4):  # 3 batches an epoch: the fourth is the next epoch's first
+        batch = feed.next()
+        assert batch[1].tolist() == feed.last_indices  # the targets are the indices here
+        drawn.append(feed.last_indices)
+    assert drawn[:3] == list(EpochBatches(10, 3, 5, epoch=0)) and drawn[3] == next(iter(EpochBatches(10, 3, 5, 1)))
+    resumed = Feed(data, 3, seed=5, loader={"num_workers": 0}, epoch=0, start=1)
+    resumed.next()
+    assert resumed.last_indices == drawn[1]
 
 
 def test_replay_draws_from_the_resumed_feed_and_hands_out_the_kept_batches(torch: ModuleType, ckpt: ModuleType) -> None:
