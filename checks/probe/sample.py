@@ -140,6 +140,7 @@ class HostReader:
         self._cpu_seen: dict[int, float] = {}
         self._retired = 0.0  # CPU seconds of descendants that have exited
         self._children_at = -1.0
+        self._ranks: set[int] = set()  # descendants that are training processes of their own (torchrun's ranks)
         self._last: tuple[float, float, float] | None = None  # (time, tree cpu s, worker cpu s)
         psutil.cpu_percent(percpu=True)  # prime the deltas
         psutil.cpu_times_percent()
@@ -165,10 +166,16 @@ class HostReader:
             self._refresh_children()
             self._children_at = now
         main = self._cpu(self.pid)
-        workers = self._retired + sum(self._cpu(pid) or 0.0 for pid in list(self._procs) if pid != self.pid)
+        workers = self._retired + sum(
+            self._cpu(pid) or 0.0 for pid in list(self._procs) if pid != self.pid and pid not in self._ranks
+        )
         total = None if main is None else main + workers
         last, self._last = self._last, (now, total or 0.0, workers)
-        out: dict[str, float | None] = {"workers": float(len(self._procs) - 1) if self._procs else None}
+        ranks = float(len(self._ranks))
+        out: dict[str, float | None] = {
+            "workers": float(len(self._procs) - 1 - len(self._ranks)) if self._procs else None,
+            "ranks": ranks if self._procs else None,
+        }
         if last is None or total is None or now <= last[0]:
             return {**out, "tree_cpu_cores": None, "worker_cpu_cores": None}
         dt = now - last[0]
@@ -193,6 +200,7 @@ class HostReader:
                 self._retired += self._cpu_seen.pop(gone, 0.0)
         new = [pid for pid in procs if pid not in self._procs and pid != self.pid]
         self._procs = procs
+        self._ranks = ranks_among(procs, self.pid)
         for pid in new:  # only CPU used from now on counts: its history would land in one sample as a spike
             self._retired -= self._cpu(pid) or 0.0
 
@@ -205,6 +213,31 @@ class HostReader:
             t = proc.cpu_times()
             self._cpu_seen[pid] = t.user + t.system
         return self._cpu_seen.get(pid)
+
+
+def ranks_among(procs: dict[int, psutil.Process], root: int | None) -> set[int]:
+    """The descendants of ``root`` that are training ranks, not DataLoader workers: a launcher (torchrun,
+    accelerate, mpirun) starts each rank with ``LOCAL_RANK`` in its environment, and a rank's workers inherit
+    that environment from it, so a rank is a process with ``LOCAL_RANK`` whose parent has none. A watched rank
+    itself (``root``) is not counted, and its workers stay workers."""
+    environ: dict[int, bool] = {}
+
+    def launched(pid: int) -> bool:
+        if pid not in environ:
+            try:
+                environ[pid] = "LOCAL_RANK" in procs[pid].environ() if pid in procs else False
+            except psutil.Error:
+                environ[pid] = False
+        return environ[pid]
+
+    out = set()
+    for pid, proc in procs.items():
+        if pid == root or not launched(pid):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if not launched(proc.ppid()):
+                out.add(pid)
+    return out
 
 
 def _affinity() -> list[int]:

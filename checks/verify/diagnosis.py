@@ -317,8 +317,12 @@ def _memory(s: Signals, cfg: VerifyConfig) -> Verdict | None:
 
 
 def _contended(s: Signals, cfg: VerifyConfig) -> Verdict | None:
-    """The usable cores are saturated over the window, mostly not by the training: a neighbour slows every step."""
-    busy, mine = s.machine_cpu, s.tree_cpu
+    return contended(s.machine_cpu, s.tree_cpu, cfg)
+
+
+def contended(busy: float | None, mine: float | None, cfg: VerifyConfig) -> Verdict | None:
+    """The usable cores are saturated over the window (``busy``, a fraction of them), mostly not by the training
+    (``mine``): a neighbour slows every step. Also ``invoke watch``'s, over its samples."""
     if busy is None or mine is None or busy < cfg.cpu_saturated_fraction or mine >= busy / 2:
         return None
     if busy - mine < cfg.contended_min_share:  # by its effect: a small neighbour on a near-idle box is no cause

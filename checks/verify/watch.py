@@ -23,7 +23,7 @@ from checks.errors import PreflightError
 from checks.probe.host import read_host
 from checks.probe.sample import GpuReader, HostReader, process_exists, process_tree
 from checks.result import Result, ok, skip, warn
-from checks.verify.diagnosis import Verdict, throttle_verdict
+from checks.verify.diagnosis import Verdict, contended, throttle_verdict
 from checks.verify.sampler import Row, Sampler, Trace, busiest_gpu, gpu_summary, summarise
 
 _POLL_S = 0.1  # how often --pid's process is checked for having exited
@@ -97,7 +97,8 @@ def sampled(w: Watched, usable_cores: float) -> dict[str, Any]:
     if w.pid:
         ev |= {"pid": w.pid, "tree_cpu_cores_p50": _p50(tree), "tree_cpu_cores_max": max(tree, default=None)}
         ev |= {"tree_cpu_fraction_p50": None if not tree else round(statistics.median(tree) / usable_cores, 3)}
-        ev |= {"workers_max": max(t.values("workers"), default=None), "exited_after_s": w.exited_after_s}
+        ev |= {"workers_max": max(t.values("workers"), default=None), "ranks_max": max(t.values("ranks"), default=None)}
+        ev["exited_after_s"] = w.exited_after_s
     return ev
 
 
@@ -116,6 +117,18 @@ def _cpu_saturated(row: Row, usable_cores: float, by_tree: bool, fraction: float
 def verdicts(w: Watched, cfg: VerifyConfig, usable_cores: float) -> list[Verdict]:
     """The GPU-utilisation-vs-CPU verdict, then near-oom and throttled when they apply; each with what was sampled."""
     host = sampled(w, usable_cores)
+    return [*_gpu_verdicts(w, cfg, usable_cores, host), *_neighbour(host, cfg)]
+
+
+def _neighbour(host: dict[str, Any], cfg: VerifyConfig) -> list[Verdict]:
+    """cpu-contended: the machine's cores saturated while the watched process tree used under half of what was
+    busy (verify's rule on the medians of the samples); only with --pid, which tells the tree apart."""
+    busy, mine = host.get("cpu_pct_p50"), host.get("tree_cpu_fraction_p50")
+    found = contended(None if busy is None else busy / 100, mine, cfg)
+    return [found] if found is not None else []
+
+
+def _gpu_verdicts(w: Watched, cfg: VerifyConfig, usable_cores: float, host: dict[str, Any]) -> list[Verdict]:
     if w.gpu is None:
         tree = host.get("tree_cpu_cores_p50")
         cpu = (

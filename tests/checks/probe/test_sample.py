@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import psutil
 import pynvml
 import pytest
 
@@ -155,3 +156,37 @@ def test_a_gpu_without_a_handle_is_left_out_of_the_reader_and_the_others_are_rea
         row = reader.read()
     assert reader.indices == [1] and reader.uuids == {1: "GPU-5d0a8c1e-0000-0000-0000-000000000001"}
     assert "gpu1_util_pct" in row and not any(k.startswith("gpu0_") for k in row)
+
+
+RANKS = """
+import os, subprocess, sys, time
+kids = [subprocess.Popen([sys.executable, "-c", WORKER], env=os.environ | {"LOCAL_RANK": str(r)}) for r in (0, 1)]
+print("ready", flush=True)
+time.sleep(30)
+"""
+WORKER = """
+import os, time
+if os.fork() == 0:  # a DataLoader worker: forked from its rank, with the rank's environment
+    time.sleep(30)
+    os._exit(0)
+time.sleep(30)
+"""
+
+
+def test_ranks_under_a_launcher_are_not_counted_as_loader_workers() -> None:
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", f"WORKER = {WORKER!r}\n{RANKS}"], stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        assert launcher.stdout is not None and launcher.stdout.readline().strip() == b"ready"
+        deadline = time.monotonic() + 10
+        while len(process_tree(launcher.pid)) < 5 and time.monotonic() < deadline:  # 2 ranks, 2 workers
+            time.sleep(0.05)
+        row = HostReader(pid=launcher.pid).read()
+        assert (row["ranks"], row["workers"]) == (2.0, 2.0), row
+        rank = next(c.pid for c in psutil.Process(launcher.pid).children())  # watched directly: its worker stays one
+        row = HostReader(pid=rank).read()
+        assert (row["ranks"], row["workers"]) == (0.0, 1.0), row
+    finally:
+        os.killpg(launcher.pid, 9)
+        launcher.wait()

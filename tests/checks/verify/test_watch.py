@@ -59,3 +59,17 @@ def test_cant_tell_is_a_warn_with_the_sampled_cpu_and_never_ready_to_train() -> 
     assert results[1].status.value == "warn"
     action = call_to_action(Report("host", "live", tuple(results), {}))
     assert "ready to train" not in action and "run watch on the GPU machine" in action
+
+
+def test_a_box_saturated_by_another_process_is_cpu_contended() -> None:
+    # The watched tree uses 0.4 of 2 usable cores while the machine's cores are 95% busy: someone else's load.
+    rows: list[dict[str, float | None]] = [
+        {"t_mono": 100.0 + 0.1 * i, "cpu_pct": 95.0, "iowait_pct": 0.0, "tree_cpu_cores": 0.4, "workers": 0.0}
+        for i in range(10)
+    ]
+    w = Watched(Trace(rows, 0.1), None, "NVML library not found", False, 4242, None)
+    found = watch.verdicts(w, CFG, 2.0)
+    assert [v.id for v in found] == ["cant-tell", "cpu-contended"]
+    assert "95% busy, the training processes used 20%" in found[1].summary
+    mine = [r | {"tree_cpu_cores": 1.9} for r in rows]  # the busy cores are its own: no neighbour
+    assert [v.id for v in watch.verdicts(Watched(Trace(mine, 0.1), None, "x", False, 4242), CFG, 2.0)] == ["cant-tell"]
