@@ -200,6 +200,34 @@ def missing_runtime_file(path: str | None) -> PreflightError | None:
     )
 
 
+LOOKALIKE_NAMES = ("invoke", "preflight", "gpu-preflight", ".invoke", ".preflight")
+
+
+def lookalikes(read: Iterable[Path], project: str | None, here: Path | None = None) -> list[str]:
+    """One warning per file in the current folder or the project's (tasks.py's) that looks like this tool's
+    configuration but is not among those ``read``: an ``invoke.yaml`` in the user's own project while tasks.py is
+    found with ``invoke -r CHECKOUT``, a ``preflight.yaml`` (a name Invoke never reads)."""
+    read_now = {p.resolve() for p in read}
+    folders = dict.fromkeys(f.resolve() for f in (here or Path.cwd(), Path(project) if project else None) if f)
+    shown = ", ".join(_home(p) for p in read) or "none (the defaults and INVOKE_PREFLIGHT_* variables apply)"
+    out = []
+    for folder in folders:
+        for name in LOOKALIKE_NAMES:
+            for suffix in _SUFFIXES:
+                path = folder / f"{name}.{suffix}"
+                if path.is_file() and path.resolve() not in read_now:
+                    out.append(
+                        f"gpu-preflight: warning: {_home(path)} is not read; configuration files read: {shown} "
+                        "(Invoke reads invoke.yaml beside tasks.py, ~/.invoke.yaml, /etc/invoke.yaml and -f FILE)"
+                    )
+    return out
+
+
+def _home(path: Path) -> str:
+    home = Path.home()
+    return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)
+
+
 INVOKE_KEYS = tuple(Config.global_defaults())  # run, runners, sudo, tasks, timeouts in Invoke 2.2
 
 
@@ -233,11 +261,21 @@ class CheckedConfig(Config):
         super().set_runtime_path(typing.cast(Any, path))  # Invoke passes the text of -f / INVOKE_RUNTIME_CONFIG
 
     def load_project(self, merge: bool = True) -> None:
-        """Validate the system, user and project files (the project's is loaded next), then load it."""
+        """Validate the system, user and project files (the project's is loaded next), then load it; warn once about
+        a configuration file next to them that is not read (see :func:`lookalikes`)."""
         shared = [path for prefix in self.checked_prefixes for path in self.files_at(prefix)]
         validate_files(shared, INVOKE_KEYS, own=False)  # these may serve other Invoke projects too
         validate_files(self.files_at(self.checked_project), INVOKE_KEYS)
         super().load_project(merge=merge)
+        for line in lookalikes(self.read_files(), self.checked_project):
+            print(line, file=sys.stderr)
+
+    def read_files(self) -> list[Path]:
+        """The configuration files Invoke reads for this run that exist: system, user, project, runtime (-f)."""
+        places = [*self.checked_prefixes, self.checked_project]
+        found = [path for prefix in places for path in self.files_at(prefix) if path.is_file()]
+        runtime = Path(os.path.expanduser(self.checked_runtime)) if self.checked_runtime else None
+        return found + ([runtime] if runtime is not None and runtime.is_file() else [])
 
     def load_runtime(self, merge: bool = True) -> None:
         """Refuse a runtime file that does not exist and validate the one that does, then load it."""

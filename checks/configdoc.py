@@ -33,6 +33,10 @@ Configuration goes through Invoke's hierarchy. Later sources override earlier on
 6. a file given with `invoke -f FILE TASK`;
 7. task flags (`--strict` sets `report.strict`, `--no-bench` sets `bench.enabled: false`).
 
+A file that looks like this configuration but is none of these (an `invoke.yml` in your own project's folder while
+tasks.py is found with `invoke -r CHECKOUT`, a `preflight.yaml`) is not read: every task then prints one warning
+line on stderr naming it and the files that are read.
+
 All keys live under `preflight`:
 
 ```yaml

@@ -361,3 +361,22 @@ def test_a_flag_that_takes_a_fraction_shows_its_placeholder(capsys: pytest.Captu
     names = [line.strip().split("  ")[0] for line in out.splitlines() if "--price" in line or "--steps" in line]
     assert names == ["-p NUM, --price=NUM", "-s INT, --steps=INT"]  # Invoke itself writes only INT and STRING
     assert cli.with_placeholder("-q, --quick", {"--price"}) == "-q, --quick"
+
+
+def test_a_configuration_file_that_is_not_read_is_named_with_what_is(tmp_path: Path) -> None:
+    project, here = tmp_path / "checkout", tmp_path / "mine"
+    project.mkdir()
+    here.mkdir()
+    (here / "invoke.yml").write_text("preflight: {}\n")  # the user's project while tasks.py is found with -r
+    (here / "preflight.yaml").write_text("verify: {}\n")  # a name Invoke never reads
+    read = project / "invoke.yaml"
+    read.write_text("preflight: {}\n")
+    lines = cli.lookalikes([read], str(project), here)
+    assert [line.split(" is not read")[0] for line in lines] == [
+        f"gpu-preflight: warning: {here / 'invoke.yml'}",
+        f"gpu-preflight: warning: {here / 'preflight.yaml'}",
+    ]
+    assert all(f"configuration files read: {read} (" in line for line in lines)
+    assert cli.lookalikes([read], str(project), project) == []  # the project's own file is read: no warning
+    none = cli.lookalikes([], None, here)[0]
+    assert "read: none (the defaults and INVOKE_PREFLIGHT_* variables apply)" in none
