@@ -19,6 +19,7 @@ from checks.config import PreflightConfig, TopologyConfig
 from checks.facts import GpuFacts, MachineFacts, P2PBandwidth
 from checks.machine.datasheet import PCIE_X16_GB_S, form_factor, lookup
 from checks.machine.grading import grade, graded
+from checks.machine.nccl_env import broken_socket
 from checks.machine.topology import answering, p2p_ok, pair_of, path_name
 from checks.result import Result, fail, ok, skip
 
@@ -183,6 +184,9 @@ def gpu_allreduce(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
         ]
     if ar.error or not ar.rows:
         hint = "rerun with NCCL_DEBUG=INFO to see the transport NCCL picked and where it stopped; see nccl-env and shm"
+        socket = broken_socket(m)
+        if socket:  # the likeliest cause, found without running anything
+            hint = f"{socket}: `unset NCCL_SOCKET_IFNAME` or name one of this host's interfaces; then {hint}"
         return [fail("gpu-allreduce", f"all-reduce over {n} GPUs failed: {ar.error}", hint)]
     return [_judge_allreduce(m, cfg.topology)]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from checks.config import PreflightConfig
 from checks.facts import MachineFacts
 from checks.machine.topology import answering, p2p_ok
-from checks.result import Result, ok, warn
+from checks.result import Result, fail, ok, warn
 
 _ON = ("1", "true", "yes", "on")
 
@@ -49,8 +49,18 @@ def _socket_finding(name: str, value: str, m: MachineFacts) -> str | None:
         return "points NCCL at the loopback interface: other hosts cannot reach this one"
     known = m.topology.interfaces if m.topology else None
     if known is not None and names and not any(i.startswith(n) or i == n for n in names for i in known):
-        return f"names no interface of this host (it has {', '.join(known)}): NCCL init fails between hosts"
+        return (
+            f"names no interface of this host (it has {', '.join(known)}): NCCL's bootstrap finds no socket and "
+            "init fails, on this box alone too"
+        )
     return None
+
+
+def broken_socket(m: MachineFacts) -> str | None:
+    """``NCCL_SOCKET_IFNAME=...: ...`` when it names no interface of this host (NCCL cannot start at all)."""
+    value = m.host.env.get("NCCL_SOCKET_IFNAME")
+    what = _socket_finding("NCCL_SOCKET_IFNAME", value, m) if value is not None else None
+    return f"NCCL_SOCKET_IFNAME={value}: {what}" if what and "names no interface" in what else None
 
 
 def _hidden_gpus(m: MachineFacts) -> str | None:
@@ -84,4 +94,6 @@ def nccl_env(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
         f"unset them unless you set them on purpose: `unset {' '.join(found)}` (and remove them from the image's "
         "ENV / ~/.bashrc); NCCL_DEBUG=INFO prints every NCCL variable NCCL read"
     )
+    if broken_socket(m):  # every NCCL job fails, one box included: not a setting to review but a stop
+        return [fail("nccl-env", "; ".join(found.values()), hint, value=sorted(found))]
     return [warn("nccl-env", "; ".join(found.values()), hint, value=sorted(found))]

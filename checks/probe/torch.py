@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -84,8 +85,20 @@ def _parse_child(code: int, out: str, err: str) -> dict[str, Any]:
                 return data
         except json.JSONDecodeError:
             pass
-    tail = (err.strip().splitlines() or ["no output"])[-1][:300]
-    raise ChildFailed("crashed", f"exited with {code}: {tail}")
+    raise ChildFailed("crashed", f"exited with {code}: {telling_line(err)[:300]}")
+
+
+_ERROR_LINE = re.compile(r"^(?:\[[^\]]*\]:?\s*)*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)):\s*\S")
+_LAUNCHER_NOISE = ("ChildFailedError", "torch.distributed.elastic")
+
+
+def telling_line(err: str) -> str:
+    """The stderr line that says what went wrong: the last exception line a process raised (``[rank0]:
+    torch.distributed.DistBackendError: NCCL error ...``), not torchrun's closing table (a row of ``=``, ``Root Cause``,
+    ``ChildFailedError``); else the last line with a letter in it."""
+    lines = [line.strip() for line in err.splitlines() if any(ch.isalnum() for ch in line)]
+    raised = [line for line in lines if _ERROR_LINE.match(line) and not any(noise in line for noise in _LAUNCHER_NOISE)]
+    return (raised or lines or ["no output"])[-1]
 
 
 def read_torch(python: str = sys.executable, timeout: float = 60.0) -> TorchFacts:

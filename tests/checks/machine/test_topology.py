@@ -170,7 +170,8 @@ def test_socket_interface_loopback_or_missing() -> None:
     m = box("h100-sxm-8x-nvlink.json")
     assert "loopback" in nccl_env(with_env(m, NCCL_SOCKET_IFNAME="lo"), CFG)[0].summary
     r = nccl_env(with_env(m, NCCL_SOCKET_IFNAME="=ens9"), CFG)[0]
-    assert r.status is Status.WARN and "it has eno1, ib0, lo" in r.summary
+    assert r.status is Status.FAIL and "it has eno1, ib0, lo" in r.summary  # no NCCL job starts, one box too
+    assert "on this box alone too" in r.summary and "between hosts" not in r.summary
     assert nccl_env(with_env(m, NCCL_SOCKET_IFNAME="ib"), CFG)[0].status is Status.OK  # a prefix of ib0
 
 
@@ -222,3 +223,18 @@ def test_a_replayed_snapshot_without_a_recorded_allreduce_skips_it_with_the_reas
     r = results["gpu-allreduce"]
     assert r.status is Status.SKIP and r.summary.startswith("not measured"), r
     assert "None" not in r.summary and results["gpu-p2p"].status is Status.OK  # the recorded matrix is still judged
+
+
+def test_a_failed_local_allreduce_points_at_a_socket_interface_the_box_lacks() -> None:
+    from checks.facts import LocalAllreduceFacts
+    from checks.machine.collective import gpu_allreduce
+
+    m = box("h100-sxm-8x-nvlink.json")
+    failed = dataclasses.replace(
+        m, allreduce_local=LocalAllreduceFacts(error="all-reduce exited with 1: DistBackendError")
+    )
+    plain = gpu_allreduce(failed, CFG)[0]
+    assert plain.status is Status.FAIL and "NCCL_SOCKET_IFNAME" not in (plain.hint or "")
+    named = gpu_allreduce(with_env(failed, NCCL_SOCKET_IFNAME="ens9"), CFG)[0]
+    assert (named.hint or "").startswith("NCCL_SOCKET_IFNAME=ens9: names no interface of this host")
+    assert "unset NCCL_SOCKET_IFNAME" in (named.hint or "")
