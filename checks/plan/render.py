@@ -5,6 +5,7 @@ from __future__ import annotations
 from checks.plan.cards import Option
 from checks.plan.memory import states
 from checks.plan.run import PlanResult
+from checks.units import money
 
 GB = 1e9
 TERMS = (
@@ -81,9 +82,9 @@ def summary(p: PlanResult) -> str:
         o = next(o for o in fitting if o.spec.model == p.cheapest)
         t = p.times[o.spec.model]
         cost = (
-            f"${t['epoch_cost']:,.2f} per epoch"
+            f"{money(t['epoch_cost'])} per epoch"
             if "epoch_cost" in t
-            else f"${t['per_million_samples']:,.2f} per 1M samples"
+            else f"{money(t['per_million_samples'])} per 1M samples"
         )
         return f"cheapest that fits: {o.gpus} x {o.spec.model} ({o.sharding}), {cost}"
     o = fitting[0]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from checks.units import duration, money
+
 LOST_SHARES = ("data_wait", "h2d", "checkpoint")  # time during which the device does no model math
 
 
@@ -47,10 +49,10 @@ def describe(c: dict[str, Any]) -> str:
     """One line: the epoch (or million-sample) cost and the biggest avoidable part of it."""
     unit = "epoch" if c["lost_unit"] == "per_epoch" else "1M samples"
     total = c.get("per_epoch", c["per_million_samples"])
-    text = f"${total:,.2f} per {unit} at ${c['price_per_hour']:g}/h"
+    text = f"{money(total)} per {unit} at ${c['price_per_hour']:g}/h"
     if "epoch_hours" in c:
-        text += f" ({c['epoch_hours']:.2f} h)"
+        text += f" ({duration(c['epoch_hours'])})"
     worst = max(c["lost"], key=lambda k: c["lost"][k])
-    if c["lost"][worst] >= 0.005:
-        text += f"; {worst.replace('_', ' ')} costs ${c['lost'][worst]:,.2f} of it"
+    if c["lost"][worst] >= 0.01 * total and c["lost"][worst] > 0:
+        text += f"; {worst.replace('_', ' ')} costs {money(c['lost'][worst])} of it"
     return text

@@ -25,6 +25,7 @@ from checks.config import VerifyConfig
 from checks.errors import PreflightError
 from checks.facts import MachineFacts
 from checks.result import Result, Status, ok, skip
+from checks.units import percent, size
 from checks.verify.contract import (
     ChildResult,
     CommAb,
@@ -230,13 +231,16 @@ def _bootstrap_says(where: str, host: str | None, gate: Sequence[Result] | None,
     return f"bootstrap flags {where}: " + "; ".join(f"{r['id']} {r['status']}: {r['summary']}" for r in flagged)
 
 
+LATENCY_BOUND_BYTES = 1e6  # under this per step an all-reduce is latency, not bandwidth (tool-defined, an estimate)
+
+
 def comm_text(d: DdpFigures, target: float) -> tuple[str, str]:
     """The comm-bound summary and its fixes, ranked by the step time each would save on these numbers."""
     share, ms, grad = d.comm_share or 0.0, d.comm_exposed_ms or 0.0, d.grad_bytes or 0
     bw = f", at least {d.busbw_gbs:g} GB/s busbw" if d.busbw_gbs else ""
     summary = (
         f"{d.world_size} ranks ({d.backend}) wait {ms:.1f} ms per step for the gradient exchange, "
-        f"{100 * share:.0f}% of the step ({grad / 1e6:.1f} MB all-reduced per step{bw})"
+        f"{percent(share)} of the step ({size(grad)} all-reduced per step{bw})"
     )
     k = accumulation(share, target)
     ranked = []
@@ -248,12 +252,20 @@ def comm_text(d: DdpFigures, target: float) -> tuple[str, str]:
                 f"sync every {k} micro-steps (forward+backward under model.no_sync() for the others): -{100 * saved:.0f}% step time",
             )
         )
-    ranked.append(
-        (
-            share / 2,
-            f"bf16 gradients: model.register_comm_hook(None, bf16_compress_hook) (torch.distributed.algorithms.ddp_comm_hooks.default_hooks) halves the bytes: about -{100 * share / 2:.0f}%",
-        )
+    hook = (
+        "model.register_comm_hook(None, bf16_compress_hook) (torch.distributed.algorithms.ddp_comm_hooks.default_hooks)"
     )
+    if grad >= LATENCY_BOUND_BYTES:
+        ranked.append(
+            (share / 2, f"bf16 gradients: {hook} halves the bytes: about -{percent(share / 2)} (an estimate)")
+        )
+    else:  # a few KB go out in one message: its time is latency, which half the bytes does not change
+        ranked.append(
+            (
+                0.0,
+                f"bf16 gradients ({hook}) halve the bytes, but {size(grad)} a step is latency, not bytes: little to gain",
+            )
+        )
     ranked.append(
         (
             0.0,

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from checks.config import VerifyConfig
 from checks.machine import datasheet
 from checks.result import Result, fail, ok, skip, warn
+from checks.units import percent
 from checks.verify import distributed
 from checks.verify.advice import loader_advice
 from checks.verify.contract import (
@@ -316,9 +317,9 @@ def _diagnosis(verdicts: list[Verdict], figs: StepFigures | None, r: ChildResult
 def _upgrade(s: Signals, up: dict[str, Any]) -> Result:
     """Amdahl over the measured non-compute share: what a faster GPU can buy at most."""
     where = "a faster GPU" if s.device == "cuda" else "faster compute (a GPU)"
-    cut, half = 100 * up["max_step_time_cut"], 100 * up["step_time_cut_at_2x"]
-    rest = f"the other {100 - cut:.0f}% (data wait, copies, launch gaps, checkpoints) does not scale with it"
-    summary = f"{where} can cut step time by at most {cut:.0f}%; {rest}; 2x faster math: -{half:.0f}%"
+    cut, half = up["max_step_time_cut"], up["step_time_cut_at_2x"]
+    rest = f"the other {percent(1 - cut)} (data wait, copies, launch gaps, checkpoints) does not scale with it"
+    summary = f"{where} can cut step time by at most {percent(cut)}; {rest}; 2x faster math: -{percent(half)}"
     return ok("upgrade-estimate", summary, value=up["max_step_time_cut"])
 
 

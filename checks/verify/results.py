@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from checks.config import VerifyConfig
 from checks.result import Result, fail, ok, skip, warn
+from checks.units import count
 from checks.verify.contract import ChildResult
 from checks.verify.diagnosis import Verdict
 from checks.verify.plan import Outcome, Plan
@@ -88,7 +89,7 @@ def _loop(p: Plan, o: Outcome, r: ChildResult, cfg: VerifyConfig, figs: StepFigu
         return fail("verify-loop", f"the training loop failed: {r.error or o.child.failure}", f"last output: {log}")
     if figs is None:
         return fail("verify-loop", "no step was measured", "run again; see the phases in the JSON report")
-    model = f"{r.model.name} ({r.model.parameters / 1e6:.1f}M parameters)" if r.model else "None (0.0M parameters)"
+    model = f"{r.model.name} ({count(r.model.parameters)} parameters)" if r.model else "no model described"
     summary = (
         f"{figs.steps} steps ({len(r.warmup)} warm-up excluded) of {model}, batch {r.batch_size}"
         f"{' x ' + str(r.accum) if (r.accum or 1) > 1 else ''}, {r.precision} on {r.device.name if r.device else None}: "
