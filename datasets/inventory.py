@@ -83,6 +83,12 @@ def _unknown(root: Path, kind: str) -> UsageError:
             f"source {root} holds images but no class folders",
             hint="put each class in a folder of its own (ImageFolder), or give a .csv/.tsv list of path,label",
         )
+    if root.is_file() and root.suffix.lower() in IMAGE_SUFFIXES:
+        return UsageError(
+            f"source {root} is one image, not a dataset",
+            hint=f"point --source at the folder of class folders it belongs to ({root.parent.parent}?), "
+            "or give a .csv/.tsv list of path,label",
+        )
     wanted = {
         "images": "images (.jpg, .png, ...) in one folder per class, or a .csv/.tsv list of path,label",
         "text": ".txt or .jsonl files",

@@ -78,6 +78,13 @@ def test_unknown_format(tmp_path: Path) -> None:
         scan(tmp_path, "auto", CONFIGURED)
 
 
+def test_one_image_as_the_source_is_named_as_such(tmp_path: Path) -> None:
+    touch(tmp_path / "pets" / "cat" / "a.jpg")
+    with pytest.raises(UsageError, match=r"a.jpg is one image, not a dataset") as refused:
+        scan(tmp_path / "pets" / "cat" / "a.jpg", "auto", CONFIGURED)
+    assert f"({tmp_path / 'pets'}?)" in str(refused.value)  # the folder of class folders it likely belongs to
+
+
 def test_images_without_class_folders(tmp_path: Path) -> None:
     touch(tmp_path / "a.jpg")
     with pytest.raises(UsageError, match="no class folders"):
