@@ -97,6 +97,8 @@ def call_to_action(report: Report, focus: str | None = None) -> str:
     if first is None:
         first = next((r for r in report.results if r.status is Status.WARN), None)
     if first is None:
+        if not any(r.id == "driver" for r in report.results):  # a part of the box was judged (alloc-conf, watch)
+            return "next: nothing to fix here (invoke bootstrap judges the whole box)"
         return "next: nothing to fix; this box is ready to train"
     where = f" on {first.subject}" if first.subject else ""
     verb = "fix " if first.status is not Status.OK else ""

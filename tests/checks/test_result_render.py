@@ -123,3 +123,10 @@ def test_a_box_without_any_driver_and_without_torch_is_told_to_install_torch_fir
         "box", "live", (fail("driver", "driver/library version mismatch", "reboot"), no_gpu_box(True).results[-3])
     )
     assert call_to_action(broken).startswith("next: fix driver")  # a GPU box with a broken driver: driver first
+
+
+def test_a_report_of_one_part_of_the_box_never_says_the_box_is_ready() -> None:
+    alloc = Report("h", "live", (ok("alloc-conf", "PYTORCH_CUDA_ALLOC_CONF is set in ~/.bashrc"),))
+    assert call_to_action(alloc) == "next: nothing to fix here (invoke bootstrap judges the whole box)"
+    whole = Report("h", "live", (ok("driver", "driver 570"), ok("alloc-conf", "set")))
+    assert call_to_action(whole) == "next: nothing to fix; this box is ready to train"
