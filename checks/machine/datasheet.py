@@ -35,6 +35,7 @@ class GpuSpec:
     nvlink_links: int
     bf16_tflops: float | None = None
     fp16_tflops: float | None = None
+    bridge_links: int | None = None  # a PCIe board's links through its NVLink bridge(s), when NVML lists more slots
 
     @property
     def host_link_gb_s(self) -> float:
@@ -60,6 +61,7 @@ def _table() -> dict[str, GpuSpec]:
             nvlink_links=int(row["nvlink_links"]),
             bf16_tflops=row.get("bf16_tflops"),
             fp16_tflops=row.get("fp16_tflops"),
+            bridge_links=row.get("bridge_links"),
         )
         for name in spec.names:
             table[name.casefold()] = spec

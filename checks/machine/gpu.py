@@ -184,7 +184,10 @@ def gpu_nvlink(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
 
 def _nvlink_one(g: GpuFacts, nvswitches: int) -> Result:
     form = datasheet.form_factor(g, nvswitches)
-    active, total = g.nvlink_active or 0, g.nvlink_total or 0
+    active, slots = g.nvlink_active or 0, g.nvlink_total or 0
+    spec = datasheet.lookup(g.name)
+    bridged = spec.bridge_links if spec and spec.bridge_links and spec.bridge_links < slots else None
+    total = bridged or slots  # a bridged board is whole at its bridge's links, not at NVML's slot count
     kw = {"value": active, "subject": _sub(g)}
     if form.sxm:  # no bridge on an SXM module: every link is on the board (docs/sources.md#nvlink-per-link: A100 12, H100/H200 18)
         return _sxm_links(active, form.links or total, form.why, kw)
@@ -195,6 +198,8 @@ def _nvlink_one(g: GpuFacts, nvswitches: int) -> Result:
             "gpu-nvlink", f"no NVLink bridge fitted (0 of {total} links active): multi-GPU traffic goes over PCIe", **kw
         )
     summary = f"{active} of {total} NVLink links active (bridge)"
+    if bridged:
+        summary = f"{active} of the {total} links an NVLink bridge gives a {spec.model if spec else g.name} active ({slots} slots listed)"
     if active < total:
         hint = "a bridge is fitted but only part of it links: reseat the NVLink bridge(s) or ask the provider"
         return warn("gpu-nvlink", summary + ": partly active bridge", hint, **kw)

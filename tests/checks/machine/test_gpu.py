@@ -76,6 +76,17 @@ def test_pcie_board_links_all_inactive_is_no_bridge_and_a_partial_bridge_warns()
     assert r.status is Status.OK and "bridge" in r.summary
 
 
+def test_a_bridged_board_is_whole_at_its_bridges_links_not_at_nvmls_slot_count() -> None:
+    """Issue 21 item 3: NVML lists 18 link slots on an H100 NVL; a fitted bridge makes 12 of them active."""
+    r = _nvlink(name="NVIDIA H100 NVL", nvlink_total=18, nvlink_active=12)
+    assert r.status is Status.OK and "partly" not in r.summary, r.summary
+    assert r.summary == "12 of the 12 links an NVLink bridge gives a H100 NVL active (18 slots listed)"
+    r = _nvlink(name="NVIDIA H100 NVL", nvlink_total=18, nvlink_active=6)
+    assert r.status is Status.WARN and "6 of the 12 links" in r.summary and "partly active bridge" in r.summary
+    r = _nvlink(name="NVIDIA H200 NVL", nvlink_total=18, nvlink_active=18)  # its bridge uses every slot
+    assert r.status is Status.OK and r.summary == "18 of 18 NVLink links active (bridge)"
+
+
 def test_sxm_part_with_no_links_reported_is_not_called_fine() -> None:
     r = _nvlink(name="NVIDIA X100-SXM6-96GB", nvlink_total=None, nvlink_active=None)
     assert r.status is Status.WARN and "SXM part" in r.summary
