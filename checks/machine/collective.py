@@ -52,9 +52,13 @@ def line_rate(m: MachineFacts, row: P2PBandwidth) -> tuple[float | None, str]:
     pair = pair_of(m.topology, row.src, row.dst) if m.topology else None
     if a is None or b is None:
         return None, "?"
+    nvlink5 = (a.compute_capability or (0, 0))[0] >= 10
     if pair is not None and pair.nvlinks:
-        nvlink5 = (a.compute_capability or (0, 0))[0] >= 10
         return pair.nvlinks * _NVLINK_GB_S[nvlink5], path_name(pair)
+    switched = _switched_links(m, a, b)
+    if switched:  # what the box is, not the path it has now: its links are down
+        now = path_name(pair) if pair is not None else "PCIe"
+        return switched * _NVLINK_GB_S[nvlink5], f"NVLink through the NVSwitches (now {now}: its NVLinks are down)"
     rates = [r for r in (_pcie_gb_s(a), _pcie_gb_s(b)) if r]
     name = path_name(pair) if pair is not None else "PCIe"
     if not rates:
@@ -133,14 +137,36 @@ def gpu_p2p(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     return [graded("gpu-p2p", grade(fraction, tc.p2p_warn_fraction, tc.p2p_fail_fraction), summary, hint, **kw)]
 
 
+def _switched_links(m: MachineFacts, *gpus: GpuFacts) -> int | None:
+    """The NVLink links each of ``gpus`` should have to the NVSwitches: SXM parts on a box with NVSwitches, every
+    link on the board (the datasheet's count); None elsewhere (a direct-NVLink or PCIe box has no such promise)."""
+    if not m.host.nvswitch_count or not gpus:
+        return None
+    links = []
+    for g in gpus:
+        spec, form = lookup(g.name), form_factor(g, m.host.nvswitch_count)
+        if not form.sxm or spec is None or not spec.nvlink_links:
+            return None
+        links.append(spec.nvlink_links)
+    return min(links)
+
+
 def expected_busbw(m: MachineFacts) -> tuple[float | None, str]:
-    """The busbw templates/nccl.yaml expects of this box, and what it was chosen by (card and path)."""
+    """The busbw templates/nccl.yaml expects of this box, and what it was chosen by (card and path). An SXM box
+    with NVSwitches is expected to give the NVLink figure whatever its links do now (a GPU with its links down
+    drags the all-reduce to host memory: that is the fault to find, not the standard to judge by)."""
     gpus, table = answering(m), expectations()
     specs = [lookup(g.name) for g in gpus]
     model = specs[0].model if specs[0] is not None and len({s.model if s else None for s in specs}) == 1 else None
     pairs = m.topology.pairs if m.topology else ()
     gens = [s.pcie_gen for s in specs if s] or [g.pcie_gen_max for g in gpus if g.pcie_gen_max]
     gen = min(gens) if gens else None
+    links = _switched_links(m, *gpus)
+    if links and pairs and not all(p.nvlinks for p in pairs):
+        figure = table.get("nvlink", {}).get(model) if model else None
+        down = [f"gpu{g.index}" for g in gpus if (g.nvlink_active or 0) < links]
+        now = f"{', '.join(down)} with NVLinks down now" if down else "some pairs without NVLink now"
+        return figure, f"{model or gpus[0].name} over NVLink (what this NVSwitch box should give; {now})"
     if pairs and all(p.nvlinks for p in pairs):
         sxm = any(form_factor(g, m.host.nvswitch_count).sxm for g in gpus)
         kind = "nvlink" if sxm or len(gpus) > 2 else "nvlink_bridge"

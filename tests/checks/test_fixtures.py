@@ -164,6 +164,12 @@ EXPECTED: dict[str, list[Expectation]] = {
         *machine(OK, *MACHINE_IDS, *BOX_IDS),
         *each(("gpu-inventory", *PER_GPU_IDS, *BENCH_IDS), 8, OK),
     ],
+    "h100-sxm-8x-gpu3-nvlink-down.json": [  # issue 21 item 2: judged by what the box is, not the path it has now
+        ("gpu-nvlink", "gpu3", FAIL),
+        *machine(FAIL, "gpu-topology", "gpu-p2p", "gpu-allreduce"),
+        *machine(OK, *MACHINE_IDS, "nccl-env"),
+        *[e for e in each(("gpu-inventory", *PER_GPU_IDS, *BENCH_IDS), 8, OK) if e[:2] != ("gpu-nvlink", "gpu3")],
+    ],
     "a100-pcie-8x-two-sockets.json": [
         ("gpu-topology", None, WARN),
         ("gpu-allreduce", None, FAIL),
