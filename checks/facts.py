@@ -125,6 +125,7 @@ class HostFacts:
     cpu_model: str | None = None
     cpu_logical: int | None = None  # os.cpu_count(): what the host has, not what we may use
     cpu_affinity: int | None = None  # CPUs in this process's affinity mask
+    cpu_allowed: tuple[int, ...] = ()  # which CPUs they are (empty: not recorded, a snapshot older than the field)
     cpu_freq_driver: str | None = None  # cpufreq scaling driver (intel_pstate, acpi-cpufreq...); None: no cpufreq
     cpu_governors: dict[str, int] = field(default_factory=dict)  # scaling governor -> how many CPUs use it
     cgroup_cpu_quota: float | None = None  # cores allowed by cpu.max / cfs_quota; None: unlimited

@@ -191,7 +191,8 @@ def gpu_topology(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
         return [skip("gpu-topology", "not recorded (a snapshot older than the topology section)")]
     if topo.error or not topo.pairs:
         return [skip("gpu-topology", f"NVML gave no topology: {topo.error or 'no GPU pairs answered'}")]
-    problems = _missing_nvlink(m, topo) + _p2p_problems(m, topo) + _split_sockets(topo)
+    cpuset = cpuset_outside_gpus(m)
+    problems = _missing_nvlink(m, topo) + _p2p_problems(m, topo) + _split_sockets(topo) + ([cpuset] if cpuset else [])
     table = "\n".join(matrix(topo))
     value = {f"{p.a}-{p.b}": path_name(p) for p in topo.pairs}
     if not problems:
@@ -204,21 +205,58 @@ def gpu_topology(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
 
 
 def numa_reason(m: MachineFacts) -> str | None:
-    """The CPUs local to each GPU and how to pin each rank's DataLoader workers there; None on one NUMA node."""
+    """The CPUs local to each GPU and how to pin each rank's DataLoader workers there; None on one NUMA node.
+
+    Only CPUs this process may use are named (a container's cpuset): GPUs whose local CPUs all lie outside it are
+    said so, and their ranks are pointed at the allowed CPUs instead of a node they cannot run on."""
     topo = m.topology
     if topo is None or len(topo.gpus) < 2:
         return None
     groups = numa_groups(topo)
     if len(groups) < 2 or any(node is None for node, _ in groups):
         return None
-    where = "; ".join(
-        f"{gpu_list(g.index for g in gs)} -> CPUs {cpu_list(c for g in gs[:1] for c in g.cpus) or '?'} (NUMA {node})"
-        for node, gs in groups
+    allowed = set(m.host.cpu_allowed)
+    parts, outside = [], []
+    for node, gs in groups:
+        local = [c for g in gs[:1] for c in g.cpus]
+        usable = [c for c in local if c in allowed] if allowed else local
+        if allowed and local and not usable:
+            outside.append((node, gs))
+            continue
+        parts.append(f"{gpu_list(g.index for g in gs)} -> CPUs {cpu_list(usable) or '?'} (NUMA {node})")
+    text = (
+        f"NUMA: {'; '.join(parts)}: pin each rank's process and workers to its GPU's CPUs "
+        "(`numactl --physcpubind=CPUS --membind=N` per rank, or os.sched_setaffinity in worker_init_fn)"
+        if parts
+        else "NUMA: no GPU's local CPUs are allowed here"
     )
-    return (
-        f"NUMA: {where}: pin each rank's process and workers to its GPU's CPUs "
-        "(`numactl --cpunodebind=N --membind=N` per rank, or os.sched_setaffinity in worker_init_fn)"
+    for node, gs in outside:
+        text += (
+            f"; {gpu_list(g.index for g in gs)} (NUMA {node}) have no local CPU this container may use: "
+            f"their ranks run on CPUs {cpu_list(allowed)} across the socket link"
+        )
+    return text
+
+
+def cpuset_outside_gpus(m: MachineFacts) -> Result | None:
+    """A warning when the process's allowed CPUs leave out the NUMA node of some GPUs (a container's cpuset)."""
+    topo, allowed = m.topology, set(m.host.cpu_allowed)
+    if topo is None or not allowed:
+        return None
+    cut = [g for g in topo.gpus if g.cpus and not allowed & set(g.cpus)]
+    if not cut:
+        return None
+    nodes = sorted({g.numa_node for g in cut if g.numa_node is not None})
+    where = f"NUMA {', '.join(map(str, nodes))}" if nodes else "their local CPUs"
+    summary = (
+        f"this process may run on CPUs {cpu_list(allowed)} only, none of them local to "
+        f"{gpu_list(g.index for g in cut)} ({where}): their ranks' workers and copies cross the socket link"
     )
+    hint = (
+        f"ask for a cpuset that covers the GPUs' nodes (docker run --cpuset-cpus={cpu_list(c for g in topo.gpus for c in g.cpus)}), "
+        f"or use only {gpu_list(g.index for g in topo.gpus if allowed & set(g.cpus))} (CUDA_VISIBLE_DEVICES)"
+    )
+    return warn("gpu-topology", summary, hint)
 
 
 def topology_measurements(m: MachineFacts) -> dict[str, object] | None:

@@ -66,8 +66,10 @@ def read_host(
     """
     env = os.environ if environ is None else environ
     live = root == Path("/")
+    allowed: tuple[int, ...] = ()
     if live:
-        affinity = affinity if affinity is not None else _live_affinity()
+        allowed = _live_cpu_list() if affinity is None else ()
+        affinity = affinity if affinity is not None else (len(allowed) or None)
         getrlimit = getrlimit or resource.getrlimit
         processes = processes or _live_processes
     cgroups = _own_cgroups(root)
@@ -85,6 +87,7 @@ def read_host(
         cpu_model=cpu_model(root),
         cpu_logical=os.cpu_count(),
         cpu_affinity=affinity,
+        cpu_allowed=allowed,
         cpu_freq_driver=freq_driver,
         cpu_governors=governors,
         cgroup_cpu_quota=cgroup_cpu_quota(root, cgroups),
@@ -292,12 +295,12 @@ def _live_processes() -> list[tuple[int, str | None]]:
     return [(p.info["pid"], p.info["name"]) for p in psutil.process_iter(["pid", "name"])]
 
 
-def _live_affinity() -> int | None:
-    """Count the CPUs this process may run on. Command line equivalent: nproc"""
+def _live_cpu_list() -> tuple[int, ...]:
+    """The CPUs this process may run on (a container's cpuset). Command line equivalent: taskset -cp $$"""
     try:
-        return len(os.sched_getaffinity(0))
+        return tuple(sorted(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
-        return None
+        return ()
 
 
 def _ld_conf_dirs(conf: Path) -> list[str]:

@@ -170,6 +170,11 @@ EXPECTED: dict[str, list[Expectation]] = {
         *machine(OK, *MACHINE_IDS, "nccl-env"),
         *[e for e in each(("gpu-inventory", *PER_GPU_IDS, *BENCH_IDS), 8, OK) if e[:2] != ("gpu-nvlink", "gpu3")],
     ],
+    "h100-sxm-8x-cpuset-node0.json": [  # issue 21 item 4: a cpuset without the node of gpu4-7
+        ("gpu-topology", None, WARN),
+        *machine(OK, *MACHINE_IDS, "gpu-p2p", "gpu-allreduce", "nccl-env"),
+        *each(("gpu-inventory", *PER_GPU_IDS, *BENCH_IDS), 8, OK),
+    ],
     "a100-pcie-8x-two-sockets.json": [
         ("gpu-topology", None, WARN),
         ("gpu-allreduce", None, FAIL),

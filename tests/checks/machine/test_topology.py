@@ -238,3 +238,17 @@ def test_a_failed_local_allreduce_points_at_a_socket_interface_the_box_lacks() -
     named = gpu_allreduce(with_env(failed, NCCL_SOCKET_IFNAME="ens9"), CFG)[0]
     assert (named.hint or "").startswith("NCCL_SOCKET_IFNAME=ens9: names no interface of this host")
     assert "unset NCCL_SOCKET_IFNAME" in (named.hint or "")
+
+
+def test_the_numa_advice_names_only_cpus_this_process_may_use() -> None:
+    from checks.machine.topology import cpuset_outside_gpus, numa_reason
+
+    whole = box("h100-sxm-8x-nvlink.json")  # an older snapshot: no CPU list recorded, nothing is flagged
+    assert whole.host.cpu_allowed == () and cpuset_outside_gpus(whole) is None
+    assert "gpu4-7 -> CPUs 48-95,144-191 (NUMA 1)" in (numa_reason(whole) or "")
+    node0 = box("h100-sxm-8x-cpuset-node0.json")
+    text = numa_reason(node0) or ""
+    assert "48-95" not in text and "gpu4-7 (NUMA 1) have no local CPU this container may use" in text
+    flagged = cpuset_outside_gpus(node0)
+    assert flagged is not None and flagged.status is Status.WARN and "none of them local to gpu4-7" in flagged.summary
+    assert "CUDA_VISIBLE_DEVICES" in (flagged.hint or "") and "gpu0-3" in (flagged.hint or "")
