@@ -23,7 +23,10 @@ from tests.fakes.cli import REPO, Here
 
 DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
 # Commands whose output depends only on the checkout: what is run here.
-REPLAYABLE = re.compile(r"^(NO_COLOR=1 )?invoke (bootstrap --machine tests/fixtures/\S+\.json|plan --params .*)$")
+REPLAYABLE = re.compile(
+    r"^(NO_COLOR=1 )?invoke (bootstrap --machine tests/fixtures/\S+\.json|plan --params .*"
+    r"|plan --model tests\.\S+ .*--machine tests/fixtures/\S+\.json)$"
+)
 LIVE_BOOTSTRAP = re.compile(r"^(NO_COLOR=1 )?invoke bootstrap$")
 # The runner's gpu-bench check reports as these rows.
 BENCH = {row: "gpu-bench" for row in ("gpu-h2d", "gpu-d2h", "gpu-d2d", "gpu-matmul")}
@@ -113,7 +116,12 @@ def test_ellipsis_matches_any_run_of_lines_and_nothing_else() -> None:
     assert not matches(("a", "...", "d"), ["a", "b", "c"]) and not matches(("a", "b"), ["a", "c"])
 
 
-@pytest.mark.parametrize("sample", REPLAYED, ids=str)
+@pytest.mark.parametrize(
+    "sample",
+    # plan --model measures the model in a torch child (about 10 s on the 2-core box)
+    [pytest.param(s, marks=[pytest.mark.slow] if " --model " in s.command else []) for s in REPLAYED],
+    ids=str,
+)
 def test_replayable_sample_is_what_the_command_prints(sample: Sample, here: Here, tmp_path: Path) -> None:
     words = shlex.split(sample.command)
     args = words[2:] if words[0] == "NO_COLOR=1" else words[1:]
