@@ -9,6 +9,7 @@ command's whole output to paste.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -149,3 +150,29 @@ def test_live_bootstrap_sample_shows_every_check_of_the_runner(sample: Sample) -
 
 if __name__ == "__main__":  # python -m tests.test_doc_samples: refresh the samples shown whole
     write_full_samples()
+
+
+VERIFY_SAMPLE = re.compile(r"^(NO_COLOR=1 )?invoke verify --json \S+$")
+
+
+def test_the_verify_sample_has_verifys_rows_and_its_data_row_as_printed(tmp_path: Path) -> None:
+    """docs/verify.md's live sample (times vary, so not replayed): its rows are verify's CPU rows in verify's order
+    (a recorded CPU run's, tests/checks/verify/golden/), and its data row, which does not depend on timing, names
+    the data, the worker count and the note verify's plan gives the default synthetic data."""
+    from contextlib import ExitStack
+
+    from checks.config import make_config
+    from checks.verify.plan import Options, plan
+    from tests.fakes.smoke import machine
+
+    (sample,) = [s for s in ALL if VERIFY_SAMPLE.match(s.command)]
+    ids = [m.group(2) for line in sample.lines if (m := re.match(r"^  (OK|WARN|FAIL|SKIP)\s+(\S+)", line))]
+    golden = json.loads((REPO / "tests/checks/verify/golden/cpu-data-bound.json").read_text())
+    assert ids == [r["id"] for r in golden["results"]]
+    with ExitStack() as stack:
+        p, _ = plan(Options(json=str(tmp_path / "r.json")), make_config(), machine, stack)
+    row = next(line for line in sample.lines if " verify-data " in line).split("verify-data", 1)[1].strip()
+    assert p.data is not None and row.startswith(
+        f"{p.data.describe()}; DataLoader(num_workers={p.loader['num_workers']},"
+    )
+    assert row.endswith(f" ({p.loader_note})")

@@ -183,7 +183,12 @@ def plan(
     if workers < 0 and data is not None:
         # A staged dataset is a memory map with nothing left to decode: a worker only copies each batch once more
         # through shared memory (BENCHMARKS.md "staged loader": 56k samples/s in-process vs 7.5k with 1 worker).
-        workers, note = 0, "staged data: read in the training process, as staged_loader does (workers only copy it)"
+        workers = 0
+        note = (
+            "staged data: read in the training process, as staged_loader does (workers only copy it)"
+            if data.source == "staged"
+            else "synthetic data, made in memory: read in the training process (workers would only copy it)"
+        )
     if workers >= 0:
         loader |= {"num_workers": workers, "persistent_workers": workers > 0, "prefetch_factor": 2 if workers else None}
     ddp = distributed.spec_block(distributed.processes(opts.nproc, cfg, facts), cfg, facts)

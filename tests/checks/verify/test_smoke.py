@@ -26,7 +26,7 @@ from checks.result import Status
 from checks.usercode import required_arguments
 from checks.verify.contract import DeviceEvent, OomProbeEvent, PhaseEvent, Step, StepEvent
 from checks.verify.cost import cost, describe
-from checks.verify.plan import Options, checkpoint_dir, cpu_machine, effective, gate, outputs, progress
+from checks.verify.plan import Options, checkpoint_dir, cpu_machine, effective, gate, outputs, plan, progress
 from checks.verify.smoke.data import (
     EpochBatches,
     StagedDataError,
@@ -479,3 +479,15 @@ def test_the_resumed_trainer_takes_its_loss_from_the_reloaded_model(torch: Modul
     fresh.loss_fn(fresh.model(torch.ones(3, 4)), torch.tensor([0, 1, 0])).backward()
     assert fresh.model.head.weight.grad is not None and old.head.weight.grad is None  # the new model trains
     assert loss_of(torch.nn.Linear(2, 2)).__name__ == "default_loss"
+
+
+def test_synthetic_data_is_not_called_staged(tmp_path: Path) -> None:
+    from contextlib import ExitStack
+
+    from tests.fakes.smoke import config
+    from tests.fakes.smoke import machine as this_box
+
+    with ExitStack() as stack:
+        p, _ = plan(Options(json=str(tmp_path / "r.json")), config(), this_box, stack)
+    assert p.loader["num_workers"] == 0 and p.loader_note.startswith("synthetic data, made in memory")
+    assert "staged" not in p.loader_note
