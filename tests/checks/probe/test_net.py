@@ -55,8 +55,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def http_server() -> contextlib.AbstractContextManager[str]:
-    return serve(Handler)
+@pytest.fixture(scope="module")
+def base() -> Iterator[str]:
+    """One server for the module's tests: stopping one waits out its 0.5 s poll (socketserver's serve_forever)."""
+    with serve(Handler) as url:
+        yield url
 
 
 @pytest.fixture
@@ -67,31 +70,27 @@ def session(monkeypatch: pytest.MonkeyPatch) -> requests.Session:
     return requests.Session()
 
 
-def test_download_measures_rate_latency_and_bytes(session: requests.Session) -> None:
-    with http_server() as base:
-        d = download(f"{base}/big", session, 64 * MIB, 10.0)
+def test_download_measures_rate_latency_and_bytes(session: requests.Session, base: str) -> None:
+    d = download(f"{base}/big", session, 64 * MIB, 10.0)
     assert d.error is None and d.status == 200
     assert d.bytes == len(BODY) and d.mb_s and d.mb_s > 1 and d.latency_ms is not None
 
 
-def test_download_is_bounded_by_bytes(session: requests.Session) -> None:
-    with http_server() as base:
-        d = download(f"{base}/big", session, MIB, 10.0)
+def test_download_is_bounded_by_bytes(session: requests.Session, base: str) -> None:
+    d = download(f"{base}/big", session, MIB, 10.0)
     assert MIB <= d.bytes < len(BODY)
 
 
 @pytest.mark.slow
-def test_slow_server_is_cut_at_the_time_bound_without_error(session: requests.Session) -> None:
+def test_slow_server_is_cut_at_the_time_bound_without_error(session: requests.Session, base: str) -> None:
     start = time.monotonic()
-    with http_server() as base:
-        d = download(f"{base}/slow", session, 64 * MIB, 1.5)
+    d = download(f"{base}/slow", session, 64 * MIB, 1.5)
     assert time.monotonic() - start < 4
     assert d.error is None and 0 < d.bytes < 20 * 1024 and d.mb_s is not None and d.mb_s < 0.1
 
 
-def test_errors_never_show_the_secret(session: requests.Session) -> None:
-    with http_server() as base:
-        missing = download(f"{base}/nope?token=TOPSECRET123", session, MIB, 5.0)
+def test_errors_never_show_the_secret(session: requests.Session, base: str) -> None:
+    missing = download(f"{base}/nope?token=TOPSECRET123", session, MIB, 5.0)
     assert missing.error == "HTTP 404 Not Found" and missing.url.endswith("/nope?token=***")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -102,14 +101,13 @@ def test_errors_never_show_the_secret(session: requests.Session) -> None:
     assert "TOPSECRET123" not in text and "PASSWORD9" not in text and "alice" not in text
 
 
-def test_proxy_variables_are_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_proxy_variables_are_honoured(monkeypatch: pytest.MonkeyPatch, base: str) -> None:
     """The proxy (a loopback HTTP server answering absolute URIs) gets the request for a host that does not exist."""
     Handler.seen.clear()
-    with http_server() as proxy:
-        monkeypatch.setenv("HTTP_PROXY", proxy)
-        monkeypatch.delenv("NO_PROXY", raising=False)
-        monkeypatch.delenv("no_proxy", raising=False)
-        facts = measure_downloads(("http://dataset.invalid/big?key=K3Y-SECRET",), 64, 10.0)
+    monkeypatch.setenv("HTTP_PROXY", base)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    facts = measure_downloads(("http://dataset.invalid/big?key=K3Y-SECRET",), 64, 10.0)
     d = facts.downloads[0]
     assert d.error is None and d.bytes == len(BODY), d
     assert Handler.seen == ["http://dataset.invalid/big?key=K3Y-SECRET"]
@@ -187,19 +185,16 @@ def test_agent_reports_errors_as_json() -> None:
 
 
 @pytest.mark.slow
-def test_bootstrap_reports_downloads_and_never_prints_the_secret(tmp_path: Path) -> None:
+def test_bootstrap_reports_downloads_and_never_prints_the_secret(tmp_path: Path, base: str) -> None:
     """End to end: a configured URL with a token, fetched by `invoke bootstrap`; the token appears nowhere."""
-    with http_server() as base:
-        cfg = tmp_path / "cfg.yaml"
-        cfg.write_text(
-            f'preflight:\n  disk: {{enabled: false}}\n  network: {{download_urls: ["{base}/big?token=S3KR1T-TOKEN"]}}\n'
-        )
-        env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_PREFLIGHT_", "HTTP_PROXY", "http_proxy"))
-        }
-        env.update(HOME=str(tmp_path), NO_COLOR="1", NO_PROXY="127.0.0.1")
-        proc = subprocess.run([sys.executable, "-m", "invoke", "-f", str(cfg), "bootstrap", "--json", "-"], cwd=REPO,
-                              env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        f'preflight:\n  disk: {{enabled: false}}\n  network: {{download_urls: ["{base}/big?token=S3KR1T-TOKEN"]}}\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_PREFLIGHT_", "HTTP_PROXY", "http_proxy"))}
+    env.update(HOME=str(tmp_path), NO_COLOR="1", NO_PROXY="127.0.0.1")
+    proc = subprocess.run([sys.executable, "-m", "invoke", "-f", str(cfg), "bootstrap", "--json", "-"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert "S3KR1T-TOKEN" not in proc.stdout + proc.stderr
     doc = json.loads(proc.stdout)
     (row,) = doc["measurements"]["downloads"]

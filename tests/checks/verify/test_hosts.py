@@ -1,10 +1,13 @@
-"""``invoke verify --hosts`` against real hosts: two network namespaces with sshd, joined by a 100 Mbit/s link.
+"""``invoke verify --hosts`` against real hosts: two network namespaces with sshd, joined by a 200 Mbit/s link.
 
 The hosts are tests/netns.py's (tc-shaped veths, real sshd, the checkout shipped by rsync); each runs its rank
 with gloo. The model is one wide Linear layer (~4.7M parameters, 18.9 MB of fp32 gradients) importable on the
-hosts from a folder on their Python path, as a user's own module would be: across the 100 Mbit/s link its
-all-reduce costs more than the step's math and the run must come out ``comm-bound``; the same model as two ranks
-on one box (``--nproc 2``, gloo over loopback) must not.
+hosts from a folder on their Python path, as a user's own module would be: across the 200 Mbit/s link its
+all-reduce (~0.76 s on the wire) costs more than the step's math and the run must come out ``comm-bound``; the
+same model as two ranks on one box (``--nproc 2``, gloo over loopback) must not. The link is no slower than that
+verdict needs: every step of the hosts' run, and the checkpoint copied to the second host, pays for it on the
+wire. (Half the width instead would halve the wire time too, but not the one-box run's exposed exchange: gloo's
+fixed cost per step over loopback, ~40 ms on the 2 shared cores, then weighs twice as much against half the math.)
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from tests.netns import Cluster, cluster, controller_env, python_for_hosts, unav
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 
 REPO = Path(__file__).resolve().parents[3]
-RATE_MBIT = 100
+RATE_MBIT = 200
 HIDDEN = 6144  # Linear(768 -> 6144) + Linear(6144 -> 4): 4,743,172 parameters
 PARAMS = 768 * HIDDEN + HIDDEN + HIDDEN * 4 + 4
 BATCH = 1024  # enough math per step (~0.5 s on the 2 shared cores) that two ranks on one box are not comm-bound
@@ -68,11 +71,28 @@ def wide_linear():
     return Wide()
 
 
+def narrow_linear():
+    import torch
+    from torch import nn
+
+    class Narrow(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hidden = nn.Linear(768, 64)
+            self.out = nn.Linear(64, 4)
+
+        def forward(self, x):
+            return self.out(torch.relu(self.hidden(x.flatten(1).float() / 255)))
+
+    return Narrow()
+
+
 def crash_on_second_host():
-    """Rank 1 (the second host's) raises on its 3rd forward, in the warm-up or the measured steps."""
+    """Rank 1 (the second host's) raises on its 3rd forward, in the warm-up or the measured steps (a narrow
+    model: what is tested is the failure's way back, not the exchange)."""
     import torch.distributed as dist
 
-    model = wide_linear()
+    model = narrow_linear()
     calls = []
 
     def boom(module, args):
@@ -137,7 +157,7 @@ def test_the_same_model_as_two_ranks_on_one_box_is_not_comm_bound(ctl: Controlle
     ddp = report["measurements"]["ddp"]
     assert abs(ddp["grad_bytes"] / (4 * PARAMS) - 1) < 0.05 and "hosts" not in ddp
     wire_s = ddp["grad_bytes"] / (RATE_MBIT * 1e6 / 8)  # what the same bytes take over the hosts' link
-    assert ddp["comm_exposed_ms"] / 1000 < 0.25 * wire_s, (ddp["comm_exposed_ms"], wire_s)
+    assert ddp["comm_exposed_ms"] / 1000 < 0.5 * wire_s, (ddp["comm_exposed_ms"], wire_s)  # 0.38 s, as at 100 Mbit/s
     verdicts = {v["id"] for v in report["measurements"]["diagnosis"]["verdicts"]}
     assert "comm-bound" not in verdicts, (ddp["comm_share"], verdicts)
 
@@ -154,7 +174,7 @@ def _by_id(report: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.measures
-def test_two_hosts_on_100_mbit_are_comm_bound_with_the_gradient_bytes_and_the_link(across: Any) -> None:
+def test_two_hosts_on_200_mbit_are_comm_bound_with_the_gradient_bytes_and_the_link(across: Any) -> None:
     proc, report, seconds = across
     assert report, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -164,7 +184,7 @@ def test_two_hosts_on_100_mbit_are_comm_bound_with_the_gradient_bytes_and_the_li
     assert ddp["world_size"] == 2 and ddp["backend"] == "gloo"
     assert [h["host"] for h in ddp["hosts"]] == ["h1", "h2"] and [h["ranks"] for h in ddp["hosts"]] == [[0], [1]]
     assert abs(ddp["grad_bytes"] / (4 * PARAMS) - 1) < 0.05, ddp["grad_bytes"]
-    # One rank per host: each sends grad_bytes x 2(n-1)/n = grad_bytes through its 100 Mbit/s link per step.
+    # One rank per host: each sends grad_bytes x 2(n-1)/n = grad_bytes through its 200 Mbit/s link per step.
     wire_s = ddp["grad_bytes"] / (RATE_MBIT * 1e6 / 8)
     assert 0.75 <= ddp["comm_exposed_ms"] / 1000 / wire_s <= 1.6, (ddp["comm_exposed_ms"], wire_s)
     assert 0.5 * RATE_MBIT <= ddp["link_mbit_s"] <= 1.1 * RATE_MBIT, ddp["link_mbit_s"]
