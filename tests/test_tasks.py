@@ -336,12 +336,23 @@ def test_alloc_conf_applies_then_undo_restores_the_users_file(home: Path) -> Non
 
 
 def test_undo_restores_a_file_without_final_newline(home: Path) -> None:
+    """The block is written by alloc-conf's own writer, with the value and variables alloc-conf picks for the torch
+    installed here (the whole ``invoke alloc-conf`` round trip, its two torch children included, is the test above)."""
+    from importlib.metadata import version
+
+    from provision.alloc_env import choose_value, ensure_alloc_conf, variables_for
+
     original = b"export EDITOR=vim"  # no trailing newline
     (home / ".bashrc").write_bytes(original)
-    applied = invoke(home, "alloc-conf")
-    assert applied.code == 0, applied.why()
+    torch_version = version("torch")
+    written = ensure_alloc_conf(
+        [home / n for n in RC_FILES], choose_value("", torch_version), variables_for(torch_version)
+    )
+    assert [c.path for c in written] == [home / n for n in RC_FILES]
+    assert (home / ".bashrc").read_bytes().startswith(original + b"\n") and BEGIN in (home / ".bashrc").read_text()
     assert invoke(home, "alloc-conf", "--undo").code == 0
     assert (home / ".bashrc").read_bytes() == original
+    assert not (home / ".profile").exists()
 
 
 # --- 3. --json PATH ----------------------------------------------------------------------------------------
@@ -561,6 +572,9 @@ def test_fractional_values_for_float_keys_are_accepted(
 
 
 # --- 5b. flag errors: Invoke's parser, made usage errors ---------------------------------------------------
+# The parser is the point: these run in this process (``here``: checks.cli's program, as ``python -m invoke`` hands
+# over to it). The real entry point's usage errors and help: test_unknown_task_names_the_closest_task,
+# test_h_after_a_task_shows_that_tasks_help, test_a_config_file_that_does_not_exist_is_a_usage_error.
 
 
 @pytest.mark.parametrize(
@@ -574,8 +588,10 @@ def test_fractional_values_for_float_keys_are_accepted(
     ],
     ids=["typo", "typo-equals", "typo-inverse", "typo-verify", "unknown"],
 )
-def test_unknown_flag_is_a_one_line_usage_error(home: Path, args: tuple[str, ...], needles: tuple[str, ...]) -> None:
-    run = invoke(home, *args)
+def test_unknown_flag_is_a_one_line_usage_error(
+    here: Here, home: Path, args: tuple[str, ...], needles: tuple[str, ...]
+) -> None:
+    run = here(home, *args)
     line = assert_usage_error(run, *needles, f"invoke --help {args[0]}")
     assert ("did you mean" in line) == (args[1] != "--bogus"), run.why()
     assert run.out == "", run.why()
@@ -593,8 +609,10 @@ def test_unknown_flag_is_a_one_line_usage_error(home: Path, args: tuple[str, ...
     ],
     ids=["int", "int-equals", "float", "missing", "value-for-switch"],
 )
-def test_bad_flag_value_is_a_one_line_usage_error(home: Path, args: tuple[str, ...], needles: tuple[str, ...]) -> None:
-    run = invoke(home, *args)
+def test_bad_flag_value_is_a_one_line_usage_error(
+    here: Here, home: Path, args: tuple[str, ...], needles: tuple[str, ...]
+) -> None:
+    run = here(home, *args)
     assert_usage_error(run, *needles, f"invoke --help {args[0]}")
     assert rc_bytes(home) == {".bashrc": None, ".profile": None}
 
@@ -608,8 +626,8 @@ def test_unknown_task_names_the_closest_task(home: Path) -> None:
     [("--help", "bootstrap"), ("bootstrap", "--help"), ("alloc-conf", "--undo", "--dry-run")],
     ids=["help-task", "task-help", "alloc-conf-undo-dry-run"],
 )
-def test_valid_flags_still_parse_and_exit_0(home: Path, args: tuple[str, ...]) -> None:
-    run = invoke(home, *args)
+def test_valid_flags_still_parse_and_exit_0(here: Here, home: Path, args: tuple[str, ...]) -> None:
+    run = here(home, *args)
     assert run.code == 0, run.why()
     assert "gpu-preflight:" not in run.err, run.why()
     if "--help" in args:
@@ -771,8 +789,8 @@ def test_other_tasks_refuse_a_command_after_two_dashes(here: Here, home: Path, t
 # --- 8. invoke --list ---------------------------------------------------------------------------------------
 
 
-def test_list_shows_every_task_with_its_docstring(home: Path) -> None:
-    run = invoke(home, "--list")
+def test_list_shows_every_task_with_its_docstring(here: Here, home: Path) -> None:
+    run = here(home, "--list")
     assert run.code == 0, run.why()
     flat = "".join(run.out.split())  # --list wraps long help lines, also after a hyphen
     names = sorted(tasks.ns.task_names)
@@ -795,8 +813,8 @@ def test_no_task_flag_takes_h(here: Here, home: Path) -> None:
         assert not re.search(r"^\s+-h\b", run.out, re.MULTILINE), run.out
 
 
-def test_stage_data_help_names_the_disk_it_picks(home: Path) -> None:
-    run = invoke(home, "--help", "stage-data")
+def test_stage_data_help_names_the_disk_it_picks(here: Here, home: Path) -> None:
+    run = here(home, "--help", "stage-data")
     flat = " ".join(run.out.split())
     assert "default: <fastest local disk with room>/staged/<name>" in flat, run.out
 

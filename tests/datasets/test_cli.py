@@ -12,11 +12,12 @@ import sys
 import sysconfig
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.fakes.cli import REPO, assert_usage_error, child_env, default_sigint, invoke, pid_gone
+from tests.fakes.cli import REPO, Here, assert_usage_error, child_env, default_sigint, invoke, pid_gone
 
 pytestmark = pytest.mark.slow
 OUTPUTS = ("images.npy", "labels.npy", "classes.json")
@@ -35,6 +36,7 @@ def test_stage_then_noop_then_verify(photo_tree: Path, tmp_path: Path) -> None:
     first = invoke(tmp_path, *stage_args(photo_tree, dest))
     assert first.code == 0, first.why()
     assert "staged 72 images, 5 rejected into" in first.out and "images/s" in first.out
+    assert "decode" not in first.err  # not a terminal, no --progress: no bars (with it: the test below)
     again = invoke(tmp_path, *stage_args(photo_tree, dest))
     assert again.code == 0 and "already staged" in again.out and "nothing to do" in again.out, again.why()
     checked = invoke(tmp_path, "stage-data", "--verify", str(dest))
@@ -49,22 +51,21 @@ def test_stage_then_noop_then_verify(photo_tree: Path, tmp_path: Path) -> None:
 def test_progress_bars_go_to_stderr_on_request(photo_tree: Path, tmp_path: Path) -> None:
     run = invoke(tmp_path, *stage_args(photo_tree, tmp_path / "ds", "--progress"))
     assert run.code == 0, run.why()
-    assert "decode" in run.err and "img/s" in run.err
-    quiet = invoke(tmp_path, *stage_args(photo_tree, tmp_path / "ds2"))
-    assert "decode" not in quiet.err  # not a terminal, no flag: no bars
+    assert "decode" in run.err and "img/s" in run.err  # without the flag: none (test_stage_then_noop_then_verify)
 
 
-def test_usage_errors_are_one_line_exit_2(tmp_path: Path) -> None:
+def test_usage_errors_are_one_line_exit_2(here: Here, tmp_path: Path) -> None:
+    """In this process (the task's checks are the point); test_bad_configuration_value_is_exit_2 is a real one."""
     (tmp_path / "empty").mkdir()
     (tmp_path / "odd" / "x").mkdir(parents=True)
     (tmp_path / "odd" / "x" / "weights.bin").write_bytes(b"0")
     (tmp_path / "list.csv").write_text("path,comment\na.jpg,b\n")
-    assert_usage_error(invoke(tmp_path, "stage-data", "--source", str(tmp_path / "empty")), "is empty")
-    assert_usage_error(invoke(tmp_path, "stage-data", "--source", str(tmp_path / "odd")), "unknown format")
-    assert_usage_error(invoke(tmp_path, "stage-data", "--source", str(tmp_path / "list.csv")), "no label column")
-    assert_usage_error(invoke(tmp_path, "stage-data"), "needs --source")
-    assert_usage_error(invoke(tmp_path, "stage-data", "--source", str(tmp_path / "nope")), "not found")
-    assert_usage_error(invoke(tmp_path, "stage-data", "--verify", str(tmp_path / "empty")), "not a staged dataset")
+    assert_usage_error(here(tmp_path, "stage-data", "--source", str(tmp_path / "empty")), "is empty")
+    assert_usage_error(here(tmp_path, "stage-data", "--source", str(tmp_path / "odd")), "unknown format")
+    assert_usage_error(here(tmp_path, "stage-data", "--source", str(tmp_path / "list.csv")), "no label column")
+    assert_usage_error(here(tmp_path, "stage-data"), "needs --source")
+    assert_usage_error(here(tmp_path, "stage-data", "--source", str(tmp_path / "nope")), "not found")
+    assert_usage_error(here(tmp_path, "stage-data", "--verify", str(tmp_path / "empty")), "not a staged dataset")
 
 
 def test_bad_configuration_value_is_exit_2(photo_tree: Path, tmp_path: Path) -> None:
@@ -101,13 +102,28 @@ def _start(home: Path, args: list[str]) -> subprocess.Popen[bytes]:
     )
 
 
-def test_kill_9_at_random_points_then_resume_is_byte_identical(big_tree: Path, tmp_path: Path) -> None:
-    """The done-means test: a few hundred real photos, planted broken files, SIGKILL anywhere, same bytes."""
-    straight = tmp_path / "straight"
+@dataclass(frozen=True)
+class Straight:
+    """``big_tree`` staged by one uninterrupted run: the bytes a killed or interrupted run must end with."""
+
+    digests: dict[str, str]
+    seconds: float
+
+
+@pytest.fixture(scope="module")
+def straight(big_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Straight:
+    home = tmp_path_factory.mktemp("straight")
     t0 = time.monotonic()
-    assert invoke(tmp_path, *stage_args(big_tree, straight, "--workers", "2")).code == 0
-    duration = time.monotonic() - t0
-    want = digests(straight)
+    run = invoke(home, *stage_args(big_tree, home / "straight", "--workers", "2"))
+    assert run.code == 0, run.why()
+    return Straight(digests(home / "straight"), time.monotonic() - t0)
+
+
+def test_kill_9_at_random_points_then_resume_is_byte_identical(
+    big_tree: Path, straight: Straight, tmp_path: Path
+) -> None:
+    """The done-means test: a few hundred real photos, planted broken files, SIGKILL anywhere, same bytes."""
+    duration, want = straight.seconds, straight.digests
     dest, rng, kills = tmp_path / "killed", random.Random(20261129), 0
     for _ in range(5):
         proc = _start(tmp_path, stage_args(big_tree, dest, "--workers", "2"))
@@ -145,9 +161,10 @@ def test_killed_parent_leaves_no_worker_behind(big_tree: Path, tmp_path: Path) -
     assert all(pid_gone(p) for p in tree), [p for p in tree if not pid_gone(p)]
 
 
-def test_ctrl_c_ends_the_workers_exits_130_and_the_same_command_resumes(big_tree: Path, tmp_path: Path) -> None:
-    straight, dest = tmp_path / "straight", tmp_path / "ds"
-    assert invoke(tmp_path, *stage_args(big_tree, straight, "--workers", "2")).code == 0
+def test_ctrl_c_ends_the_workers_exits_130_and_the_same_command_resumes(
+    big_tree: Path, straight: Straight, tmp_path: Path
+) -> None:
+    dest = tmp_path / "ds"
     proc = subprocess.Popen(
         [sys.executable, "-m", "invoke", *stage_args(big_tree, dest, "--workers", "2")],
         cwd=REPO,
@@ -180,7 +197,7 @@ def test_ctrl_c_ends_the_workers_exits_130_and_the_same_command_resumes(big_tree
     assert (tmp_path / ".ds.staging").is_dir() and not dest.exists()
     resumed = invoke(tmp_path, *stage_args(big_tree, dest, "--workers", "2"))
     assert resumed.code == 0 and "resumed:" in resumed.out, resumed.why()
-    assert digests(dest) == digests(straight)
+    assert digests(dest) == straight.digests
 
 
 def test_decode_workers_import_neither_the_entry_script_nor_the_probe(photo_tree: Path, tmp_path: Path) -> None:

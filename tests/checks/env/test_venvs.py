@@ -33,16 +33,20 @@ class Envs:
         self.old = make_venv(root / "old", tiny_project(root / "src-1.0", "1.0"))
         self.new = make_venv(root / "new", tiny_project(root / "src-2.0", "2.0"))
         self.bare = make_venv(root / "bare")
+        self._snapshots: dict[Path, Path] = {}
 
     def invoke(self, python: Path, *args: str) -> subprocess.CompletedProcess[str]:
         argv = [str(python), "-m", "invoke", "-f", str(self.config), *args]
         return subprocess.run(argv, cwd=REPO, env=clean_env(self.root), capture_output=True, text=True, timeout=120)
 
-    def snapshot(self, python: Path, name: str) -> Path:
-        out = self.root / f"{name}.json"
-        done = self.invoke(python, "snapshot", "--out", str(out))
-        assert done.returncode == 0, done.stderr[-2000:]
-        return out
+    def snapshot(self, python: Path) -> Path:
+        """``invoke snapshot`` run with ``python`` (once per environment: the tests read the same file)."""
+        if python not in self._snapshots:
+            out = self.root / f"{python.parents[1].name}.json"
+            done = self.invoke(python, "snapshot", "--out", str(out))
+            assert done.returncode == 0, done.stderr[-2000:]
+            self._snapshots[python] = out
+        return self._snapshots[python]
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +56,13 @@ def envs(tmp_path_factory: pytest.TempPathFactory) -> Envs:
 
 def test_each_environment_records_its_own_version(envs: Envs) -> None:
     for python, want in ((envs.old, "1.0"), (envs.new, "2.0"), (envs.bare, None)):
-        doc = json.loads(envs.snapshot(python, python.parents[1].name).read_text())
+        doc = json.loads(envs.snapshot(python).read_text())
         assert doc["machine"]["env"]["python_executable"] == str(python)
         assert doc["machine"]["env"]["packages"].get(TINY) == want
 
 
 def test_diff_ranks_a_newer_version_info_and_a_missing_package_break(envs: Envs) -> None:
-    old, new, bare = (envs.snapshot(p, p.parents[1].name) for p in (envs.old, envs.new, envs.bare))
+    old, new, bare = (envs.snapshot(p) for p in (envs.old, envs.new, envs.bare))
     newer = envs.invoke(envs.old, "diff", str(old), str(new), "--json", "-")
     assert newer.returncode == 0, newer.stderr[-2000:]
     doc = json.loads(newer.stdout)
@@ -77,7 +81,7 @@ def test_diff_ranks_a_newer_version_info_and_a_missing_package_break(envs: Envs)
 
 
 def test_diff_against_live_reads_the_running_python(envs: Envs) -> None:
-    old = envs.snapshot(envs.old, "old-live")
+    old = envs.snapshot(envs.old)
     done = envs.invoke(envs.new, "diff", str(old), "live", "--json", "-")  # live: new's own interpreter
     assert done.returncode == 0, done.stderr[-2000:]
     fields = {d["field"]: (d["a"], d["b"]) for d in json.loads(done.stdout)["differences"]}

@@ -13,7 +13,7 @@ import pytest
 
 from checks.plan.model import layer_activation_bytes, shape_from_hf, transformer_parameters
 from checks.plan.run import SCRIPT
-from tests.fakes.cli import Here
+from tests.fakes.cli import Here, Run
 from tests.fakes.plan import plan
 
 pytestmark = pytest.mark.slow
@@ -38,6 +38,22 @@ def write(tmp: Path, cfg: dict[str, Any]) -> Path:
     return tmp / "config.json"
 
 
+@pytest.fixture(scope="module")
+def plans() -> dict[str, tuple[Run, dict[str, Any]]]:
+    """``plan --hf-config`` runs by model type, shared by the tests that read the same run."""
+    return {}
+
+
+def plan_of(
+    here: Here, tmp: Path, plans: dict[str, tuple[Run, dict[str, Any]]], cfg: dict[str, Any]
+) -> tuple[Run, dict[str, Any]]:
+    """``invoke plan --hf-config`` of ``cfg`` (written into ``tmp``), run once per module for each model type."""
+    name = str(cfg["model_type"])
+    if name not in plans:
+        plans[name] = plan(here, tmp, "--hf-config", str(write(tmp, cfg)))
+    return plans[name]
+
+
 def child(config: Path, attention: str = "flash") -> dict[str, Any]:
     spec = {"hf_config": str(config), "user_path": str(config.parent), "input_shape": [SEQ], "input_dtype": "long",
             "dtype": "bfloat16", "batches": [1, 2], "checkpointing": False, "attention": attention}  # fmt: skip
@@ -58,11 +74,12 @@ def transformers_count(config: Path) -> int:
 def test_built_on_meta_counts_what_transformers_and_the_formula_count(
     here: Here,
     tmp_path: Path,
+    plans: dict[str, tuple[Run, dict[str, Any]]],
     cfg: dict[str, Any],
 ) -> None:
     pytest.importorskip("transformers")
     config = write(tmp_path, cfg)
-    run, doc = plan(here, tmp_path, "--hf-config", str(config))
+    run, doc = plan_of(here, tmp_path, plans, cfg)
     assert run.code == 0, run.why()
     model = doc["model"]
     assert model["source"].startswith("measured on the meta device"), model
@@ -94,11 +111,13 @@ def test_one_block_against_korthikanti(tmp_path: Path, cfg: dict[str, Any]) -> N
         assert data["model"]["linear_layers"] == 2 * 4 + 1
 
 
-def test_whole_model_per_sample_against_the_formula_path(here: Here, tmp_path: Path) -> None:
+def test_whole_model_per_sample_against_the_formula_path(
+    here: Here, tmp_path: Path, plans: dict[str, tuple[Run, dict[str, Any]]]
+) -> None:
     """The logits are counted alike (16-bit output + the loss's fp32 log-softmax = the formula's 6 B x s x V)."""
     pytest.importorskip("transformers")
-    config = write(tmp_path, LLAMA)
-    _, doc = plan(here, tmp_path, "--hf-config", str(config))
+    run, doc = plan_of(here, tmp_path, plans, LLAMA)
+    assert run.code == 0, run.why()
     measured = doc["model"]["activations"]["per_sample_bytes"]
     shape = shape_from_hf(LLAMA, 0, "test")
     logits = 6 * SEQ * shape.vocab

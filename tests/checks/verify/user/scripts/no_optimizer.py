@@ -1,5 +1,7 @@
 """Imports torch but updates its weights by hand: no torch optimizer step ever happens."""
 
+import time
+
 import torch
 
 w = torch.zeros(4, requires_grad=True)
@@ -11,3 +13,4 @@ while True:
     with torch.no_grad():
         w -= 0.1 * grad
         w.grad = None
+    time.sleep(0.01)  # a loop that also waits on something: it need not spin a core until verify gives up
