@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 class Classifier(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
+        self.net = nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 4))
 
     def training_step(self, batch, batch_idx):
         x, y = batch
