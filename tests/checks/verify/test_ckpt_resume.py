@@ -17,6 +17,9 @@ from tests.datasets.photos import image_tree, photo_bytes
 from tests.fakes.smoke import PLUGINS, checkpoint, config, smoke
 
 pytestmark = pytest.mark.slow
+# What the assertions read is the checkpoint round trip after the loop: a short loop, and no DataLoader timing
+# afterwards (the loader probe runs when a loop waits for data, as photo decoding does).
+ROUND_TRIP = {"steps": 2, "warmup": 1, "loader_probe_s": 0}
 
 
 @pytest.fixture
@@ -35,7 +38,7 @@ def test_random_augmentation_in_workers_passes_the_checkpoint_and_warns_on_data_
     outcome, results, m = smoke(
         tmp_path,
         monkeypatch,
-        config(steps=4),
+        config(**ROUND_TRIP),
         dataset=f"{PLUGINS}:photos_augmented",
         model=f"{PLUGINS}:tiny_model",
         workers=2,
@@ -56,7 +59,7 @@ def test_fixed_transforms_resume_the_data_exactly(
     outcome, results, _ = smoke(
         tmp_path,
         monkeypatch,
-        config(steps=4),
+        config(**ROUND_TRIP),
         dataset=f"{PLUGINS}:photos_fixed",
         model=f"{PLUGINS}:tiny_model",
         workers=2,
@@ -72,7 +75,12 @@ def test_entropy_in_the_dataset_warns_on_data_resume_not_on_the_checkpoint(
 ) -> None:
     # In-process reads (no workers) drawing from the OS entropy pool: no saved RNG state can reproduce them.
     outcome, results, _ = smoke(
-        tmp_path, monkeypatch, config(steps=4), dataset=f"{PLUGINS}:entropy", model=f"{PLUGINS}:tiny_model", workers=0
+        tmp_path,
+        monkeypatch,
+        config(**ROUND_TRIP),
+        dataset=f"{PLUGINS}:entropy",
+        model=f"{PLUGINS}:tiny_model",
+        workers=0,
     )
     ckpt = checkpoint(outcome)
     assert ckpt.reproduced is True and results["verify-checkpoint"].status.value == "ok"
@@ -82,7 +90,7 @@ def test_entropy_in_the_dataset_warns_on_data_resume_not_on_the_checkpoint(
 
 def test_state_outside_the_checkpoint_fails_the_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     outcome, results, _ = smoke(
-        tmp_path, monkeypatch, config(steps=4), dataset=f"{PLUGINS}:patterned", model=f"{PLUGINS}:forgetful_model"
+        tmp_path, monkeypatch, config(**ROUND_TRIP), dataset=f"{PLUGINS}:patterned", model=f"{PLUGINS}:forgetful_model"
     )
     ckpt = checkpoint(outcome)
     assert ckpt.reproduced is False and ckpt.uninterrupted != ckpt.resumed

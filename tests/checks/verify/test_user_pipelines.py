@@ -19,7 +19,9 @@ def test_narrow_token_windows_train_the_built_in_text_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: str
 ) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    outcome, results, m = smoke(tmp_path, monkeypatch, config(steps=4), dataset=f"{PLUGINS}:tokens_{dtype}", workers=0)
+    outcome, results, m = smoke(
+        tmp_path, monkeypatch, config(steps=4, loader_probe_s=0), dataset=f"{PLUGINS}:tokens_{dtype}", workers=0
+    )
     r = outcome.child.result
     assert results["verify-loop"].status.value == "ok", results["verify-loop"].summary
     assert r is not None and r.model is not None and r.data is not None
@@ -35,7 +37,7 @@ def test_tokens_per_second_with_the_users_model_and_throughput_with_saves(
     _, results, m = smoke(
         tmp_path,
         monkeypatch,
-        config(steps=4),
+        config(steps=4, loader_probe_s=0),
         dataset=f"{PLUGINS}:tokens_int32",
         model=f"{PLUGINS}:token_model",
         workers=0,
