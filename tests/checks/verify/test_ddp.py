@@ -107,7 +107,7 @@ def test_two_ranks_measure_the_exchange_and_judge_it_comm_bound(
     assert 0 < d["scaling_efficiency"] < 1.5
     assert results["diagnosis"].value == "comm-bound", results["diagnosis"].summary
     verdict = m["diagnosis"]["verdicts"][0]
-    assert verdict["evidence"]["grad_bytes"] == d["grad_bytes"] and "32.0 MB" in verdict["summary"]
+    assert verdict["evidence"]["grad_bytes"] == d["grad_bytes"] and "32 MB all-reduced" in verdict["summary"]
     assert verdict["fix"].startswith("1) sync every"), verdict["fix"]  # the largest measured saving first
     assert results["verify-ddp"].status.value == "ok"
     # the checkpoint round trip under DDP: rank 0 saved, every rank restored, the same batches replayed
