@@ -175,6 +175,9 @@ def straggler(rows: Sequence[RankRow], cfg: VerifyConfig) -> dict[str, Any] | No
     score = worst[0] / others - 1 if others > 0 else math.inf
     if score < cfg.straggler_share:
         return None
+    steps = [x.median_s for x in rows if x.median_s]
+    if steps and worst[0] - others < cfg.share_warn * statistics.median(steps):
+        return None  # slower, but what the others wait for it is a small part of the step (noise on a busy box)
     return {"rank": worst[1], "own_s": worst[0], "others_s": others, "score": round(score, 3)}
 
 

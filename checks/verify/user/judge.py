@@ -214,7 +214,7 @@ def judge(
         )
         figs = dataclasses.replace(figs, fig=whole)
         s = verify_report.signals(plan, outcome, cfg, figs.fig, gate)
-        ddp = rank_rows(found) if len(found) > 1 else None
+        ddp = rank_rows(found, lead, run.events) if len(found) > 1 else None
         s = dataclasses.replace(s, checkpoint=figs.checkpoint, ddp=ddp, own_code=True)
         results.append(_loop(lead, figs))
     else:
@@ -279,7 +279,10 @@ def _command_figures(
         if figs.checkpoint:
             out["checkpoint"] = figs.checkpoint
     if len(found) > 1:
+        d = rank_rows(found, lead, run.events)
         out["ddp"] = {"world_size": len(found), "per_rank": per_rank(found), "judged_rank": lead.key if lead else None}
+        out["ddp"] |= {"backend": d.backend, "grad_bytes": d.grad_bytes, "comm_exposed_ms": d.comm_exposed_ms}
+        out["ddp"]["comm_share"] = d.comm_share  # the judged rank's, timed by the agent's DDP comm hook
         out["per_rank"] = out["ddp"]["per_rank"]
     if advice is not None:
         out["advice"] = advice
@@ -303,9 +306,20 @@ def own_step_s(r: Rank) -> float | None:
     return statistics.median(own) if own else None
 
 
-def rank_rows(found: Sequence[Rank]) -> DdpFigures:
-    """The ranks as the straggler rule reads them (``own_s``: ``own_step_s``; ``gpu``: torch's index on its host).
-    No exposed communication is measured for a command (it needs ``no_sync`` steps), so no comm-bound verdict."""
+def rank_rows(found: Sequence[Rank], lead: Rank | None = None, events: Sequence[dict[str, Any]] = ()) -> DdpFigures:
+    """The ranks as the straggler and comm-bound rules read them (``own_s``: ``own_step_s``; ``gpu``: torch's
+    index on its host), and ``lead``'s exposed exchange where the agent's DDP comm hook timed it: from the last
+    gradient bucket handed to the all-reduce to the end of backward, the part of the exchange no computation hid."""
+    exposed = [s.get("comm_exposed") for s in (lead.steps if lead else [])]
+    sizes = [s.get("comm_bytes") or 0 for s in (lead.steps if lead else [])]
+    figs = rank_figures(lead) if lead else None
+    timed = bool(exposed) and all(x is not None for x in exposed) and figs is not None and figs.fig.mean_s > 0
+    mean = statistics.fmean(float(x or 0.0) for x in exposed) if timed else None
+    backends = [str(e.get("backend")) for e in events if e.get("event") == "ddp" and e.get("backend")]
+    exposed_ms = share = grad = None
+    if timed and mean is not None and figs is not None:
+        exposed_ms, share = round(1000 * mean, 3), round(mean / figs.fig.mean_s, 4)
+        grad = int(statistics.median(sizes)) or None
     rows = []
     for r in found:
         if not isinstance(r.key, int):
@@ -315,7 +329,11 @@ def rank_rows(found: Sequence[Rank]) -> DdpFigures:
         wait = round(figs.fig.shares["data_wait"], 4) if figs else None
         median = figs.fig.median_s if figs else None
         rows.append(RankRow(r.key, median, own_step_s(r), None, wait, None, gpu))
-    return DdpFigures(world_size=len(found), backend="the command's own", per_rank=tuple(rows))
+    backend = backends[0] if backends else "the command's own"
+    return DdpFigures(
+        world_size=len(found), backend=backend, per_rank=tuple(rows), grad_bytes=grad, comm_exposed_ms=exposed_ms,
+        comm_share=share,
+    )  # fmt: skip
 
 
 def per_rank(found: Sequence[Rank]) -> list[dict[str, Any]]:

@@ -11,6 +11,9 @@ Once torch is imported it installs torch's global hooks and a few patches:
 - backward: ``torch.Tensor.backward`` and ``torch.autograd.backward`` (outermost call), which also counts the
   micro-batches of gradient accumulation;
 - checkpoint: ``torch.save``, ``torch.distributed.checkpoint.save``/``async_save`` and safetensors' ``save_file``;
+- DDP's exchange: a comm hook doing what DDP's default does (``default_hooks.allreduce_hook``), registered at a
+  ``DistributedDataParallel`` model's first forward unless the script registered its own; the step's exposed
+  exchange runs from the last bucket handed to it to the end of backward;
 - ``DataLoader.__init__``: the settings each loader was built with, and the overrides verify asks for
   (``GPU_PREFLIGHT_LOADER``, a JSON object) applied at construction.
 
@@ -113,6 +116,7 @@ def arm() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     callbacks: dict[str, Callable[[Any], None]] = {
         "torch": _on_torch,
+        "torch.nn.parallel.distributed": _on_ddp,
         "torch.distributed.checkpoint": _on_dcp,
         "safetensors.torch": _on_safetensors,
     }
@@ -152,6 +156,9 @@ class _Steps:
         self.i = 0
         self.pending: list[dict[str, Any]] = []
         self.rank = _rank()  # torchrun sets it before the script starts: read once
+        self.comm_mark: Any = None  # when DDP's last gradient bucket of this step was handed to the all-reduce
+        self.comm_bytes = 0  # the buckets' bytes this step
+        self.comm_hooked = False  # our timing hook is DDP's comm hook (not when the script registers its own)
 
     def mark(self) -> tuple[float, Any]:
         event = None
@@ -212,10 +219,11 @@ class _Steps:
         self.i += 1
         raw = {"i": self.i, "segments": self.segments, "micro": self.micro, "loss": self.loss}
         raw |= {"step_counts": self.step_counts, "samples": self.samples, "saves": self.saves}
-        raw["ckpt_bytes"] = self.ckpt_bytes
+        raw |= {"ckpt_bytes": self.ckpt_bytes, "comm_mark": self.comm_mark, "comm_bytes": self.comm_bytes}
         self.pending.append(raw)
         self.segments, self.step_counts, self.samples = [], {}, {}
-        self.micro = self.saves = self.ckpt_bytes = 0
+        self.micro = self.saves = self.ckpt_bytes = self.comm_bytes = 0
+        self.comm_mark = None
         self.loss = None
         self.flush(wait=False)
 
@@ -249,6 +257,12 @@ class _Steps:
         host_start, host_end = raw["segments"][0][1][0], raw["segments"][-1][2][0]
         host_fetch = sum(b - a for a, b in fetch.get(feed or "", []))
         loss = raw["loss"]
+        # DDP's exposed exchange: from the last bucket handed to the all-reduce to the end of that backward (the
+        # reducer waits there for every bucket's result); None without our hook (no DDP, or the script's own hook).
+        comm = None
+        if self.comm_hooked and raw["comm_mark"] is not None:
+            ends = [b for region, _, b in raw["segments"] if region == "backward" and b[0] >= raw["comm_mark"][0]]
+            comm = self.seconds(raw["comm_mark"], ends[0]) if ends else None
         return {
             "i": raw["i"],
             "data_wait": data,
@@ -271,6 +285,8 @@ class _Steps:
             "saves": raw["saves"],
             "ckpt_bytes": raw["ckpt_bytes"],
             "clock": "cuda-events" if self.cuda else "monotonic",
+            "comm_exposed": None if comm is None else max(0.0, comm),
+            "comm_bytes": raw["comm_bytes"] if self.comm_hooked else None,
             **self.rank,
         }
 
@@ -319,6 +335,9 @@ def _on_torch(torch: Any) -> None:
     _patch_backward(torch, st)
     torch.save = _timed(torch.save, st, "checkpoint", saved=True)
     atexit.register(lambda: _safely(st.flush, True))
+    ddp = sys.modules.get("torch.nn.parallel.distributed")  # torch imports it with torch.nn, before this runs
+    if ddp is not None:
+        _safely(_on_ddp, ddp)
     _say("hello", argv=sys.argv[:20], ppid=os.getppid(), pgid=os.getpgid(0), main=_main_process(), **_rank())
     _say("torch", version=str(torch.__version__))
 
@@ -398,6 +417,63 @@ def _patch_backward(torch: Any, st: _Steps) -> None:
 
     torch.Tensor.backward = backward
     torch.autograd.backward = _timed(torch.autograd.backward, st, "backward")
+
+
+def _on_ddp(module: Any) -> None:
+    """DistributedDataParallel: time its exchange with a comm hook that does what DDP's default does (average the
+    bucket with one all-reduce), installed at the model's first forward unless the script registered its own."""
+    st = _STEPS
+    cls = getattr(module, "DistributedDataParallel", None)
+    if st is None or cls is None or getattr(cls, "_gpu_preflight_patched", False):
+        return  # before torch's own hooks (_on_torch calls this again), or already done
+    cls._gpu_preflight_patched = True
+    real_forward, real_register = cls.forward, cls.register_comm_hook
+    real_builtin = getattr(cls, "_register_builtin_comm_hook", None)
+
+    def register_comm_hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self._gpu_preflight_theirs = True
+        return real_register(self, *args, **kwargs)
+
+    def register_builtin(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self._gpu_preflight_theirs = True
+        return real_builtin(self, *args, **kwargs) if real_builtin is not None else None
+
+    @functools.wraps(real_forward)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(self, "_gpu_preflight_seen", False):
+            self._gpu_preflight_seen = True
+            _safely(_hook_ddp, self, st, real_register)
+        return real_forward(self, *args, **kwargs)
+
+    cls.forward = forward
+    cls.register_comm_hook = register_comm_hook
+    if real_builtin is not None:
+        cls._register_builtin_comm_hook = register_builtin
+
+
+def _hook_ddp(model: Any, st: _Steps, register: Callable[..., Any]) -> None:
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    group = getattr(model, "process_group", None)
+    _say(
+        "ddp",
+        backend=str(dist.get_backend(group)),
+        hooked=not getattr(model, "_gpu_preflight_theirs", False),
+        **_rank(),
+    )
+    if getattr(model, "_gpu_preflight_theirs", False):
+        return  # the script's own hook stays; its exchange is not timed
+
+    def timed(state: Any, bucket: Any) -> Any:
+        st.comm_mark = st.mark()
+        buffer = bucket.buffer()
+        st.comm_bytes += buffer.numel() * buffer.element_size()
+        return default_hooks.allreduce_hook(state, bucket)
+
+    timed.__annotations__ = {}  # DDP accepts only its own annotations (dist.GradBucket) or none
+    register(model, group, timed)
+    st.comm_hooked = True
 
 
 def _on_dcp(module: Any) -> None:

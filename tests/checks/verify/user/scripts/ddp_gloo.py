@@ -1,6 +1,7 @@
 """A DDP script launched with torchrun (gloo on the CPU), each rank with its DistributedSampler.
 
-``--slow-rank N``: rank N reads each sample 1 ms slower (a shard on a slower disk), a straggler to find."""
+``--slow-rank N``: rank N reads each sample 1 ms slower (a shard on a slower disk), a straggler to find.
+``--wide N``: a hidden layer N wide (64 -> N -> 4): its gradients, not its math, make the step."""
 
 import argparse
 import time
@@ -28,13 +29,14 @@ class Shard(Dataset):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--slow-rank", type=int, default=-1)
+    parser.add_argument("--wide", type=int, default=128)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     data = Shard(dist.get_rank() == args.slow_rank)
     sampler: DistributedSampler[tuple[torch.Tensor, ...]] = DistributedSampler(data)
     loader = DataLoader(data, batch_size=16, sampler=sampler)
-    model = DDP(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4)))
+    model = DDP(nn.Sequential(nn.Linear(64, args.wide), nn.ReLU(), nn.Linear(args.wide, 4)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for epoch in range(1000):
         sampler.set_epoch(epoch)
