@@ -104,12 +104,27 @@ def _last_line(stderr: bytes | str | None) -> str:
 # --- HTTP -----------------------------------------------------------------------------------------------------
 
 
+_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
+
+
+def reason(exc: requests.RequestException) -> str:
+    """What went wrong, in a few words: the OS's reason (``Connection refused``, ``Name or service not known``)
+    rather than urllib3's retry wrapper around it, which runs to hundreds of characters."""
+    text = str(exc)
+    found = _ERRNO.search(text)
+    if found:
+        return found.group(1).strip()
+    if isinstance(exc, requests.Timeout):
+        return "no answer in time"
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
 def http_identity(session: requests.Session, url: str, timeout: float) -> str:
     """Return what identifies the remote file's version: its ETag, Last-Modified and length."""
     try:
         r = session.head(url, allow_redirects=True, timeout=timeout)
     except requests.RequestException as exc:
-        raise StageFailure(f"cannot reach {redact(url)}: {scrub(str(exc), url)}") from None
+        raise StageFailure(f"cannot reach {redact(url)}: {scrub(reason(exc), url)}") from None
     if r.status_code >= 400:
         raise StageFailure(f"{redact(url)} answered HTTP {r.status_code}")
     keys = ("ETag", "Last-Modified", "Content-Length")

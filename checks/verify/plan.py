@@ -332,7 +332,10 @@ def raise_usage(o: Outcome) -> None:
     """A --model/--dataset the child could not use, or CUDA asked for and absent: exit 2, like any bad flag."""
     r = o.child.result
     if r is not None and r.error_kind == "usage":
-        raise PreflightError(str(r.error), hint="see the --model/--dataset convention in docs/verify.md")
+        text = str(r.error)
+        if text.startswith("--device"):  # the device, not the user's code: its own hint is in the message
+            raise PreflightError(text, hint="run without --device cuda (the CPU), or on a box where bootstrap passes")
+        raise PreflightError(text, hint="see the --model/--dataset convention in docs/verify.md")
 
 
 def progress(event: Event) -> str | None:

@@ -170,7 +170,8 @@ def test_an_unreachable_server_and_the_requests_error_that_repeats_the_query(tmp
         str(tmp_path / "d"),
     )
     assert run.code == 1 and f"cannot reach http://***@127.0.0.1:{port}/x/pets.tar.gz?token=***" in run.err, run.why()
-    assert "Max retries exceeded with url: /x/pets.tar.gz?***" in run.err  # requests' own text, scrubbed
+    # The reason is the OS's, not urllib3's retry wrapper, which repeats the query (and ran to ~300 characters).
+    assert run.err.strip().endswith("=***: Connection refused") and "Max retries" not in run.err
     assert leaks(run, tmp_path) == []
 
 

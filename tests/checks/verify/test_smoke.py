@@ -491,3 +491,20 @@ def test_synthetic_data_is_not_called_staged(tmp_path: Path) -> None:
         p, _ = plan(Options(json=str(tmp_path / "r.json")), config(), this_box, stack)
     assert p.loader["num_workers"] == 0 and p.loader_note.startswith("synthetic data, made in memory")
     assert "staged" not in p.loader_note
+
+
+def test_a_device_the_box_lacks_is_not_pointed_at_the_model_docs() -> None:
+    from checks.verify.contract import ChildResult, ChildRun
+    from checks.verify.plan import Outcome, raise_usage
+    from checks.verify.sampler import Trace
+
+    def refused(error: str) -> PreflightError:
+        child = ChildRun(result=ChildResult(error=error, error_kind="usage"))
+        with pytest.raises(PreflightError) as caught:
+            raise_usage(Outcome(child, Trace([], 0.1), None, None))
+        return caught.value
+
+    device = refused("--device cuda, but torch cannot use CUDA here (see bootstrap's torch-build and cuda-compat)")
+    assert "docs/verify.md" not in str(device) and "run without --device cuda" in str(device)
+    assert "--model/--dataset convention" in str(refused("--model mod:fn: no such module"))
+
