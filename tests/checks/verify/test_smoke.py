@@ -507,4 +507,3 @@ def test_a_device_the_box_lacks_is_not_pointed_at_the_model_docs() -> None:
     device = refused("--device cuda, but torch cannot use CUDA here (see bootstrap's torch-build and cuda-compat)")
     assert "docs/verify.md" not in str(device) and "run without --device cuda" in str(device)
     assert "--model/--dataset convention" in str(refused("--model mod:fn: no such module"))
-
