@@ -67,7 +67,8 @@ def render_plan(p: PlanResult) -> str:
     lines += ["", head]
     lines += ["  " + _row(o, p.times.get(o.spec.model)) for o in p.options]
     if p.box:
-        lines.append(f"  * this box ({p.box[0]}): its free memory, {_gb(p.box[1])}")
+        # The card column is the datasheet's size, which NVIDIA gives in GiB ("24 GB" RTX 4090: 24 GiB = 25.8 GB)
+        lines.append(f"  * this box ({p.box[0]}): its free memory, {_gb(p.box[1])} ({p.box[1] / 2**30:,.1f} GiB)")
     lines.append("")
     lines.append(summary(p))
     return "\n".join(lines) + "\n"

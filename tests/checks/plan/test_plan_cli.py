@@ -169,3 +169,12 @@ def test_a_report_of_another_model_or_from_the_cpu_is_refused(here: Here, tmp_pa
     cpu["measurements"]["run"]["device"] = {"type": "cpu", "name": "cpu"}
     Path(report).write_text(json.dumps(cpu))
     assert_usage_error(plan(here, tmp_path, *SEVEN_B, "--from", report)[0], "on the CPU")
+
+
+def test_this_boxs_free_memory_is_also_given_in_the_units_of_the_card_column(here: Here, tmp_path: Path) -> None:
+    snapshot = Path(__file__).resolve().parents[2] / "fixtures" / "machines" / "rtx4090-power-capped.json"
+    args = ("plan", "--params", "1B", "--layers", "16", "--hidden", "2048", "--heads", "16", "--seq", "1024")
+    run = here(tmp_path, *args, "--machine", str(snapshot))
+    assert run.code == 0, run.why()
+    box = next(line for line in run.out.splitlines() if "this box" in line)
+    assert box.strip() == "* this box (RTX 4090): its free memory, 25.8 GB (24.0 GiB)"  # the 24 of the GB column
