@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 CHECKOUT = Path(__file__).resolve().parents[4]
+SHARE_WARN = make_config().verify.share_warn  # the data wait a data-bound verdict needs (10%)
 
 
 def verify(tmp_path: Path, *command: str, steps: int = 6, warmup: int = 2, verify_cfg: dict[str, Any] | None = None,
@@ -223,7 +224,7 @@ def test_lightning_trainer(tmp_path: Path) -> None:
     # The closure Lightning passes to optimizer.step holds forward and backward: they are not the optimizer's.
     assert m["step_breakdown"]["optimizer"] < m["step_breakdown"]["forward"] + m["step_breakdown"]["backward"]
     assert m["command"]["stopped_by_verify"]
-    assert verdict(judged) == "compute-bound" and m["step_breakdown"]["data_wait"] < 0.05
+    assert verdict(judged) == "compute-bound" and m["step_breakdown"]["data_wait"] < SHARE_WARN  # under data-bound
 
 
 def test_transformers_trainer_with_accumulation(tmp_path: Path) -> None:
@@ -232,7 +233,7 @@ def test_transformers_trainer_with_accumulation(tmp_path: Path) -> None:
     m = judged.report.measurements
     assert m["step_time"]["steps"] == 4 and m["micro_batches_per_step"] == 2 and m["samples_per_step"] == 32
     assert m["command"]["stopped_by_verify"] and m["step_breakdown"]["backward"] > 0
-    assert verdict(judged) == "compute-bound" and m["step_breakdown"]["data_wait"] < 0.05
+    assert verdict(judged) == "compute-bound" and m["step_breakdown"]["data_wait"] < SHARE_WARN  # under data-bound
 
 
 def test_the_step_marker_for_a_loop_without_a_torch_optimizer(tmp_path: Path) -> None:
