@@ -308,7 +308,7 @@ def test_ctrl_c_stops_every_rank_writes_the_partial_report_and_exits_130(tmp_pat
 
     import psutil
 
-    from tests.fakes.cli import by_id, child_env
+    from tests.fakes.cli import by_id, child_env, default_sigint
 
     home = tmp_path / "home"
     home.mkdir()
@@ -319,7 +319,9 @@ def test_ctrl_c_stops_every_rank_writes_the_partial_report_and_exits_130(tmp_pat
     }
     argv = [sys.executable, "-m", "invoke", "verify", "--nproc", "2", "--steps", "400", "--workers", "0"]
     argv += ["--json", str(tmp_path / "r.json")]
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint
+    )  # a suite started as a background job has SIGINT ignored: the child must hear it as from a terminal
     seen, deadline, family = "", time.monotonic() + 120, set()
     assert proc.stderr is not None
     while "measure step 10/" not in seen and time.monotonic() < deadline:
