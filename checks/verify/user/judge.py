@@ -197,6 +197,7 @@ def judge(
     """Results, measurements (the report's JSON object) and verdicts of one run of the command."""
     found = ranks(run.events, rule_warmup, rule_steps, rule_seconds)
     lead = pace_setter(found, cfg)
+    ddp = rank_rows(found, lead, run.events) if len(found) > 1 else None  # the ranks, read once
     figs = rank_figures(lead) if lead else None
     child = _child_result(lead, figs) if lead else ChildResult()
     outcome = Outcome(
@@ -214,7 +215,6 @@ def judge(
         )
         figs = dataclasses.replace(figs, fig=whole)
         s = verify_report.signals(plan, outcome, cfg, figs.fig, gate)
-        ddp = rank_rows(found, lead, run.events) if len(found) > 1 else None
         s = dataclasses.replace(s, checkpoint=figs.checkpoint, ddp=ddp, own_code=True)
         results.append(_loop(lead, figs))
     else:
@@ -246,7 +246,7 @@ def judge(
         cost=priced,
         timeline=dict(child.timeline) or None,
     ).to_json()  # fmt: skip
-    m |= _command_figures(run, found, lead, figs, advice)
+    m |= _command_figures(run, found, lead, ddp, figs, advice)
     return [*(gate or []), *results], m, verdicts
 
 
@@ -264,7 +264,12 @@ def _step_block(lead: Rank, figs: RankFigures) -> StepBlock:
 
 
 def _command_figures(
-    run: CommandRun, found: Sequence[Rank], lead: Rank | None, figs: RankFigures | None, advice: dict[str, Any] | None
+    run: CommandRun,
+    found: Sequence[Rank],
+    lead: Rank | None,
+    d: DdpFigures | None,
+    figs: RankFigures | None,
+    advice: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """What only a command run has: ``command``, the micro-batches and samples per step, the script's own
     saves, every rank under torchrun, the measured loader advice."""
@@ -278,8 +283,7 @@ def _command_figures(
         )
         if figs.checkpoint:
             out["checkpoint"] = figs.checkpoint
-    if len(found) > 1:
-        d = rank_rows(found, lead, run.events)
+    if d is not None:
         out["ddp"] = {"world_size": len(found), "per_rank": per_rank(found), "judged_rank": lead.key if lead else None}
         out["ddp"] |= {"backend": d.backend, "grad_bytes": d.grad_bytes, "comm_exposed_ms": d.comm_exposed_ms}
         out["ddp"]["comm_share"] = d.comm_share  # the judged rank's, timed by the agent's DDP comm hook

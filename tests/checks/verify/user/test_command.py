@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 CHECKOUT = Path(__file__).resolve().parents[4]
+TORCHRUN_2 = (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2")  # torchrun, two ranks
 SHARE_WARN = make_config().verify.share_warn  # the data wait a data-bound verdict needs (10%)
 
 
@@ -98,17 +99,7 @@ def test_transformers_dict_batches_with_accumulation(tmp_path: Path) -> None:
 
 def test_torchrun_two_ranks_name_the_straggler(tmp_path: Path) -> None:
     # Rank 1 reads its shard 1 ms per sample slower (16 ms a step): rank 0 waits for it inside backward.
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "ddp_gloo.py",
-        "--slow-rank",
-        "1",
-    ]
-    judged = verify(tmp_path, *torchrun, steps=4)
+    judged = verify(tmp_path, *TORCHRUN_2, "ddp_gloo.py", "--slow-rank", "1", steps=4)
     m = judged.report.measurements
     assert m["ddp"]["world_size"] == 2
     assert sorted(r["rank"] for r in m["per_rank"]) == [0, 1]
@@ -124,17 +115,7 @@ def test_torchrun_two_ranks_name_the_straggler(tmp_path: Path) -> None:
 
 def test_torchrun_a_wide_model_over_gloo_is_comm_bound(tmp_path: Path) -> None:
     # 2.26M parameters, 64 -> 32768 -> 4, batch 16: the gradients' exchange, not the math, makes the step.
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "ddp_gloo.py",
-        "--wide",
-        "32768",
-    ]
-    judged = verify(tmp_path, *torchrun, steps=4)
+    judged = verify(tmp_path, *TORCHRUN_2, "ddp_gloo.py", "--wide", "32768", steps=4)
     m = judged.report.measurements
     ids = [v["id"] for v in m["diagnosis"]["verdicts"]]
     comm = next(v for v in m["diagnosis"]["verdicts"] if v["id"] == "comm-bound")
