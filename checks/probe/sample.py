@@ -141,6 +141,7 @@ class HostReader:
         self._retired = 0.0  # CPU seconds of descendants that have exited
         self._children_at = -1.0
         self._ranks: set[int] = set()  # descendants that are training processes of their own (torchrun's ranks)
+        self._launched: dict[int, bool] = {}  # pid -> LOCAL_RANK in its environment (ranks_among's cache)
         self._last: tuple[float, float, float] | None = None  # (time, tree cpu s, worker cpu s)
         psutil.cpu_percent(percpu=True)  # prime the deltas
         psutil.cpu_times_percent()
@@ -169,7 +170,8 @@ class HostReader:
         workers = self._retired + sum(
             self._cpu(pid) or 0.0 for pid in list(self._procs) if pid != self.pid and pid not in self._ranks
         )
-        total = None if main is None else main + workers
+        ranks_cpu = sum(self._cpu(pid) or 0.0 for pid in self._ranks)  # training processes: the tree's, not workers'
+        total = None if main is None else main + workers + ranks_cpu
         last, self._last = self._last, (now, total or 0.0, workers)
         ranks = float(len(self._ranks))
         out: dict[str, float | None] = {
@@ -200,7 +202,8 @@ class HostReader:
                 self._retired += self._cpu_seen.pop(gone, 0.0)
         new = [pid for pid in procs if pid not in self._procs and pid != self.pid]
         self._procs = procs
-        self._ranks = ranks_among(procs, self.pid)
+        self._launched = {pid: v for pid, v in self._launched.items() if pid in procs}  # an environment is read once
+        self._ranks = ranks_among(procs, self.pid, self._launched)
         for pid in new:  # only CPU used from now on counts: its history would land in one sample as a spike
             self._retired -= self._cpu(pid) or 0.0
 
@@ -215,12 +218,13 @@ class HostReader:
         return self._cpu_seen.get(pid)
 
 
-def ranks_among(procs: dict[int, psutil.Process], root: int | None) -> set[int]:
+def ranks_among(procs: dict[int, psutil.Process], root: int | None, environ: dict[int, bool] | None = None) -> set[int]:
     """The descendants of ``root`` that are training ranks, not DataLoader workers: a launcher (torchrun,
     accelerate, mpirun) starts each rank with ``LOCAL_RANK`` in its environment, and a rank's workers inherit
     that environment from it, so a rank is a process with ``LOCAL_RANK`` whose parent has none. A watched rank
-    itself (``root``) is not counted, and its workers stay workers."""
-    environ: dict[int, bool] = {}
+    itself (``root``) is not counted, and its workers stay workers. ``environ`` caches what each pid's environment
+    said (it does not change while the process lives)."""
+    environ = {} if environ is None else environ
 
     def launched(pid: int) -> bool:
         if pid not in environ:
