@@ -201,7 +201,7 @@ def test_lightning_trainer(tmp_path: Path) -> None:
     # building each batch of 32 (indexing and collate, in the process) really was 16% of it, a true data-bound.
     judged = verify(tmp_path, sys.executable, "lightning_trainer.py", steps=5)
     m = judged.report.measurements
-    assert m["step_time"]["steps"] == 5 and m["samples_per_step"] == 32 and m["micro_batches_per_step"] == 1
+    assert m["step_time"]["steps"] == 5 and m["samples_per_step"] == 256 and m["micro_batches_per_step"] == 1
     # The closure Lightning passes to optimizer.step holds forward and backward: they are not the optimizer's.
     assert m["step_breakdown"]["optimizer"] < m["step_breakdown"]["forward"] + m["step_breakdown"]["backward"]
     assert m["command"]["stopped_by_verify"]

@@ -30,7 +30,7 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(Classifier(), DataLoader(data, batch_size=32, shuffle=True))
+    trainer.fit(Classifier(), DataLoader(data, batch_size=256, shuffle=True))
 
 
 if __name__ == "__main__":
