@@ -179,16 +179,26 @@ def gpu_nvlink(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
 
     Command line equivalent: nvidia-smi nvlink --status.
     """
-    return _per_gpu("gpu-nvlink", m, cfg, lambda g, _: _nvlink_one(g, m.host.nvswitch_count))
+    alone = len(m.nvml.gpus) == 1
+    return _per_gpu("gpu-nvlink", m, cfg, lambda g, _: _nvlink_one(g, m.host.nvswitch_count, alone))
 
 
-def _nvlink_one(g: GpuFacts, nvswitches: int) -> Result:
+def _nvlink_one(g: GpuFacts, nvswitches: int, alone: bool = False) -> Result:
     form = datasheet.form_factor(g, nvswitches)
     active, slots = g.nvlink_active or 0, g.nvlink_total or 0
     spec = datasheet.lookup(g.name)
     bridged = spec.bridge_links if spec and spec.bridge_links and spec.bridge_links < slots else None
     total = bridged or slots  # a bridged board is whole at its bridge's links, not at NVML's slot count
     kw = {"value": active, "subject": _sub(g)}
+    if form.sxm and alone and active < (form.links or total):
+        # A one-GPU slice of an SXM host (recorded on a rented H200 VM: 0 of 18 links up): with no second GPU in
+        # the machine no traffic of this rental would cross NVLink, so links that are down cost nothing here.
+        return ok(
+            "gpu-nvlink",
+            f"{active} of {form.links or total} NVLink links active, SXM part ({form.why}); the only GPU in this "
+            "machine, so nothing here needs NVLink (a rental of 2+ GPUs would)",
+            **kw,
+        )
     if form.sxm:  # no bridge on an SXM module: every link is on the board (docs/sources.md#nvlink-per-link: A100 12, H100/H200 18)
         return _sxm_links(active, form.links or total, form.why, kw)
     if total == 0:

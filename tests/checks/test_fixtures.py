@@ -71,6 +71,12 @@ EXPECTED: dict[str, list[Expectation]] = {
         *machine(OK, *MACHINE_IDS),
         *each(("gpu-inventory", *PER_GPU_IDS, *BENCH_IDS), 8, OK),
     ],
+    "recorded-h200-sxm-1x.json": [  # a real one-GPU H200 VM (tests/gpu/acceptance.sh, 2026-12-04)
+        ("ram", None, WARN),
+        ("ulimits", None, WARN),
+        *machine(OK, "driver", "torch-build", "cuda-compat", "torch-libs", "cpu-cores", "shm", "dataloader-advice"),
+        *each(("gpu-inventory", *PER_GPU_IDS, *BENCH_IDS), 1, OK),
+    ],
     "h200-1x.json": [
         *machine(OK, *MACHINE_IDS),
         *each(("gpu-inventory", *PER_GPU_IDS, *BENCH_IDS), 1, OK),

@@ -51,6 +51,9 @@ fi
 # On a box with 2+ GPUs snapshot --bench and bootstrap also run gpu-p2p and gpu-allreduce (issue 10): a short
 # all-reduce budget keeps them inside their step's timeout (1 GiB takes milliseconds on NVLink, the sweep is short).
 TOPOLOGY_BUDGET='INVOKE_PREFLIGHT_TOPOLOGY_ALLREDUCE_BUDGET_S=15'
+# verify -- COMMAND on the scripts in tests/gpu/scripts (a user's own training, unchanged): the CUDA-event clocks
+# of the injected agent, its DDP comm hook on NCCL, and the DataLoader candidates it times (kept to 40 s here).
+COMMAND_ADVICE='INVOKE_PREFLIGHT_VERIFY_COMMAND_ADVICE_S=40'
 PLAN=(
     "venv|90|always|\"\$ACCEPTANCE_PYTHON\" tests/gpu/prepare.py venv \"\$VENV\""
     "torch|300|always|python tests/gpu/prepare.py torch --index \"\$TORCH_INDEX\""
@@ -59,9 +62,12 @@ PLAN=(
     "fixture|30|always|python tests/gpu/summarise.py fixture \"\$OUT/snapshot.json\" tests/fixtures/machines \"\$OUT/fixtures\""
     "bootstrap|150|always|$TOPOLOGY_BUDGET python -m invoke bootstrap --json \"\$OUT/bootstrap.json\""
     "gpu-tests|150|always|python -m pytest -m gpu -o addopts=-ra tests/gpu -rs -p no:cacheprovider --junitxml=\"\$OUT/gpu-tests.xml\""
+    "photos|60|always|python tests/gpu/prepare.py photos \"\$WORK/photos\" --count 512"
+    "cmd-photos|150|always|$COMMAND_ADVICE $VERIFY --json \"\$OUT/verify/cmd-photos.json\" -- python tests/gpu/scripts/photo_classifier.py \"\$WORK/photos\""
+    "cmd-lm|100|always|$VERIFY --json \"\$OUT/verify/cmd-lm.json\" -- python tests/gpu/scripts/token_lm.py"
+    "cmd-ddp|100|always|$VERIFY --json \"\$OUT/verify/cmd-ddp.json\" -- python -m torch.distributed.run --standalone --nproc-per-node=\$GPU_COUNT --max-restarts=0 tests/gpu/scripts/ddp_nccl.py"
     "verify-image|150|always|$VERIFY --json \"\$OUT/verify/image.json\""
     "verify-text|150|always|INVOKE_PREFLIGHT_VERIFY_DATA_KIND=tokens $VERIFY --json \"\$OUT/verify/text.json\""
-    "photos|60|always|python tests/gpu/prepare.py photos \"\$WORK/photos\" --count 512"
     "stage-data|120|always|python -m invoke stage-data --source \"\$WORK/photos\" --dest \"\$WORK/staged\" --size 64 && cp \"\$WORK/staged/manifest.json\" \"\$OUT/stage-manifest.json\""
     "verify-data|150|always|$VERIFY --data \"\$WORK/staged\" --batch-size 64 --steps 20 --json \"\$OUT/verify/data.json\""
     "allreduce|120|gpus>=2|cd \"\$WORK\" && python -m torch.distributed.run --standalone --nproc-per-node=\$GPU_COUNT --max-restarts=0 \"$REPO/checks/probe/scripts/allreduce.py\" --backend nccl --max-mib 1024 --budget-s 30 --timeout-s 90 > \"\$OUT/allreduce.json\""

@@ -254,11 +254,17 @@ class Smoke:
             recording = Recording(b.feed)
             on = [r.loss for r in self.leg(b.trainer, recording, spec.resume_steps)]
             b.feed.close()
-            restored, load_s = load(saved.path, b.device)
-            fresh = b.fresh_trainer(restored)
-            set_rng_state(restored["rng_per_rank"][ddp.rank()] if "rng_per_rank" in restored else restored["rng"])
-            pos = restored["sampler"]
-            feed = b.feed_factory(b.batch_size, epoch=pos["epoch"], start=pos["batch"])
+            try:
+                restored, load_s = load(saved.path, b.device)
+                fresh = b.fresh_trainer(restored)
+                set_rng_state(restored["rng_per_rank"][ddp.rank()] if "rng_per_rank" in restored else restored["rng"])
+                pos = restored["sampler"]
+                feed = b.feed_factory(b.batch_size, epoch=pos["epoch"], start=pos["batch"])
+            except Exception:
+                # The phases after this one (compile A/B, DDP legs) train on: give them an open feed, or their
+                # failure would read "feed closed" (seen on a GPU when set_rng_state raised here).
+                b.feed = b.feed_factory(b.batch_size)
+                raise
             replay = Replay(feed, recording.kept)
             again = [r.loss for r in self.leg(fresh, replay, spec.resume_steps)]
         b.trainer, b.feed = fresh, feed  # later phases go on from the resumed state (one model in memory)

@@ -51,10 +51,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     n = state["numpy"]
     has_gauss, cached = state["numpy_gauss"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], has_gauss, cached))
-    torch.set_rng_state(state["torch"])
+    # A checkpoint loaded with map_location="cuda" (as users load one) brings these tensors back on the GPU;
+    # numpy and torch's setters take host tensors only.
+    np.random.set_state((n["name"], n["keys"].cpu().numpy().astype(np.uint32), n["pos"], has_gauss, cached))
+    torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:

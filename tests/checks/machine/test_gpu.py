@@ -36,16 +36,27 @@ def test_pcie_under_load_wins_over_slot_capability() -> None:
 
 
 def test_nvlink_sxm_missing_links_fail_and_pcie_parts_have_none() -> None:
-    assert _status(g.gpu_nvlink, nvlink_active=12) is Status.FAIL
+    assert _nvlink(nvlink_active=12).status is Status.FAIL
     [r] = g.gpu_nvlink(machine(gpus=(gpu(name="NVIDIA H100 PCIe", nvlink_total=None, nvlink_active=None),)), config())
     assert r.status is Status.OK and "no NVLink" in r.summary
     [r] = g.gpu_nvlink(machine(gpus=(gpu(name="NVIDIA H100 PCIe", nvlink_total=12, nvlink_active=6),)), config())
     assert r.status is Status.WARN
 
 
-def _nvlink(nvswitches: int = 0, **changes):
-    [r] = g.gpu_nvlink(machine(gpus=(gpu(**changes),), host={"nvswitch_count": nvswitches}), config())
+def _nvlink(nvswitches: int = 0, gpus: int = 2, **changes):
+    """gpu0's verdict on a box of ``gpus`` alike GPUs (links matter between two or more)."""
+    box = tuple(gpu(index=i, **changes) for i in range(gpus))
+    r, *_ = g.gpu_nvlink(machine(gpus=box, host={"nvswitch_count": nvswitches}), config())
     return r
+
+
+def test_a_one_gpu_slice_of_an_sxm_host_with_links_down_is_fine() -> None:
+    """Recorded on a rented one-GPU H200 VM (tests/fixtures/machines/recorded-h200-sxm-1x.json): 0 of 18 links
+    up. With no second GPU in the machine nothing crosses NVLink; the same links down on a 2-GPU box fail."""
+    alone = _nvlink(gpus=1, name="NVIDIA H200", nvlink_total=18, nvlink_active=0)
+    assert alone.status is Status.OK and "the only GPU in this machine" in alone.summary, alone.summary
+    assert alone.summary.startswith("0 of 18 NVLink links active, SXM part")
+    assert _nvlink(gpus=2, name="NVIDIA H200", nvlink_total=18, nvlink_active=0).status is Status.FAIL
 
 
 @pytest.mark.parametrize(

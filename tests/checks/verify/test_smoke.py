@@ -228,6 +228,31 @@ def test_checkpoint_holds_every_rng_and_loads_with_weights_only(
     assert [p.name for p in tmp_path.iterdir()] == [ckpt.CHECKPOINT_NAME]  # no temporary file left behind
 
 
+class _OnTheGpu:
+    """A tensor as ``torch.load(map_location="cuda")`` returns it, for the setters' sake: ``.numpy()`` raises
+    torch's own TypeError for a CUDA tensor, the setters refuse it, ``.cpu()`` gives the host copy back."""
+
+    def __init__(self, host: Any) -> None:
+        self.host = host
+
+    def numpy(self) -> Any:
+        raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first.")  # fmt: skip
+
+    def cpu(self) -> Any:
+        return self.host
+
+
+def test_rng_states_loaded_onto_the_gpu_are_restored(tmp_path: Path, torch: ModuleType, ckpt: ModuleType) -> None:
+    """Found on a rented H200 (tests/gpu/acceptance.sh): the round trip loads with map_location="cuda", so the
+    saved RNG tensors came back on the GPU and numpy's setter raised; the check failed on every GPU."""
+    state = ckpt.rng_state()
+    expected = (np.random.random(), torch.rand(1).item())
+    on_gpu = state | {"torch": _OnTheGpu(state["torch"])}
+    on_gpu["numpy"] = state["numpy"] | {"keys": _OnTheGpu(state["numpy"]["keys"])}
+    ckpt.set_rng_state(on_gpu)
+    assert (np.random.random(), torch.rand(1).item()) == expected
+
+
 def test_compare_is_bit_for_bit_unless_a_tolerance_is_set(ckpt: ModuleType) -> None:
     assert ckpt.compare([1.0, 2.0], [1.0, 2.0], 0.0)["reproduced"] is True
     assert ckpt.compare([1.0, 2.0], [1.0, 2.0000001], 0.0)["reproduced"] is False
