@@ -60,6 +60,9 @@ def mfu(r: ChildResult, median_s: float) -> Mfu:
     if spec is None:
         note = f"MFU unknown: {device.name} is not in templates/gpus.yaml (no other card's peak is used)"
         return Mfu(None, note, None)
+    if r.precision is None:  # a command whose steps showed no autocast region and no optimizer weights
+        why = r.flops_note if not r.flops_per_step else "the step's precision was not seen (no autocast, no weights)"
+        return Mfu(None, f"MFU unknown: {why or 'no FLOP count'}", None)
     # Dense fp16 with fp32 accumulate runs at the bf16 rate from sm_80 on (templates/gpus.yaml lists fp16 below).
     peak = {"bf16": spec.bf16_tflops, "fp16": spec.fp16_tflops or spec.bf16_tflops}.get(r.precision or "")
     if peak is None:
@@ -320,6 +323,8 @@ def _upgrade(s: Signals, up: dict[str, Any]) -> Result:
     cut, half = up["max_step_time_cut"], up["step_time_cut_at_2x"]
     rest = f"the other {percent(1 - cut)} (data wait, copies, launch gaps, checkpoints) does not scale with it"
     summary = f"{where} can cut step time by at most {percent(cut)}; {rest}; 2x faster math: -{percent(half)}"
+    if percent(1 - cut) == "0%":  # nothing measured outside the math: no ceiling to name
+        summary = f"the step is all math: {where} shortens it in proportion; 2x faster math: -{percent(half)}"
     return ok("upgrade-estimate", summary, value=up["max_step_time_cut"])
 
 

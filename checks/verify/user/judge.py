@@ -64,6 +64,7 @@ class Rank:
     steps: list[dict[str, Any]]
     loader: dict[str, Any] | None
     device: dict[str, Any]
+    flops: dict[str, Any] | None = None  # the agent's count of one warm-up step: {"flops": N | None, "note": ...}
 
 
 def ranks(events: Sequence[dict[str, Any]], warmup: int, steps: int, seconds: float) -> list[Rank]:
@@ -81,7 +82,9 @@ def ranks(events: Sequence[dict[str, Any]], warmup: int, steps: int, seconds: fl
         loaders = [e for e in events if e.get("event") == "loader" and e.get("pid") == pid and e.get("feed") == feed]
         devices = [e for e in events if e.get("event") == "device" and e.get("pid") == pid]
         device = {k: devices[-1].get(k) for k in ("type", "name", "uuid", "index")} if devices else {"type": "cpu"}
-        out.append(Rank(key, pid, records[:warmup], measured, loaders[-1] if loaders else None, device))
+        counted = [e for e in events if e.get("event") == "flops" and e.get("pid") == pid]
+        loader = loaders[-1] if loaders else None
+        out.append(Rank(key, pid, records[:warmup], measured, loader, device, counted[-1] if counted else None))
     return out
 
 
@@ -160,7 +163,17 @@ def _child_result(lead: Rank, figs: RankFigures | None) -> ChildResult:
     window = (lead.steps[0]["host_start"], lead.steps[-1]["host_end"]) if lead.steps else None
     loader = (lead.loader or {}).get("settings") or {}
     d = lead.device
+    precisions = [str(s["precision"]) for s in lead.steps if s.get("precision")]
+    precision = max(set(precisions), key=precisions.count) if precisions else None
+    flops = (lead.flops or {}).get("flops")
+    if lead.flops is None:
+        note = "the agent counted no step (it counts the last warm-up step: --warmup 2 or more)"
+    else:
+        note = str(lead.flops.get("note") or "")
     return ChildResult(
+        precision=precision,
+        flops_per_step=int(flops) if flops else None,
+        flops_note=note or None,
         steps=tuple(step_record(s) for s in lead.steps),
         warmup=tuple(step_record(s) for s in lead.warmup),
         device=Device(type=str(d.get("type") or "cpu"), name=str(d.get("name") or "CPU"), uuid=d.get("uuid")),
@@ -232,7 +245,7 @@ def judge(
     results += [*judged.rows, sampler_row, cost_row]
     m = Measurements(
         run=RunFacts(
-            device=child.device, precision=None, batch_size=child.batch_size, accum=child.accum, model=None,
+            device=child.device, precision=child.precision, batch_size=child.batch_size, accum=child.accum, model=None,
             data=child.data, torch=None, threads=None, seconds=round(run.seconds, 2), interrupted=run.interrupted,
             failure=None if run.ended in ("stopped", "exited") else run.ended, error=None,
         ),
@@ -244,6 +257,7 @@ def judge(
         upgrade=judged.upgrade,
         mfu=judged.mfu,
         cost=priced,
+        flops_per_step=child.flops_per_step,
         timeline=dict(child.timeline) or None,
     ).to_json()  # fmt: skip
     m |= _command_figures(run, found, lead, ddp, figs, advice)
@@ -424,6 +438,16 @@ def _loop(lead: Rank, figs: RankFigures) -> Result:
         f"{len(lead.steps)} optimizer steps{accum} measured ({len(lead.warmup)} warm-up excluded){batch}; "
         f"median {figs.fig.median_s * 1000:.1f} ms{rate} on {lead.device.get('name') or lead.device.get('type')}"
     )
+    precisions = {str(s.get("precision")) for s in lead.steps if s.get("precision")}
+    if precisions:  # the math as the agent saw it: autocast's dtype, else the weights' (tf32: fp32 matmul on TF32)
+        summary += f", {'/'.join(sorted(precisions))}"
+    count = lead.flops or {}
+    if count.get("flops"):
+        n = float(count["flops"])
+        amount = f"{n / 1e12:,.3g} TFLOP" if n >= 1e12 else f"{n / 1e9:,.3g} GFLOP"
+        summary += f"; {amount} per step (counted at warm-up step {count.get('step')})"
+    elif count.get("note"):
+        summary += f"; FLOPs {count['note']}"
     return ok("verify-loop", summary, value=len(lead.steps))
 
 

@@ -40,6 +40,7 @@ from typing import Any
 
 EVENTS_ENV = "GPU_PREFLIGHT_EVENTS"
 LOADER_ENV = "GPU_PREFLIGHT_LOADER"
+COUNT_ENV = "GPU_PREFLIGHT_COUNT_STEP"  # the (warm-up) optimizer step whose matrix FLOPs are counted, for MFU
 _DONE = "_gpu_preflight_armed"
 
 
@@ -159,6 +160,11 @@ class _Steps:
         self.comm_mark: Any = None  # when DDP's last gradient bucket of this step was handed to the all-reduce
         self.comm_bytes = 0  # the buckets' bytes this step
         self.comm_hooked = False  # our timing hook is DDP's comm hook (not when the script registers its own)
+        self.amp: dict[str, str] = {}  # device type -> "bf16"/"fp16" of the autocast regions entered this step
+        self.weights: str | None = None  # dtype of the optimizer's first parameter
+        count = os.environ.get(COUNT_ENV, "")
+        self.count_at = int(count) if count.isdigit() else 0
+        self.counter: Any = None
 
     def mark(self) -> tuple[float, Any]:
         event = None
@@ -220,12 +226,43 @@ class _Steps:
         raw = {"i": self.i, "segments": self.segments, "micro": self.micro, "loss": self.loss}
         raw |= {"step_counts": self.step_counts, "samples": self.samples, "saves": self.saves}
         raw |= {"ckpt_bytes": self.ckpt_bytes, "comm_mark": self.comm_mark, "comm_bytes": self.comm_bytes}
+        raw["precision"] = self.precision()
         self.pending.append(raw)
+        self.amp = {}
+        if self.counter is not None:
+            _safely(self.stop_count)
+        if self.count_at and self.i == self.count_at - 1:
+            _safely(self.start_count)
         self.segments, self.step_counts, self.samples = [], {}, {}
         self.micro = self.saves = self.ckpt_bytes = self.comm_bytes = 0
         self.comm_mark = None
         self.loss = None
         self.flush(wait=False)
+
+    def precision(self) -> str | None:
+        """The math of this step: the autocast dtype on its device, else the weights' dtype (fp32 as tf32 when
+        torch.set_float32_matmul_precision lets matmuls use TF32)."""
+        device = "cuda" if self.cuda else "cpu"
+        if self.amp.get(device):
+            return self.amp[device]
+        if self.weights == "fp32" and self.cuda and self.torch.get_float32_matmul_precision() != "highest":
+            return "tf32"
+        return self.weights
+
+    def start_count(self) -> None:
+        """Count the next step's matrix FLOPs (forward, backward, optimizer) with torch's FLOP formulas, in a
+        dispatch mode of our own: torch's FlopCounterMode would also install global module hooks."""
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is not None and getattr(dynamo, "utils", None) and dynamo.utils.counters["stats"]["unique_graphs"]:
+            _say("flops", flops=None, note="not counted: the model is compiled (torch.compile)", **_rank())
+            return
+        self.counter = _flop_counter(self.torch)
+        self.counter.__enter__()
+
+    def stop_count(self) -> None:
+        counter, self.counter = self.counter, None
+        counter.__exit__(None, None, None)
+        _say("flops", step=self.i, flops=int(counter.flops), **_rank())
 
     def flush(self, wait: bool) -> None:
         """Write the steps whose clocks are readable (CUDA: their last event completed)."""
@@ -285,6 +322,7 @@ class _Steps:
             "saves": raw["saves"],
             "ckpt_bytes": raw["ckpt_bytes"],
             "clock": "cuda-events" if self.cuda else "monotonic",
+            "precision": raw["precision"],
             "comm_exposed": None if comm is None else max(0.0, comm),
             "comm_bytes": raw["comm_bytes"] if self.comm_hooked else None,
             **self.rank,
@@ -333,6 +371,7 @@ def _on_torch(torch: Any) -> None:
     _patch_next(dataloader._BaseDataLoaderIter, st)
     _patch_loader_init(dataloader.DataLoader)
     _patch_backward(torch, st)
+    _safely(_patch_autocast, torch, st)
     torch.save = _timed(torch.save, st, "checkpoint", saved=True)
     atexit.register(lambda: _safely(st.flush, True))
     ddp = sys.modules.get("torch.nn.parallel.distributed")  # torch imports it with torch.nn, before this runs
@@ -352,8 +391,13 @@ def step() -> None:
         _safely(_STEPS.end_step, False)
 
 
+_DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32", "torch.float64": "fp64"}
+
+
 def _step_pre(st: _Steps, opt: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     _safely(st.begin_step)
+    if st.weights is None and opt.param_groups and opt.param_groups[0]["params"]:
+        st.weights = _DTYPES.get(str(opt.param_groups[0]["params"][0].dtype))
     closure = kwargs.get("closure") if "closure" in kwargs else (args[0] if args else None)
     if not callable(closure):
         return None
@@ -417,6 +461,65 @@ def _patch_backward(torch: Any, st: _Steps) -> None:
 
     torch.Tensor.backward = backward
     torch.autograd.backward = _timed(torch.autograd.backward, st, "backward")
+
+
+def _patch_autocast(torch: Any, st: _Steps) -> None:
+    """``torch.autocast`` (and ``torch.cuda.amp.autocast``, its subclass): the dtype of the regions entered."""
+    cls = torch.amp.autocast_mode.autocast
+    real = cls.__enter__
+
+    @functools.wraps(real)
+    def __enter__(self: Any) -> Any:
+        out = real(self)
+        if getattr(self, "_enabled", False):
+            st.amp[str(self.device)] = _DTYPES.get(str(getattr(self, "fast_dtype", "")), "") or st.amp.get(
+                str(self.device), ""
+            )
+        return out
+
+    cls.__enter__ = __enter__
+
+
+def _flop_counter(torch: Any) -> Any:
+    """A dispatch mode that adds up torch's FLOP formulas (``torch.utils.flop_counter.flop_registry``: matmuls,
+    convolutions, attention) for every op it sees; ops without a formula are decomposed first, as torch's own
+    counter does."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import flop_registry
+
+    aten = torch.ops.aten
+    metadata = {
+        aten.size.default,
+        aten.stride.default,
+        aten.dim.default,
+        aten.numel.default,
+        aten.is_contiguous.default,
+    }
+    metadata |= {aten.storage_offset.default, aten.sym_size.default, aten.sym_stride.default, aten.sym_numel.default}
+
+    class Count(TorchDispatchMode):
+        flops = 0
+        missed = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if func in metadata:
+                return NotImplemented
+            packet = getattr(func, "_overloadpacket", None)  # a higher-order op (torch.compile's) has none
+            if packet is not None and packet not in flop_registry:
+                with self:
+                    out = func.decompose(*args, **kwargs)
+                if out is not NotImplemented:
+                    return out
+            out = func(*args, **kwargs)
+            if packet in flop_registry:
+                try:
+                    self.flops += int(flop_registry[packet](*args, **kwargs, out_val=out))
+                except Exception:  # noqa: BLE001 - a formula that cannot read these arguments: uncounted
+                    self.missed += 1
+            return out
+
+    return Count()
 
 
 def _on_ddp(module: Any) -> None:

@@ -77,6 +77,22 @@ def test_compute_bound_loop(tmp_path: Path) -> None:
     assert verdict(judged) == "compute-bound"
     assert m["step_breakdown"]["data_wait"] < 0.05
     assert m["samples_per_step"] == 256
+    assert m["run"]["precision"] == "fp32"  # no autocast: the weights' dtype
+    # The last warm-up step's matrix FLOPs, by torch's formulas: forward 2*B*in*out per Linear; backward twice
+    # that, except the first layer's, whose input needs no gradient (its weight gradient only).
+    batch, hidden, first, last = 256, 2 * 256 * 1024 * 1024, 2 * 256 * 1024 * 1024, 2 * 256 * 1024 * 10
+    assert batch == m["samples_per_step"]
+    assert m["flops_per_step"] == (first + 3 * hidden + last) + (first + 3 * 2 * hidden + 2 * last)
+
+
+def test_autocast_precision_and_counted_flops(tmp_path: Path) -> None:
+    judged = verify(tmp_path, sys.executable, "autocast_mlp.py", steps=3)
+    m = judged.report.measurements
+    assert m["run"]["precision"] == "bf16"
+    forward = 2 * 64 * 256 * 512 + 2 * 64 * 512 * 10
+    assert m["flops_per_step"] == forward + (2 * 64 * 256 * 512 + 2 * 2 * 64 * 512 * 10)
+    summary = row(judged, "verify-loop").summary
+    assert ", bf16; 0.0355 GFLOP per step (counted at warm-up step 2)" in summary, summary
 
 
 def test_checkpoint_every_step(tmp_path: Path) -> None:

@@ -107,3 +107,30 @@ def test_the_rank_the_others_wait_for_is_the_straggler() -> None:
     assert straggler(j.rank_rows(j.ranks(even, 1, 4, 0)).per_rank, make_config().verify) is None
     lead = j.pace_setter(j.ranks(even, 1, 4, 0), make_config().verify)
     assert lead is not None and lead.key == 0
+
+
+def test_the_steps_precision_and_the_counted_flops_make_the_mfu_on_a_gpu() -> None:
+    """Found on a rented H200: a bf16-autocast script was told "compute-bound in fp32: use bf16 autocast" and its
+    MFU read "no None peak". The steps' precision and the agent's FLOP count reach the child result now."""
+    from checks.verify.contract import Device
+    from checks.verify.report import mfu
+
+    gpu = {"event": "device", "pid": 10, "type": "cuda", "name": "NVIDIA H200", "uuid": None, "index": 0}
+    count = {"event": "flops", "pid": 10, "step": 1, "flops": 10**12}
+    events = [gpu, count, *(step(i, precision="bf16") for i in range(1, 6))]
+    (r,) = j.ranks(events, 1, 4, 0)
+    figs = j.rank_figures(r)
+    child = j._child_result(r, figs)
+    assert child.precision == "bf16" and child.flops_per_step == 10**12
+    assert child.device == Device(type="cuda", name="NVIDIA H200", uuid=None)
+    got = mfu(child, 0.1)  # 10 TFLOP/s of the H200's 989 dense bf16
+    assert got.value is not None and abs(got.value - 10 / 989) < 1e-9, got
+    (uncounted,) = j.ranks([gpu, *(step(i) for i in range(1, 6))], 1, 4, 0)
+    child = j._child_result(uncounted, j.rank_figures(uncounted))
+    assert child.precision is None and child.flops_per_step is None
+    assert "--warmup 2 or more" in (child.flops_note or "") and "--warmup 2 or more" in mfu(child, 0.1).note
+
+
+def test_the_agent_counts_the_last_warm_up_step_of_the_run_only(tmp_path: Path) -> None:
+    assert environment(tmp_path, None, 5)["GPU_PREFLIGHT_COUNT_STEP"] == "5"
+    assert "GPU_PREFLIGHT_COUNT_STEP" not in environment(tmp_path, {"num_workers": 2}, 0)
