@@ -23,8 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "gpu" / "acceptance.sh"
 MACHINES = REPO / "tests" / "fixtures" / "machines"
 STEPS = (
-    "venv", "torch", "deps", "snapshot", "fixture", "bootstrap", "gpu-tests", "verify-image", "verify-text",
-    "photos", "stage-data", "verify-data", "allreduce", "p2p", "verify-sweep", "verify-ab", "summary",
+    "venv", "torch", "deps", "snapshot", "fixture", "bootstrap", "gpu-tests", "photos", "cmd-photos", "cmd-lm",
+    "cmd-ddp", "verify-image", "verify-text", "stage-data", "verify-data", "allreduce", "p2p", "verify-sweep",
+    "verify-ab", "summary",
 )  # fmt: skip
 # What each step must run (issue 15's list), as it appears in its command.
 MUST_RUN = {
@@ -40,6 +41,10 @@ MUST_RUN = {
     "p2p": 'checks/probe/scripts/p2p_bench.py" \'{"mib": 256',
     "verify-sweep": "verify --sweep",
     "verify-ab": "verify --ab",
+    # a user's own training, unchanged (verify -- COMMAND): the agent's CUDA clocks, autocast and FLOP count
+    "cmd-photos": "-- python tests/gpu/scripts/photo_classifier.py",
+    "cmd-lm": "-- python tests/gpu/scripts/token_lm.py",
+    "cmd-ddp": "-- python -m torch.distributed.run --standalone --nproc-per-node=$GPU_COUNT",
 }
 
 
