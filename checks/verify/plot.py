@@ -20,8 +20,13 @@ COLOURS = {
     "backward": "#17becf",
     "optimizer": "#2ca02c",
     "checkpoint": "#9467bd",
+    "comm": "#e377c2",  # --nproc: the exposed gradient exchange, taken out of backward
 }
-_SHADE = {"warmup": "#dddddd", "kernels": "#fde9c9", "checkpoint": "#e5dcf2", "ab": "#d9ecd9", "sweep": "#d9e6f2"}
+# The child's phases after the measured steps, shaded and named on the top panel.
+_SHADE = {
+    "warmup": "#dddddd", "kernels": "#fde9c9", "checkpoint": "#e5dcf2", "comm": "#f6d5e8", "solo": "#e8e8f6",
+    "ab": "#d9ecd9", "sweep": "#d9e6f2", "loader_alone": "#f2e6d9", "data_cost": "#efefd0", "oom-search": "#f5d5d5",
+}  # fmt: skip
 
 
 def draw(path: Path, trace: Trace, title: str, gpu: int | None, usable_cores: float, **details: Any) -> None:
@@ -186,8 +191,10 @@ def _shade(ax: Any, phases: Mapping[str, Sequence[float]], t0: float, label: boo
 
 def _breakdown_bar(ax: Any, shares: dict[str, float]) -> None:
     left = 0.0
-    for key in SHARES:
+    for key in (*SHARES, "comm"):
         width = shares.get(key, 0.0)
+        if key == "comm" and not width:
+            continue
         ax.barh([0], [width], left=left, color=COLOURS[key], label=key)
         if width >= 0.04:
             ax.text(
