@@ -34,6 +34,8 @@ from provision.alloc_env import diff
 from provision.hosts import select_hosts
 
 if TYPE_CHECKING:
+    from checks.machine.runner import Check
+    from checks.probe.launch import LaunchContext
     from checks.verify.run import Judged
 
 CHECKOUT = Path(__file__).resolve().parent
@@ -63,6 +65,14 @@ def bootstrap(c: Context, f: fl.BootstrapFlags) -> None:
         raise PreflightError("--machine judges a snapshot; it cannot be combined with --hosts or --hosts-file")
     lock = read_lock(Path(f.lock or cfg.env.lock).expanduser()) if f.lock or cfg.env.lock else None  # before the run
     strict = f.strict or cfg.report.strict
+    if not (f.machine or f.hosts or f.hosts_file):
+        from checks.fleet import job
+        from checks.probe.launch import launch_context
+
+        ctx = launch_context()
+        if job.in_a_job(ctx):  # srun / torchrun started this on every node: the job is the fleet, no SSH
+            checks = (("env-lock", lock_check(lock)),) if lock else ()
+            return _job(cfg, f, ctx, checks, strict)
     if specs:
         text = lock.path.read_text(encoding="utf-8") if lock else ""
         request = fleet_run.FleetRequest(cfg, tuple(specs), source, CHECKOUT, dry_run=f.dry_run, lock=text)
@@ -79,6 +89,27 @@ def bootstrap(c: Context, f: fl.BootstrapFlags) -> None:
         sys.stderr.write(note if note.endswith("\n") else note + "\n")
     emit(lambda colour: render_text(done.report, colour, every_row=f.all), done.report.to_json(), f.json)
     exit_with(done.report.exit_code(strict=strict))
+
+
+def _job(
+    cfg: PreflightConfig, f: fl.BootstrapFlags, ctx: LaunchContext, checks: tuple[tuple[str, Check], ...], strict: bool
+) -> None:
+    """bootstrap on every node of a job: rank 0 prints (and writes --json) the job's fleet report."""
+    from checks.fleet import job
+
+    if cfg.hosts.job_wait_s <= 0:
+        raise PreflightError(
+            f"preflight.hosts.job_wait_s is {cfg.hosts.job_wait_s:g}: rank 0 would not wait for any node",
+            hint="set it above 0 (seconds; the default is 300)",
+        )
+    local = bootstrap_run.BootstrapRequest(cfg, dry_run=f.dry_run, extra_checks=checks)
+    request = job.JobRequest(cfg, ctx, local, cfg.hosts.job_wait_s)
+    with interruptible(), terminate_as_interrupt():
+        report = job.job_bootstrap(request, notify=lambda line: say(f"gpu-preflight: {line}"))
+    if report is None:  # not rank 0: its node's record went to rank 0, which reports the job
+        return
+    emit(lambda colour: render_fleet(report, colour), report.to_json(), f.json)
+    exit_with(report.exit_code(strict=strict))
 
 
 def _hook(cfg: PreflightConfig, f: fl.BootstrapFlags) -> None:

@@ -193,6 +193,7 @@ class HostsConfig:
     outlier_fraction: float
     install: bool
     wheelhouse: str
+    job_wait_s: float
 
 
 @dataclass(frozen=True)

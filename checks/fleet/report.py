@@ -72,7 +72,8 @@ def host_results(o: HostOutcome) -> list[Tagged]:
         return [(o.name, fail("host-bootstrap", f"{o.name}: {reason}", _fail_hint(reason)))]
     head = ok(
         "host-bootstrap",
-        f"bootstrap ran in {o.seconds:.1f} s (exit {o.exit_code}), checkout copied by {o.shipped}"
+        f"bootstrap ran in {o.seconds:.1f} s (exit {o.exit_code}), "
+        + (f"checkout copied by {o.shipped}" if o.shipped else "in its own task of the job")
         + (f"; {o.installed}" if o.installed else ""),
     )
     return [(o.name, head), *((o.name, result_from_json(r)) for r in o.report.get("results", []))]

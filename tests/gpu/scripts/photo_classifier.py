@@ -38,9 +38,9 @@ class Photos(Dataset):
         im = Image.open(path).convert("RGB")
         side = random.randint(min(im.size) // 2, min(im.size))  # random resized crop, then flip
         x, y = random.randint(0, im.width - side), random.randint(0, im.height - side)
-        im = im.crop((x, y, x + side, y + side)).resize((self.size, self.size), Image.BILINEAR)
+        im = im.crop((x, y, x + side, y + side)).resize((self.size, self.size), Image.Resampling.BILINEAR)
         if random.random() < 0.5:
-            im = im.transpose(Image.FLIP_LEFT_RIGHT)
+            im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         arr = (np.asarray(im, dtype=np.float32) / 255.0 - MEAN) / STD
         return torch.from_numpy(arr.transpose(2, 0, 1).copy()), self.label[path.parent.name]
 
@@ -83,7 +83,7 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     data = Photos(args.photos, args.size)
     loader = DataLoader(data, batch_size=args.batch, shuffle=True, num_workers=args.workers, drop_last=True)
-    net = model(len(data.label)).to(device, memory_format=torch.channels_last)
+    net = model(len(data.label)).to(device).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-5)
     for epoch in range(args.epochs):
         for x, y in loader:

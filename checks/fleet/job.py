@@ -1,0 +1,114 @@
+"""``invoke bootstrap`` started on every node of a job by the cluster's own engine (``srun``, ``torchrun``,
+SkyPilot or preset ``NODE_RANK`` variables; issue 19): each node runs its own checks, the records meet in torch's
+TCPStore (``checks/probe/scripts/job_gather.py``, a child: the tool's own process never imports torch), and rank 0
+builds the fleet report ``--hosts`` builds, its nodes named as the scheduler names them. No SSH.
+
+One process per node runs the checks (local rank 0); the node's other processes only take part in the exchange.
+A node whose record does not come within ``hosts.job_wait_s`` is a fail row: "no result from NODE".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from checks.config import PreflightConfig
+from checks.errors import PreflightError
+from checks.facts import FleetFacts, HostOutcome
+from checks.fleet.report import FleetReport, build_fleet_report
+from checks.machine import bootstrap as bootstrap_run
+from checks.probe.launch import LaunchContext
+from checks.probe.torch import SCRIPTS, ChildFailed, run_child
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """This process's part of a job-wide bootstrap."""
+
+    config: PreflightConfig
+    context: LaunchContext
+    local: bootstrap_run.BootstrapRequest  # the node's own checks (run by its local rank 0)
+    wait_s: float  # how long rank 0 waits for every node's record
+
+
+def in_a_job(ctx: LaunchContext) -> bool:
+    """Started by an engine as one of several processes: bootstrap runs as a job, not on this box alone."""
+    return ctx.engine != "none" and ctx.world_size > 1
+
+
+def node_count(ctx: LaunchContext) -> int:
+    """The job's nodes: the engine's node list, else processes over processes per node."""
+    return len(ctx.nodes) if ctx.nodes else max(1, -(-ctx.world_size // max(1, ctx.local_world_size)))
+
+
+def node_name(ctx: LaunchContext, index: int) -> str:
+    return ctx.nodes[index] if index < len(ctx.nodes) else f"node {index}"
+
+
+def _record(request: JobRequest) -> dict[str, object]:
+    """Run this node's checks; its record for the exchange (a failure is a record too, with the reason)."""
+    began = time.monotonic()
+    try:
+        done = bootstrap_run.bootstrap(request.local)
+    except PreflightError as exc:
+        return {"node": request.context.node_name, "report": None, "reason": str(exc), "seconds": 0.0}
+    seconds = round(time.monotonic() - began, 2)
+    report = done.report.to_json()
+    return {"node": request.context.node_name, "report": report, "seconds": seconds, "exit": done.report.exit_code()}
+
+
+def job_bootstrap(request: JobRequest, notify: Callable[[str], None]) -> FleetReport | None:
+    """This node's checks and the exchange; the fleet report on rank 0, None on the other ranks."""
+    ctx, nodes = request.context, node_count(request.context)
+    where = f"{ctx.engine} job{' ' + ctx.job_id if ctx.job_id else ''}"
+    with tempfile.TemporaryDirectory(prefix="gpu-preflight-job-") as tmp:
+        path = None
+        if ctx.is_node_leader:
+            notify(f"{ctx.node_name}: node {ctx.node_index} of {nodes} in the {where}: running its checks")
+            path = Path(tmp) / "record.json"
+            path.write_text(json.dumps(_record(request)), encoding="utf-8")
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        args = {
+            "addr": ctx.master_addr, "port": ctx.master_port, "rank": ctx.rank, "world": ctx.world_size,
+            # torchrun's agent already serves a store at MASTER_ADDR:MASTER_PORT; its workers are its clients
+            "host_store": ctx.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True",
+            "prefix": f"gpu-preflight/bootstrap/{ctx.job_id or 'job'}/{restart}", "node": ctx.node_index,
+            "record": str(path) if path else None, "nodes": nodes, "wait_s": request.wait_s,
+        }  # fmt: skip
+        if ctx.rank == 0:
+            notify(f"waiting up to {request.wait_s:g} s for {nodes} node(s) at {ctx.master_addr}:{ctx.master_port}")
+        try:
+            got = run_child([sys.executable, str(SCRIPTS / "job_gather.py"), json.dumps(args)], request.wait_s + 60)
+        except ChildFailed as exc:
+            raise PreflightError(
+                f"bootstrap in a {where}: the exchange of the nodes' results failed: {exc}",
+                hint=f"rank 0 serves it at {ctx.master_addr}:{ctx.master_port} (MASTER_ADDR/MASTER_PORT): "
+                "that address must be reachable from every node and the port free",
+            ) from exc
+    if ctx.rank != 0:
+        return None
+    records = {int(k): json.loads(v) for k, v in got.get("records", {}).items()}
+    hosts = []
+    for index in range(nodes):
+        rec = records.get(index)
+        if rec is None:
+            name = node_name(ctx, index)
+            reason = f"no result from {name} within {request.wait_s:g} s (the node never ran bootstrap, or died)"
+            hosts.append(HostOutcome(name, "fail", reason, None, 0.0))
+            continue
+        status = "ok" if rec.get("report") else "fail"
+        hosts.append(HostOutcome(str(rec["node"]), status, rec.get("reason"), rec.get("report"),
+                                 float(rec.get("seconds") or 0.0), rec.get("exit")))  # fmt: skip
+    facts = FleetFacts(
+        hosts=tuple(hosts),
+        links_skipped="a job run does not measure them yet; bootstrap --hosts does, over SSH",
+        allreduce_reason="skipped: a job run does not measure it yet; bootstrap --hosts does",
+        source=where,
+    )
+    return build_fleet_report(facts, request.config, ctx.node_name)
