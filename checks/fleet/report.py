@@ -209,12 +209,13 @@ class FleetReport:
         return 1 if any(r.status in bad for _, r in self.results) else 0
 
     def hosts(self) -> list[dict[str, Any]]:
+        by_host: dict[str | None, dict[str, int]] = {o.name: {s.value: 0 for s in Status} for o in self.facts.hosts}
+        for host, r in self.results:  # one pass: at 1,000 hosts a pass per host took 3.4 s (bench_fleet_scale.py)
+            if host in by_host:
+                by_host[host][r.status.value] += 1
         rows = []
         for o in self.facts.hosts:
-            counts = {s.value: 0 for s in Status}
-            for host, r in self.results:
-                if host == o.name:
-                    counts[r.status.value] += 1
+            counts = by_host[o.name]
             rows.append(
                 {
                     "host": o.name,
