@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from checks.config import PreflightConfig
 from checks.errors import PreflightError
-from checks.facts import FleetFacts, HostOutcome
+from checks.facts import AllreduceFacts, FleetFacts, HostOutcome
 from checks.fleet.report import FleetReport, build_fleet_report
 from checks.machine import bootstrap as bootstrap_run
 from checks.probe.launch import LaunchContext
@@ -66,6 +67,7 @@ def _record(request: JobRequest) -> dict[str, object]:
 def job_bootstrap(request: JobRequest, notify: Callable[[str], None]) -> FleetReport | None:
     """This node's checks and the exchange; the fleet report on rank 0, None on the other ranks."""
     ctx, nodes = request.context, node_count(request.context)
+    net = request.config.network
     where = f"{ctx.engine} job{' ' + ctx.job_id if ctx.job_id else ''}"
     with tempfile.TemporaryDirectory(prefix="gpu-preflight-job-") as tmp:
         path = None
@@ -80,11 +82,14 @@ def job_bootstrap(request: JobRequest, notify: Callable[[str], None]) -> FleetRe
             "host_store": ctx.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True",
             "prefix": f"gpu-preflight/bootstrap/{ctx.job_id or 'job'}/{restart}", "node": ctx.node_index,
             "record": str(path) if path else None, "nodes": nodes, "wait_s": request.wait_s,
+            "local_rank": ctx.local_rank, "allreduce_max_mib": net.allreduce_max_mib,
+            "allreduce_budget_s": net.allreduce_budget_s if net.allreduce and nodes > 1 else 0.0,
         }  # fmt: skip
         if ctx.rank == 0:
             notify(f"waiting up to {request.wait_s:g} s for {nodes} node(s) at {ctx.master_addr}:{ctx.master_port}")
         try:
-            got = run_child([sys.executable, str(SCRIPTS / "job_gather.py"), json.dumps(args)], request.wait_s + 60)
+            limit = request.wait_s + net.allreduce_timeout_s + 60
+            got = run_child([sys.executable, str(SCRIPTS / "job_gather.py"), json.dumps(args)], limit)
         except ChildFailed as exc:
             raise PreflightError(
                 f"bootstrap in a {where}: the exchange of the nodes' results failed: {exc}",
@@ -105,10 +110,25 @@ def job_bootstrap(request: JobRequest, notify: Callable[[str], None]) -> FleetRe
         status = "ok" if rec.get("report") else "fail"
         hosts.append(HostOutcome(str(rec["node"]), status, rec.get("reason"), rec.get("report"),
                                  float(rec.get("seconds") or 0.0), rec.get("exit")))  # fmt: skip
+    rows, why = _allreduce(got.get("allreduce"), nodes, net.allreduce)
     facts = FleetFacts(
         hosts=tuple(hosts),
         links_skipped="a job run does not measure them yet; bootstrap --hosts does, over SSH",
-        allreduce_reason="skipped: a job run does not measure it yet; bootstrap --hosts does",
+        allreduce=rows,
+        allreduce_reason=why,
         source=where,
     )
     return build_fleet_report(facts, request.config, ctx.node_name)
+
+
+def _allreduce(data: dict[str, Any] | None, nodes: int, enabled: bool) -> tuple[tuple[AllreduceFacts, ...], str | None]:
+    """The sweep's rows across the job's processes, or why there are none."""
+    if not enabled:
+        return (), "skipped: disabled (preflight.network.allreduce: false)"
+    if nodes < 2:
+        return (), "skipped: one node (the all-reduce between its GPUs is bootstrap's gpu-allreduce)"
+    if data is None:
+        return (), "skipped: a node did not report, so the job's processes could not all join"
+    if data.get("error") or not data.get("rows"):
+        return (), f"failed ({data.get('backend', '?')}): {data.get('error') or 'no rows'}"
+    return tuple(AllreduceFacts(**row) for row in data["rows"]), None
