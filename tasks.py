@@ -109,6 +109,9 @@ def _job(
     if report is None:  # not rank 0: its node's record went to rank 0, which reports the job
         return
     emit(lambda colour: render_fleet(report, colour), report.to_json(), f.json)
+    if ctx.engine == "slurm" or (ctx.engine == "torchrun" and ctx.nodes):  # Slurm names the nodes: act in its terms
+        for line in job.remediation(report, cfg):
+            say(line)
     exit_with(report.exit_code(strict=strict))
 
 
@@ -294,6 +297,22 @@ def env_lock(c: Context, f: fl.LockFlags) -> None:
     print(f"wrote {f.out}: {len(pins)} pins; check a box with `invoke bootstrap --lock {f.out}`")
 
 
+@task(name="sbatch")
+def sbatch(c: Context, f: fl.SbatchFlags) -> None:
+    """Print an sbatch script that runs bootstrap on every node of a job, then verify (your command after --)."""
+    from checks.fileio import write_atomic
+    from checks.fleet.sbatch import SbatchRequest, render
+
+    python = sys.executable
+    request = SbatchRequest(f.nodes, f.gpus_per_node, f.time, f.partition, f.account, str(CHECKOUT), python, f.command)
+    text = render(request)
+    if not f.out:
+        sys.stdout.write(text)
+        return
+    write_atomic(Path(f.out), text, mode=0o755)
+    print(f"wrote {f.out}: submit it with `sbatch {f.out}`")
+
+
 # --- plan (checks/plan/) ------------------------------------------------------------------------------------
 
 
@@ -314,7 +333,17 @@ def plan(c: Context, f: fl.PlanFlags) -> None:
 
 
 ns = Collection(
-    bootstrap, snapshot, alloc_conf, stage_data, verify, watch, env_diff, env_lock, plan, loaded_from=str(CHECKOUT)
+    bootstrap,
+    snapshot,
+    alloc_conf,
+    stage_data,
+    verify,
+    watch,
+    env_diff,
+    env_lock,
+    plan,
+    sbatch,
+    loaded_from=str(CHECKOUT),
 )
 ns.configure({"preflight": load_defaults()})
 cli.take_over(ns)  # run by `invoke`: the project's program takes the command line from here

@@ -163,6 +163,20 @@ class LockFlags:
     all: bool = flag(False, "pin every installed distribution, not only preflight.env.packages and what they require")
 
 
+# --- sbatch -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SbatchFlags:
+    nodes: int = flag(2, "nodes of the job (at least 1)")
+    gpus_per_node: int = flag(8, "GPUs per node, and torchrun's processes per node (0: a job without GPUs, one process)")  # fmt: skip
+    time: str = flag("00:30:00", "the job's time limit (sbatch --time: MM, HH:MM:SS or D-HH:MM:SS)")
+    partition: str = flag("", "sbatch --partition (default: the cluster's)")
+    account: str = flag("", "sbatch --account (default: yours)")
+    out: str = flag("", "write the script to FILE instead of printing it")
+    command: tuple[str, ...] = command()
+
+
 # --- plan ---------------------------------------------------------------------------------------------------
 
 

@@ -794,7 +794,18 @@ def test_list_shows_every_task_with_its_docstring(here: Here, home: Path) -> Non
     assert run.code == 0, run.why()
     flat = "".join(run.out.split())  # --list wraps long help lines, also after a hyphen
     names = sorted(tasks.ns.task_names)
-    assert names == ["alloc-conf", "bootstrap", "diff", "lock", "plan", "snapshot", "stage-data", "verify", "watch"]
+    assert names == [
+        "alloc-conf",
+        "bootstrap",
+        "diff",
+        "lock",
+        "plan",
+        "sbatch",
+        "snapshot",
+        "stage-data",
+        "verify",
+        "watch",
+    ]
     for name in names:
         line = (tasks.ns[name].__doc__ or "").splitlines()[0]
         assert line and name + "".join(line.split()) in flat, (name, run.out)
@@ -882,3 +893,19 @@ def test_inherited_variables_are_dropped(monkeypatch: pytest.MonkeyPatch) -> Non
     env = child_env(Path("/nonexistent-home"), colour=True)
     assert not [k for k in env if k.startswith("INVOKE_PREFLIGHT_") or "ALLOC_CONF" in k or k == "NO_COLOR"]
     assert env["HOME"] == "/nonexistent-home"
+
+
+def test_sbatch_prints_a_script_bash_can_read_and_refuses_what_sbatch_would(home: Path, tmp_path: Path) -> None:
+    run = invoke(home, "sbatch", "--nodes", "4", "--gpus-per-node", "8", "--partition", "gpu", "--", "python", "train.py", "--lr", "3e-4")  # fmt: skip
+    assert run.code == 0, run.why()
+    script = tmp_path / "job.sbatch"
+    script.write_text(run.out, encoding="utf-8")
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    lines = run.out.splitlines()
+    assert {"#SBATCH --nodes=4", "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu"} <= set(lines)
+    assert any("--nproc-per-node=8" in line and "--no-python python train.py --lr 3e-4'" in line for line in lines)
+    out = tmp_path / "written.sbatch"
+    assert invoke(home, "sbatch", "--out", str(out)).code == 0 and os.access(out, os.X_OK)
+    for bad, word in ((["--nodes", "0"], "--nodes 0"), (["--time", "1h"], "--time '1h'"), (["--gpus-per-node", "-1"], "negative")):  # fmt: skip
+        refused = invoke(home, "sbatch", *bad)
+        assert refused.code == 2 and word in refused.err and refused.out == "", refused.why()

@@ -26,6 +26,7 @@ from checks.fleet.report import FleetReport, build_fleet_report
 from checks.machine import bootstrap as bootstrap_run
 from checks.probe.launch import LaunchContext
 from checks.probe.torch import SCRIPTS, ChildFailed, run_child
+from checks.result import Result
 
 
 @dataclass(frozen=True)
@@ -132,3 +133,16 @@ def _allreduce(data: dict[str, Any] | None, nodes: int, enabled: bool) -> tuple[
     if data.get("error") or not data.get("rows"):
         return (), f"failed ({data.get('backend', '?')}): {data.get('error') or 'no rows'}"
     return tuple(AllreduceFacts(**row) for row in data["rows"]), None
+
+
+def remediation(report: FleetReport, cfg: PreflightConfig) -> list[str]:
+    """For a Slurm job: each failing node's drain command and the ``--exclude=`` for the next job (printed only:
+    nothing is drained from a job run)."""
+    from provision import slurm
+
+    failing: dict[str, list[Result]] = {}
+    for host, result in report.results:
+        if host is not None:
+            failing.setdefault(host, []).append(result)
+    drains = [slurm.drain_for(node, results, cfg.slurm.reason_max_chars) for node, results in failing.items()]
+    return slurm.render_remediation([d for d in drains if d is not None])

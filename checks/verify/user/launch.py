@@ -219,7 +219,9 @@ def _tee(proc: subprocess.Popen[bytes], echo: IO[bytes] | None, run: CommandRun)
 
 
 def step_counts(events: Sequence[dict[str, Any]]) -> tuple[dict[Any, int], int]:
-    """Optimizer steps per rank (a process without a rank counts as its own), and the world size seen."""
+    """Optimizer steps per rank (a process without a rank counts as its own), and how many ranks this verify can
+    see step: the ranks on this node (torchrun's ``LOCAL_WORLD_SIZE``; across nodes each node's verify watches its
+    own), else the world size."""
     counts: dict[Any, int] = {}
     world = 1
     for e in events:
@@ -227,7 +229,7 @@ def step_counts(events: Sequence[dict[str, Any]]) -> tuple[dict[Any, int], int]:
             continue
         key = e["rank"] if e.get("rank") is not None else f"pid{e['pid']}"
         counts[key] = counts.get(key, 0) + 1
-        world = max(world, int(e.get("world_size") or 1))
+        world = max(world, int(e.get("local_world_size") or e.get("world_size") or 1))
     return counts, world
 
 

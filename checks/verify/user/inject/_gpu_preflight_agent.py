@@ -135,7 +135,12 @@ def _rank() -> dict[str, int | None]:
         value = os.environ.get(name, "")
         return int(value) if value.isdigit() else None
 
-    return {"rank": num("RANK"), "local_rank": num("LOCAL_RANK"), "world_size": num("WORLD_SIZE")}
+    return {
+        "rank": num("RANK"),
+        "local_rank": num("LOCAL_RANK"),
+        "world_size": num("WORLD_SIZE"),
+        "local_world_size": num("LOCAL_WORLD_SIZE"),  # the ranks on this node: what verify here can see step
+    }
 
 
 class _Steps:

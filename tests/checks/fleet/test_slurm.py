@@ -1,0 +1,85 @@
+"""gpu-preflight on a real Slurm cluster (issue 19): Debian's munged, slurmctld and two slurmd n1/n2 on this box
+(tests/slurmcluster.py). n2's slurmd runs with an open-files limit of 1024, which its tasks inherit: a real
+fault, caught by bootstrap's ulimits check on n2 alone. Skipped with the reason where not root or not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.slurmcluster import Cluster, cluster, unavailable
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPTS = REPO / "tests" / "checks" / "verify" / "user" / "scripts"
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with cluster(tmp_path_factory.mktemp("slurm"), nofile={"n2": 1024}) as made:
+        yield made
+
+
+def _quick(tmp: Path) -> dict[str, str]:
+    """A home of the test's own, and short sweeps: what a user's environment passes to srun (--export=ALL)."""
+    return {"HOME": str(tmp), "XDG_CACHE_HOME": str(tmp / "cache"), "INVOKE_PREFLIGHT_NETWORK_ALLREDUCE_BUDGET_S": "2",
+            "INVOKE_PREFLIGHT_HOSTS_JOB_WAIT_S": "60"}  # fmt: skip
+
+
+def test_srun_bootstrap_reports_both_nodes_by_their_slurm_names(slurm: Cluster, tmp_path: Path) -> None:
+    out = tmp_path / "job.json"
+    argv = ["srun", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "invoke", "bootstrap", "--json", str(out)]
+    env = slurm.env(MASTER_ADDR="127.0.0.1", **_quick(tmp_path))  # the nodes' names resolve nowhere here
+    import subprocess
+
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    rows = {(r["host"], r["id"]): r for r in json.loads(out.read_text(encoding="utf-8"))["results"]}
+    assert rows["n1", "host-bootstrap"]["status"] == "ok" and rows["n2", "host-bootstrap"]["status"] == "ok", done
+    assert rows["n2", "ulimits"]["value"]["nofile"] == 1024 and rows["n1", "ulimits"]["value"]["nofile"] != 1024
+    assert rows[None, "net-allreduce"]["summary"].startswith("gloo, 2 ranks")
+    # No NVIDIA driver on this box: both nodes fail the driver check, so both get their drain command.
+    assert "scontrol update NodeName=n1 State=DRAIN Reason='gpu-preflight: driver" in done.stdout + done.stderr
+    assert "srun --exclude=n[1-2]" in done.stdout + done.stderr
+
+
+def test_the_sbatch_template_runs_bootstrap_and_the_users_ddp_across_both_nodes(slurm: Cluster, tmp_path: Path) -> None:
+    import subprocess
+
+    script = tmp_path / "job.sbatch"
+    made = subprocess.run(
+        [sys.executable, "-m", "invoke", "sbatch", "--nodes", "2", "--gpus-per-node", "0", "--time", "10",
+         "--out", str(script), "--", sys.executable, str(SCRIPTS / "ddp_gloo.py")],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    env = slurm.env(**_quick(tmp_path), INVOKE_PREFLIGHT_VERIFY_STEPS="4", INVOKE_PREFLIGHT_VERIFY_WARMUP="2",
+                    INVOKE_PREFLIGHT_VERIFY_COMMAND_ADVICE_S="0")  # fmt: skip
+    try:
+        done = subprocess.run(["sbatch", "--wait", "--chdir", str(tmp_path), str(script)], env=env,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    finally:
+        slurm.cancel_all()
+    job_id = done.stdout.split()[-1] if done.stdout.split() else "?"
+    log = tmp_path / f"gpu-preflight-{job_id}.out"
+    text = log.read_text(encoding="utf-8") if log.exists() else "(no log)"
+    reports = REPO / "reports" / f"slurm-{job_id}"
+    try:
+        boot = json.loads((reports / "bootstrap.json").read_text(encoding="utf-8"))
+        assert {r["host"] for r in boot["results"]} >= {"n1", "n2"}, text
+        ranks = []
+        for node in ("n1", "n2"):  # one torchrun agent per node, c10d rendezvous on n1: each node's verify its rank
+            m = json.loads((reports / f"verify-{node}.json").read_text(encoding="utf-8"))["measurements"]
+            assert m["command"]["stopped_by_verify"] and m["step_time"]["steps"] == 4, (node, text)
+            assert m["command"]["processes_left"] == [] and len(m["command"]["steps_seen"]) == 1, m["command"]
+            ranks += list(m["command"]["steps_seen"])
+        assert sorted(ranks) == ["0", "1"]  # the job's two ranks, one on each node
+    finally:
+        import shutil
+
+        shutil.rmtree(reports, ignore_errors=True)
