@@ -41,6 +41,10 @@ def test_every_rank_counts_and_the_world_size_comes_from_the_ranks() -> None:
     events = [step(i, pid=p, rank=r) for i in range(1, 4) for p, r in ((11, 0), (12, 1))]
     counts, world = step_counts(events)
     assert counts == {0: 3, 1: 3} and world == 2
+    # torchrun across 2 nodes, one rank each: this node's verify sees rank 1 only and must stop on it (it waited
+    # for a rank 0 it can never see, and trained on, in the sbatch template's job on a real Slurm cluster).
+    node = [step(i, pid=12, rank=1, world_size=2, local_world_size=1) for i in range(1, 4)]
+    assert step_counts(node) == ({1: 3}, 1)
     assert [r.key for r in j.ranks(events, 1, 2, 0)] == [0, 1]
 
 
