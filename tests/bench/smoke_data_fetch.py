@@ -47,6 +47,7 @@ from checks.verify.smoke.data import (  # noqa: E402
     template_images,
 )
 from tests.bench.benchmarks_md import write_section  # noqa: E402
+from tests.checks.verify.test_smoke_data import OneByOne  # noqa: E402
 
 BEGIN, END = "<!-- bench:smoke-data-fetch:begin -->", "<!-- bench:smoke-data-fetch:end -->"
 STAGED_IMAGES = 4096  # 64 px: 50 MB, in the page cache after the first pass
@@ -75,19 +76,6 @@ class BeforeTokens(SyntheticTokens):
         for t in range(1, len(seq)):
             seq[t] = self.successors[seq[t - 1], picks[t]]
         return seq[:-1], seq[1:]
-
-
-class OneByOne:
-    """A dataset without ``__getitems__``: DataLoader's fetcher falls back to ``[dataset[i] for i in batch]``."""
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, i: int) -> Any:
-        return self.dataset[i]
 
 
 class Reader:

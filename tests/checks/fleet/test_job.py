@@ -71,7 +71,8 @@ def test_srun_tasks_gather_one_record_per_node_named_as_slurm_names_them(tmp_pat
     assert rows["n1", "host-bootstrap"]["status"] == "ok" and rows["n2", "host-bootstrap"]["status"] == "ok"
     assert rows["n2", "ulimits"]["value"]["nofile"] == 1024 and rows["n1", "ulimits"]["value"]["nofile"] != 1024
     allreduce = rows[None, "net-allreduce"]  # across the two tasks, in the same step, over gloo
-    assert allreduce["status"] == "ok" and allreduce["summary"].startswith("gloo, 2 ranks: busbw"), allreduce
+    # Measured: ok, or warn when the 2 s budget ends the sweep while busbw is still rising (a busy box)
+    assert allreduce["status"] in ("ok", "warn") and allreduce["summary"].startswith("gloo, 2 ranks: busbw"), allreduce
     assert "slurm job 4242" in outputs[0] and "all-reduce (gloo, 2 ranks)" in outputs[0]
 
 
