@@ -63,24 +63,16 @@ def _rows(path: Path) -> dict[tuple[str | None, str], dict]:
     return {(r["host"], r["id"]): r for r in json.loads(path.read_text(encoding="utf-8"))["results"]}
 
 
-def test_srun_tasks_gather_one_record_per_node_named_as_slurm_names_them(tmp_path: Path) -> None:
-    procs, outputs = _srun(tmp_path, 2, (0, 1))
+def test_srun_tasks_gather_one_record_per_node_and_a_silent_node_is_a_fail_row(tmp_path: Path) -> None:
+    """n1 and n2 run and report by their Slurm names; n3 is in the step's node list but never starts, so rank 0 names
+    it after its wait instead of hanging, and skips the all-reduce that needs every process (the all-reduce itself
+    runs in tests/checks/fleet/test_slurm.py, on a real cluster)."""
+    procs, outputs = _srun(tmp_path, 3, (0, 1))
     assert procs[1].returncode == 0 and not (tmp_path / "rank1.json").exists(), outputs[1]  # rank 0 reports the job
-    assert procs[0].returncode == 1, outputs[0]  # no NVIDIA driver on this box: the driver check fails on both
+    assert procs[0].returncode == 1, outputs[0]
     rows = _rows(tmp_path / "rank0.json")
     assert rows["n1", "host-bootstrap"]["status"] == "ok" and rows["n2", "host-bootstrap"]["status"] == "ok"
     assert rows["n2", "ulimits"]["value"]["nofile"] == 1024 and rows["n1", "ulimits"]["value"]["nofile"] != 1024
-    allreduce = rows[None, "net-allreduce"]  # across the two tasks, in the same step, over gloo
-    # Measured: ok, or warn when the 2 s budget ends the sweep while busbw is still rising (a busy box)
-    assert allreduce["status"] in ("ok", "warn") and allreduce["summary"].startswith("gloo, 2 ranks: busbw"), allreduce
-    assert "slurm job 4242" in outputs[0] and "all-reduce (gloo, 2 ranks)" in outputs[0]
-
-
-def test_a_node_of_the_job_that_never_reports_is_a_fail_row_not_a_hang(tmp_path: Path) -> None:
-    procs, outputs = _srun(tmp_path, 2, (0,))  # n2 is in the step's node list but never starts
-    assert procs[0].returncode == 1, outputs[0]
-    rows = _rows(tmp_path / "rank0.json")
-    assert rows["n1", "host-bootstrap"]["status"] == "ok"
-    assert rows["n2", "host-bootstrap"]["status"] == "fail"
-    assert rows["n2", "host-bootstrap"]["summary"].startswith("n2: no result from n2 within 8 s")
-    assert "all-reduce: skipped: a node did not report" in outputs[0]
+    assert rows["n3", "host-bootstrap"]["status"] == "fail"
+    assert rows["n3", "host-bootstrap"]["summary"].startswith("n3: no result from n3 within 8 s")
+    assert "slurm job 4242" in outputs[0] and "all-reduce: skipped: a node did not report" in outputs[0]
