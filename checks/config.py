@@ -239,6 +239,7 @@ class VerifyConfig:
     share_warn: float
     share_critical: float
     critical_min_steps: int
+    measure_budget_s: float
     compute_bound_min: float
     cpu_saturated_fraction: float
     iowait_high_pct: float

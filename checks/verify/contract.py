@@ -259,6 +259,7 @@ class RunSpec(Record):
     ddp: DdpSpec | None = None
     events: str = ""  # the events file the child appends to (the launcher's)
     result: str = ""  # where the child writes its result
+    measure_s: float = 0.0  # > 0: measure only as many steps as fit in this many seconds at the warm-up's pace
 
 
 # --- events: child -> parent, one JSON line each ---------------------------------------------------------------
@@ -528,7 +529,7 @@ class ChildResult(Record):
 
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
         {"error_kind", "phase", "ddp", "kernels", "memory", "checkpoint", "oom", "ab", "sweep"}
-        | {"loader_alone", "data_cost", "flops_per_step", "flops_note"}
+        | {"loader_alone", "data_cost", "flops_per_step", "flops_note", "measure_cut"}
     )
     interrupted: bool = False
     error: str | None = None
@@ -558,6 +559,8 @@ class ChildResult(Record):
     data_cost: JsonObject | None = None  # candidates.data_cost, or {"error": ...}
     ddp: RankDdp | None = None
     ranks: tuple[RankResult, ...] = ()  # several processes: every rank (set by the launcher)
+    # RunSpec.measure_s cut the measured steps: {"asked", "measured", "warm_step_s", "measure_s"}
+    measure_cut: JsonObject | None = None
 
     def to_json(self) -> JsonObject:
         out = super().to_json()

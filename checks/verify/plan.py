@@ -109,6 +109,11 @@ def effective(cfg: VerifyConfig, opts: Options) -> VerifyConfig:
     for key in ("steps", "accum", "checkpoint_every_steps", "batch_size_cpu", "batch_size_gpu", "resume_steps"):
         if getattr(out, key) < 1:
             raise PreflightError(f"verify: {key.replace('_', '-')} must be at least 1, got {getattr(out, key)}")
+    if out.measure_budget_s < 0:
+        raise PreflightError(
+            f"preflight.verify.measure_budget_s is {out.measure_budget_s:g}",
+            hint="seconds for the measured steps (0: always measure verify.steps)",
+        )
     if opts.batch_size < 0 or out.price_per_hour < 0:
         raise PreflightError("verify: --batch-size and --price-per-hour cannot be negative")
     return out
@@ -221,6 +226,7 @@ def plan(
         else None,
         ab=AbSpec(cfg.ab_steps) if opts.ab else None,
         ddp=ddp,
+        measure_s=cfg.measure_budget_s if not opts.steps and ddp is None else 0.0,  # --steps N: N, whatever they cost
     )
     cores = facts.host.usable_cores
     every, price = cfg.checkpoint_every_steps, cfg.price_per_hour

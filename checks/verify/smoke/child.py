@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -46,9 +47,11 @@ from checks.verify.smoke.ckpt import (
     set_rng_state,
 )
 from checks.verify.smoke.data import StagedDataError
-from checks.verify.smoke.figures import breakdown
+from checks.verify.smoke.figures import PHASES, breakdown
 from checks.verify.smoke.loop import Batches, Feed, Interrupted, Trainer, resolve, run_steps
 from checks.verify.smoke.setup import Build, UsageError, build
+
+MIN_MEASURED = 8  # the fewest measured steps a budget leaves (fewer than critical_min_steps cap verdicts at warn)
 
 
 class Events:
@@ -166,7 +169,7 @@ class Smoke:
         assert b is not None
         try:
             self.steps("warmup", self.spec.warmup)
-            self.steps("steps", self.spec.steps, phase="measure")
+            self.steps("steps", self.measured_count(), phase="measure")
         except Exception as exc:
             if not extras.oom_error(exc):
                 raise
@@ -175,6 +178,20 @@ class Smoke:
             self.result["oom"] = self.out_of_memory(exc)
             return False
         return True
+
+    def measured_count(self) -> int:
+        """``spec.steps``, or fewer when ``spec.measure_s`` would not hold them at the warm-up's pace (the median of
+        the warm-up steps after the first, which includes start-up); never below ``MIN_MEASURED``."""
+        asked, budget = self.spec.steps, self.spec.measure_s
+        warm = [sum(float(s[p]) for p in PHASES) for s in self.result.get("warmup", [])[1:]]
+        if budget <= 0 or not warm:
+            return asked
+        pace = statistics.median(warm)
+        count = max(min(asked, MIN_MEASURED), min(asked, int(budget / pace) if pace > 0 else asked))
+        if count < asked:
+            self.result["measure_cut"] = {"asked": asked, "measured": count, "warm_step_s": round(pace, 4),
+                                          "measure_s": budget}  # fmt: skip
+        return count
 
     def steps(self, key: str, count: int, phase: str | None = None) -> None:
         b = self.b
