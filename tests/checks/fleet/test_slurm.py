@@ -83,3 +83,36 @@ def test_the_sbatch_template_runs_bootstrap_and_the_users_ddp_across_both_nodes(
         import shutil
 
         shutil.rmtree(reports, ignore_errors=True)
+
+
+def test_hook_drain_and_resume_against_the_real_slurmctld(slurm: Cluster, tmp_path: Path) -> None:
+    """bootstrap --hook --drain as Slurm runs it on n2 (a HealthCheckProgram or Prolog: SLURMD_NODENAME set): an
+    unhealthy machine drains n2 with gpu-preflight's reason, a healthy one resumes it (the reason is ours); a node
+    drained by someone else stays drained. The machines are recorded snapshots; scontrol and slurmctld are real."""
+    import subprocess
+
+    machines = REPO / "tests" / "fixtures" / "machines"
+
+    def hook(snapshot: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "invoke", "bootstrap", "--hook", "--drain", "--machine", str(machines / snapshot)]
+        env = slurm.env(SLURMD_NODENAME="n2", HOME=str(tmp_path))
+        return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+    def state() -> tuple[str, str]:
+        line = slurm.run("sinfo", "-n", "n2", "-h", "-o", "%t|%E").stdout.strip()
+        flags, _, reason = line.partition("|")
+        return flags.rstrip("*~#!%$@^-"), reason  # sinfo's suffixes (* not responding yet, ...) are not the state
+
+    try:
+        sick = hook("gpu-lost.json")
+        assert sick.returncode == 1 and sick.stderr.startswith("gpu-preflight: "), sick.stderr
+        flags, reason = state()
+        assert flags.startswith("drain") and reason.startswith("gpu-preflight: gpu-inventory"), (flags, reason)
+        well = hook("h100-sxm-8x-healthy.json")
+        assert well.returncode == 0, well.stderr
+        assert state()[0] == "idle"
+        slurm.run("scontrol", "update", "NodeName=n2", "State=DRAIN", "Reason=maintenance by the operator")
+        assert hook("h100-sxm-8x-healthy.json").returncode == 0
+        assert state() == ("drain", "maintenance by the operator")  # not ours: a healthy run leaves it drained
+    finally:
+        slurm.run("scontrol", "update", "NodeName=n2", "State=RESUME")
