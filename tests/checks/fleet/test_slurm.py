@@ -116,3 +116,53 @@ def test_hook_drain_and_resume_against_the_real_slurmctld(slurm: Cluster, tmp_pa
         assert state() == ("drain", "maintenance by the operator")  # not ours: a healthy run leaves it drained
     finally:
         slurm.run("scontrol", "update", "NodeName=n2", "State=RESUME")
+
+
+def _job_processes(job_id: str) -> list[tuple[int, str, str]]:
+    """(pid, SLURM_PROCID, command line) of every process of this Slurm job on the box, read from /proc."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = dict(v.split("=", 1) for v in (proc / "environ").read_text(errors="replace").split("\0") if "=" in v)
+            cmd = (proc / "cmdline").read_text(errors="replace").replace("\0", " ")
+        except OSError:
+            continue
+        if env.get("SLURM_JOB_ID") == job_id:
+            found.append((int(proc.name), env.get("SLURM_PROCID", ""), cmd))
+    return found
+
+
+def test_a_node_killed_mid_run_is_named_and_nothing_is_left_running(slurm: Cluster, tmp_path: Path) -> None:
+    """srun -N2 bootstrap; n2's task is killed (SIGKILL) while it runs its checks: rank 0 names n2 after
+    hosts.job_wait_s instead of hanging, and when srun returns no process of the job is left on the box."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "job.json"
+    argv = ["srun", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "invoke", "bootstrap", "--json", str(out)]
+    env = slurm.env(MASTER_ADDR="127.0.0.1", **(_quick(tmp_path) | {"INVOKE_PREFLIGHT_HOSTS_JOB_WAIT_S": "10"}))
+    srun = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        victim, job_id, deadline = None, "", time.monotonic() + 60
+        while victim is None and time.monotonic() < deadline:
+            jobs = slurm.run("squeue", "-h", "-o", "%i").stdout.split()
+            job_id = jobs[0] if jobs else ""
+            victim = next(
+                (pid for pid, rank, cmd in _job_processes(job_id) if rank == "1" and "bootstrap" in cmd), None
+            )
+            time.sleep(0.2)
+        assert victim is not None, "n2's bootstrap task never showed up"
+        os.kill(victim, signal.SIGKILL)
+        output = srun.communicate(timeout=180)[0]
+    finally:
+        if srun.poll() is None:
+            srun.kill()
+        slurm.cancel_all()
+    rows = {(r["host"], r["id"]): r for r in json.loads(out.read_text(encoding="utf-8"))["results"]}
+    assert rows["n1", "host-bootstrap"]["status"] == "ok", output
+    assert rows["n2", "host-bootstrap"]["summary"].startswith("n2: no result from n2 within 10 s"), output
+    assert _job_processes(job_id) == [], _job_processes(job_id)
