@@ -65,13 +65,13 @@ def bootstrap(c: Context, f: fl.BootstrapFlags) -> None:
         raise PreflightError("--machine judges a snapshot; it cannot be combined with --hosts or --hosts-file")
     lock = read_lock(Path(f.lock or cfg.env.lock).expanduser()) if f.lock or cfg.env.lock else None  # before the run
     strict = f.strict or cfg.report.strict
+    checks = (("env-lock", lock_check(lock)),) if lock else ()
     if not (f.machine or f.hosts or f.hosts_file):
         from checks.fleet import job
         from checks.probe.launch import launch_context
 
         ctx = launch_context()
         if job.in_a_job(ctx):  # srun / torchrun started this on every node: the job is the fleet, no SSH
-            checks = (("env-lock", lock_check(lock)),) if lock else ()
             return _job(cfg, f, ctx, checks, strict)
     if specs:
         text = lock.path.read_text(encoding="utf-8") if lock else ""
@@ -81,7 +81,6 @@ def bootstrap(c: Context, f: fl.BootstrapFlags) -> None:
         emit(lambda colour: render_fleet(report, colour), report.to_json(), f.json)
         return exit_with(report.exit_code(strict=strict))
     machine = Path(f.machine) if f.machine else None
-    checks = (("env-lock", lock_check(lock)),) if lock else ()
     local = bootstrap_run.BootstrapRequest(cfg, machine=machine, dry_run=f.dry_run, extra_checks=checks)
     with interruptible(), terminate_as_interrupt():
         done = bootstrap_run.bootstrap(local)
@@ -109,9 +108,8 @@ def _job(
     if report is None:  # not rank 0: its node's record went to rank 0, which reports the job
         return
     emit(lambda colour: render_fleet(report, colour), report.to_json(), f.json)
-    if ctx.engine == "slurm" or (ctx.engine == "torchrun" and ctx.nodes):  # Slurm names the nodes: act in its terms
-        for line in job.remediation(report, cfg):
-            say(line)
+    for line in job.remediation(report, cfg, ctx):
+        say(line)
     exit_with(report.exit_code(strict=strict))
 
 

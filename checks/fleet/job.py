@@ -24,6 +24,7 @@ from checks.errors import PreflightError
 from checks.facts import AllreduceFacts, FleetFacts, HostOutcome
 from checks.fleet.report import FleetReport, build_fleet_report
 from checks.machine import bootstrap as bootstrap_run
+from checks.probe.collective import allreduce_facts
 from checks.probe.launch import LaunchContext
 from checks.probe.torch import SCRIPTS, ChildFailed, run_child
 from checks.result import Result
@@ -130,19 +131,23 @@ def _allreduce(data: dict[str, Any] | None, nodes: int, enabled: bool) -> tuple[
         return (), "skipped: one node (the all-reduce between its GPUs is bootstrap's gpu-allreduce)"
     if data is None:
         return (), "skipped: a node did not report, so the job's processes could not all join"
-    if data.get("error") or not data.get("rows"):
-        return (), f"failed ({data.get('backend', '?')}): {data.get('error') or 'no rows'}"
-    return tuple(AllreduceFacts(**row) for row in data["rows"]), None
+    facts = allreduce_facts(data)  # allreduce.py's rows, as bootstrap's own all-reduce reads them
+    if facts.error:
+        return (), f"failed ({data.get('backend', '?')}): {facts.error}"
+    return facts.rows, None
 
 
-def remediation(report: FleetReport, cfg: PreflightConfig) -> list[str]:
-    """For a Slurm job: each failing node's drain command and the ``--exclude=`` for the next job (printed only:
-    nothing is drained from a job run)."""
+def remediation(report: FleetReport, cfg: PreflightConfig, ctx: LaunchContext) -> list[str]:
+    """In a Slurm job (srun, or torchrun inside a Slurm task: the nodes carry Slurm's names), each failing node's
+    drain command and the ``--exclude=`` for the next job; printed only, nothing is drained from a job run. Other
+    engines name nodes Slurm does not know: nothing."""
     from provision import slurm
 
-    failing: dict[str, list[Result]] = {}
+    if not (ctx.engine == "slurm" or (ctx.engine == "torchrun" and ctx.nodes)):
+        return []
+    by_node: dict[str, list[Result]] = {}
     for host, result in report.results:
         if host is not None:
-            failing.setdefault(host, []).append(result)
-    drains = [slurm.drain_for(node, results, cfg.slurm.reason_max_chars) for node, results in failing.items()]
+            by_node.setdefault(host, []).append(result)
+    drains = [slurm.drain_for(node, results, cfg.slurm.reason_max_chars) for node, results in by_node.items()]
     return slurm.render_remediation([d for d in drains if d is not None])

@@ -92,6 +92,27 @@ def sweep(torch: Any, dist: Any, args: argparse.Namespace, device: Any) -> list[
     return rows
 
 
+def use_route_interface(master: str) -> None:
+    """Point gloo and NCCL at the interface that reaches the master, unless the user chose one."""
+    iface = _route_interface(master)
+    if iface:  # the user's own choice wins
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)
+
+
+def sweep_in_group(torch: Any, dist: Any, args: argparse.Namespace, local: int, init: Any) -> list[dict[str, Any]]:
+    """``init()`` joins the process group; then the sweep on this rank's device (its GPU for NCCL, else the CPU),
+    and the group is left whatever happened. Also what bootstrap's job run (job_gather.py) calls."""
+    device = torch.device("cuda", local) if args.backend == "nccl" else torch.device("cpu")
+    if args.backend == "nccl":
+        torch.cuda.set_device(device)
+    init()
+    try:
+        return sweep(torch, dist, args, device)
+    finally:
+        dist.destroy_process_group()
+
+
 def main() -> dict[str, Any]:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", choices=("nccl", "gloo"), default="gloo")
@@ -99,22 +120,14 @@ def main() -> dict[str, Any]:
     parser.add_argument("--budget-s", type=float, default=30.0)
     parser.add_argument("--timeout-s", type=float, default=180.0)
     args = parser.parse_args()
-    iface = _route_interface(os.environ.get("MASTER_ADDR", "127.0.0.1"))
-    if iface:  # the user's own choice wins
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)
+    use_route_interface(os.environ.get("MASTER_ADDR", "127.0.0.1"))
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group(args.backend, timeout=timedelta(seconds=args.timeout_s))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local) if args.backend == "nccl" else torch.device("cpu")
-    if args.backend == "nccl":
-        torch.cuda.set_device(device)
-    try:
-        rows = sweep(torch, dist, args, device)
-    finally:
-        dist.destroy_process_group()
+    def init() -> None:
+        dist.init_process_group(args.backend, timeout=timedelta(seconds=args.timeout_s))
+
+    rows = sweep_in_group(torch, dist, args, int(os.environ.get("LOCAL_RANK", "0")), init)
     world = rows[0]["world_size"] if rows else 0
     return {"backend": args.backend, "world_size": world, "rows": rows, "rank": int(os.environ.get("RANK", "0"))}
 

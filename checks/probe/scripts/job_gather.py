@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import datetime
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -46,7 +45,7 @@ def main(args: dict) -> dict:
         return {"sent": bool(record)}
     keys = {i: f"{prefix}/node/{i}" for i in range(int(args["nodes"]))}
     deadline = began + float(args["wait_s"])
-    while time.monotonic() < deadline and not all(store.check([k]) for k in keys.values()):
+    while time.monotonic() < deadline and not store.check(list(keys.values())):  # True once every key is set
         time.sleep(0.05)
     records = {i: store.get(k).decode("utf-8") for i, k in keys.items() if store.check([k])}
     missing = [i for i in keys if i not in records]
@@ -63,26 +62,20 @@ def allreduce(store: Any, args: dict) -> dict:
     (NCCL when this rank has its GPU, else gloo); rank 0's rows, or the error."""
     import torch
     import torch.distributed as dist
-    from allreduce import _route_interface, sweep  # the sibling script bootstrap --hosts runs under torchrun
+    from allreduce import sweep_in_group, use_route_interface  # the sibling script bootstrap --hosts runs
 
-    iface = _route_interface(str(args["addr"]))
-    if iface:  # the user's own choice wins
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)
+    use_route_interface(str(args["addr"]))
     local = int(args.get("local_rank") or 0)
     backend = "nccl" if torch.cuda.is_available() and local < torch.cuda.device_count() else "gloo"
-    device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
-    if backend == "nccl":
-        torch.cuda.set_device(device)
-    try:
+    budget = argparse.Namespace(backend=backend, max_mib=int(args.get("allreduce_max_mib") or 256),
+                                budget_s=float(args["allreduce_budget_s"]))  # fmt: skip
+
+    def init() -> None:
         dist.init_process_group(backend, store=dist.PrefixStore(f"{args['prefix']}/pg", store), rank=int(args["rank"]),
                                 world_size=int(args["world"]), timeout=datetime.timedelta(seconds=60))  # fmt: skip
-        budget = argparse.Namespace(backend=backend, max_mib=int(args.get("allreduce_max_mib") or 256),
-                                    budget_s=float(args["allreduce_budget_s"]))  # fmt: skip
-        try:
-            rows = sweep(torch, dist, budget, device)
-        finally:
-            dist.destroy_process_group()
+
+    try:
+        rows = sweep_in_group(torch, dist, budget, local, init)
     except Exception as exc:  # noqa: BLE001 - the records stand; the sweep's failure is reported with them
         return {
             "backend": backend,
