@@ -190,17 +190,8 @@ def _nvlink_one(g: GpuFacts, nvswitches: int, alone: bool = False) -> Result:
     bridged = spec.bridge_links if spec and spec.bridge_links and spec.bridge_links < slots else None
     total = bridged or slots  # a bridged board is whole at its bridge's links, not at NVML's slot count
     kw = {"value": active, "subject": _sub(g)}
-    if form.sxm and alone and active < (form.links or total):
-        # A one-GPU slice of an SXM host (recorded on a rented H200 VM: 0 of 18 links up): with no second GPU in
-        # the machine no traffic of this rental would cross NVLink, so links that are down cost nothing here.
-        return ok(
-            "gpu-nvlink",
-            f"{active} of {form.links or total} NVLink links active, SXM part ({form.why}); the only GPU in this "
-            "machine, so nothing here needs NVLink (a rental of 2+ GPUs would)",
-            **kw,
-        )
     if form.sxm:  # no bridge on an SXM module: every link is on the board (docs/sources.md#nvlink-per-link: A100 12, H100/H200 18)
-        return _sxm_links(active, form.links or total, form.why, kw)
+        return _sxm_links(active, form.links or total, form.why, kw, alone)
     if total == 0:
         return ok("gpu-nvlink", "no NVLink (PCIe part): multi-GPU traffic goes over PCIe", **kw)
     if active == 0:  # the links exist on the board but no bridge is fitted (DCGM: "NvLink link N is currently down")
@@ -216,12 +207,16 @@ def _nvlink_one(g: GpuFacts, nvswitches: int, alone: bool = False) -> Result:
     return ok("gpu-nvlink", summary, **kw)
 
 
-def _sxm_links(active: int, expected: int, why: str, kw: dict) -> Result:
+def _sxm_links(active: int, expected: int, why: str, kw: dict, alone: bool) -> Result:
     part = f"SXM part ({why})"
     if expected == 0:
         hint = "NVML reports no NVLink links on an SXM module: a VM slice that hides them, or a fault; ask the provider"
         return warn("gpu-nvlink", f"{part} but NVML reports no NVLink links", hint, **kw)
     summary = f"{active} of {expected} NVLink links active, {part}"
+    if active < expected and alone:
+        # A one-GPU slice of an SXM host (recorded on a rented H200 VM: 0 of 18 links up): with no second GPU in
+        # the machine no traffic of this rental would cross NVLink, so links that are down cost nothing here.
+        return ok("gpu-nvlink", f"{summary}; the only GPU in this machine, so nothing here needs NVLink (a rental of 2+ GPUs would)", **kw)  # fmt: skip
     if active < expected:
         hint = "NVLink links down on an SXM board (no bridge to reseat): GPU-to-GPU traffic falls back to slower paths; report the box to the provider"
         return fail("gpu-nvlink", summary, hint, expected=f"{expected} active", **kw)

@@ -50,6 +50,7 @@ def figure(
     phases: Mapping[str, Sequence[float]] | None = None,
     step_s: float | None = None,
     samples_per_s: float | None = None,
+    comm_share: float | None = None,
 ) -> Any:
     """Build the timeline as a matplotlib ``Figure`` (no pyplot state).
 
@@ -78,7 +79,7 @@ def figure(
             ax.sharex(axes[0])
     axes[len(panels) - 1].set_xlabel("seconds since the first sample")
     if shares:
-        _breakdown_bar(axes[-1], shares)
+        _breakdown_bar(axes[-1], with_comm(shares, comm_share))
     fig.suptitle(_title(title, gpu, steps, step_s, samples_per_s), fontsize=11)
     return fig
 
@@ -187,6 +188,15 @@ def _shade(ax: Any, phases: Mapping[str, Sequence[float]], t0: float, label: boo
                 ax.text(
                     a - t0, 1.01, name, fontsize=7, va="bottom", color="#555555", transform=ax.get_xaxis_transform()
                 )
+
+
+def with_comm(shares: dict[str, float], comm: float | None) -> dict[str, float]:
+    """The shares with the exposed gradient exchange (``measurements.ddp.comm_share``) drawn apart: it is measured
+    inside backward, where DDP waits for the all-reduce, so it comes out of backward's share."""
+    if not comm or "backward" not in shares:
+        return shares
+    taken = min(float(comm), shares["backward"])
+    return {**shares, "backward": shares["backward"] - taken, "comm": taken}
 
 
 def _breakdown_bar(ax: Any, shares: dict[str, float]) -> None:

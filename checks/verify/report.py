@@ -64,7 +64,7 @@ def mfu(r: ChildResult, median_s: float) -> Mfu:
         why = r.flops_note if not r.flops_per_step else "the step's precision was not seen (no autocast, no weights)"
         return Mfu(None, f"MFU unknown: {why or 'no FLOP count'}", None)
     # Dense fp16 with fp32 accumulate runs at the bf16 rate from sm_80 on (templates/gpus.yaml lists fp16 below).
-    peak = {"bf16": spec.bf16_tflops, "fp16": spec.fp16_tflops or spec.bf16_tflops}.get(r.precision or "")
+    peak = {"bf16": spec.bf16_tflops, "fp16": spec.fp16_tflops or spec.bf16_tflops}.get(r.precision)
     if peak is None:
         return Mfu(None, f"MFU unknown: no {r.precision} peak for {spec.model} in the table (bf16/fp16 only)", None)
     if not r.flops_per_step:

@@ -74,7 +74,8 @@ def verify(request: VerifyRequest, say: Say) -> Judged:
         problems = v.write_outputs(
             p.csv_path, p.png_path, outcome.trace, title, outcome.gpu_index, p.usable_cores,
             steps=[s.to_json() for s in child.steps], warmup=[s.to_json() for s in child.warmup],
-            shares=with_comm(steps.step_breakdown, measurements.ddp.comm_share if measurements.ddp else None) if steps else None, phases=child.timeline,
+            shares=steps.step_breakdown if steps else None, phases=child.timeline,
+            comm_share=measurements.ddp.comm_share if measurements.ddp else None,
             step_s=steps.step_time.median_s if steps else None,
             samples_per_s=(steps.samples_per_s_with_checkpoints or steps.samples_per_s) if steps else None,
         )  # fmt: skip
@@ -91,15 +92,6 @@ def verify(request: VerifyRequest, say: Say) -> Judged:
         background=frozenset(r.id for r in gate),
         focus="diagnosis",
     )
-
-
-def with_comm(shares: dict[str, float], comm: float | None) -> dict[str, float]:
-    """The breakdown bar's shares with the exposed gradient exchange (``measurements.ddp.comm_share``) drawn apart:
-    it is measured inside backward, where DDP waits for the all-reduce, so it comes out of backward's share."""
-    if not comm or "backward" not in shares:
-        return shares
-    taken = min(float(comm), shares["backward"])
-    return {**shares, "backward": shares["backward"] - taken, "comm": taken}
 
 
 def watch(request: WatchRequest, say: Say) -> Judged:

@@ -47,7 +47,7 @@ from checks.verify.smoke.ckpt import (
     set_rng_state,
 )
 from checks.verify.smoke.data import StagedDataError
-from checks.verify.smoke.figures import PHASES, breakdown
+from checks.verify.smoke.figures import breakdown
 from checks.verify.smoke.loop import Batches, Feed, Interrupted, Trainer, resolve, run_steps
 from checks.verify.smoke.setup import Build, UsageError, build
 
@@ -183,11 +183,11 @@ class Smoke:
         """``spec.steps``, or fewer when ``spec.measure_s`` would not hold them at the warm-up's pace (the median of
         the warm-up steps after the first, which includes start-up); never below ``MIN_MEASURED``."""
         asked, budget = self.spec.steps, self.spec.measure_s
-        warm = [sum(float(s[p]) for p in PHASES) for s in self.result.get("warmup", [])[1:]]
+        warm = [Step.from_json(s).total for s in self.result.get("warmup", [])[1:]]
         if budget <= 0 or not warm:
             return asked
         pace = statistics.median(warm)
-        count = max(min(asked, MIN_MEASURED), min(asked, int(budget / pace) if pace > 0 else asked))
+        count = min(asked, max(MIN_MEASURED, int(budget / pace) if pace > 0 else asked))
         if count < asked:
             self.result["measure_cut"] = {"asked": asked, "measured": count, "warm_step_s": round(pace, 4),
                                           "measure_s": budget}  # fmt: skip

@@ -20,7 +20,7 @@ from checks.errors import PreflightError
 from checks.probe.sample import GpuReader, HostReader
 from checks.result import Report, Result
 from checks.verify import plan as v
-from checks.verify.run import Judged, with_comm
+from checks.verify.run import Judged
 from checks.verify.sampler import Sampler, Trace
 from checks.verify.user import advice
 from checks.verify.user import judge as j
@@ -101,10 +101,9 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
     )
     steps = [s for r in j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)[:1] for s in r.steps]
     title = f"invoke verify -- {request.command[0]}: {verdicts[0].id if verdicts else 'cant-tell'}"
-    breakdown = measurements.get("step_breakdown")
     problems = v.write_outputs(
-        csv, png, trace, title, gpu, cores, steps=steps,
-        shares=with_comm(breakdown, (measurements.get("ddp") or {}).get("comm_share")) if breakdown else None,
+        csv, png, trace, title, gpu, cores, steps=steps, shares=measurements.get("step_breakdown"),
+        comm_share=(measurements.get("ddp") or {}).get("comm_share"),
         step_s=(measurements.get("step_time") or {}).get("median_s"), samples_per_s=measurements.get("samples_per_s"),
     )  # fmt: skip
     report = Report(host=host, machine="live", results=tuple(results), measurements=measurements)

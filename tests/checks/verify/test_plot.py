@@ -126,14 +126,14 @@ def test_draw_writes_the_png_atomically(tmp_path: Path) -> None:
 
 def test_an_nproc_run_draws_its_exposed_exchange_and_names_the_phases_after_the_steps() -> None:
     """Issue 21: a comm-bound --nproc title over a bar with no comm segment, and the comm/solo phases unnamed."""
-    from checks.verify.run import with_comm
+    from checks.verify.plot import with_comm
 
     shares = with_comm(SHARES, 0.3)
     assert shares["comm"] == 0.3 and math.isclose(shares["backward"], 0.22)
     assert math.isclose(sum(shares.values()), sum(SHARES.values()))
     assert with_comm(SHARES, None) == SHARES
     phases = {"warmup": (101.0, 101.6), "comm": (104.0, 105.0), "solo": (105.0, 106.0)}
-    fig = figure(_trace(gpu=False), "invoke verify: comm-bound", None, 2.0, STEPS, (), shares, phases)
+    fig = figure(_trace(gpu=False), "invoke verify: comm-bound", None, 2.0, STEPS, (), SHARES, phases, comm_share=0.3)
     _rendered(fig)
     bar = fig.axes[-1]
     assert "comm\n30%" in {t.get_text() for t in bar.texts}

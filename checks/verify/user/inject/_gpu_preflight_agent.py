@@ -259,7 +259,7 @@ class _Steps:
         dispatch mode of our own: torch's FlopCounterMode would also install global module hooks."""
         dynamo = sys.modules.get("torch._dynamo")
         if dynamo is not None and getattr(dynamo, "utils", None) and dynamo.utils.counters["stats"]["unique_graphs"]:
-            _say("flops", flops=None, note="not counted: the model is compiled (torch.compile)", **_rank())
+            _say("flops", flops=None, note="not counted: the model is compiled (torch.compile)", **self.rank)
             return
         self.counter = _flop_counter(self.torch)
         self.counter.__enter__()
@@ -267,7 +267,8 @@ class _Steps:
     def stop_count(self) -> None:
         counter, self.counter = self.counter, None
         counter.__exit__(None, None, None)
-        _say("flops", step=self.i, flops=int(counter.flops), **_rank())
+        # missed: ops whose formula could not read their arguments (the count is a lower bound by their FLOPs)
+        _say("flops", step=self.i, flops=int(counter.flops), missed=int(counter.missed), **self.rank)
 
     def flush(self, wait: bool) -> None:
         """Write the steps whose clocks are readable (CUDA: their last event completed)."""
@@ -476,10 +477,9 @@ def _patch_autocast(torch: Any, st: _Steps) -> None:
     @functools.wraps(real)
     def __enter__(self: Any) -> Any:
         out = real(self)
-        if getattr(self, "_enabled", False):
-            st.amp[str(self.device)] = _DTYPES.get(str(getattr(self, "fast_dtype", "")), "") or st.amp.get(
-                str(self.device), ""
-            )
+        dtype = _DTYPES.get(str(getattr(self, "fast_dtype", "")))
+        if getattr(self, "_enabled", False) and dtype:
+            st.amp[str(self.device)] = dtype
         return out
 
     cls.__enter__ = __enter__
