@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -27,18 +28,19 @@ from checks.verify.smoke.loop import Batches, Trainer, resolve, run_steps
 
 
 def start(ddp: DdpSpec) -> None:
-    """Join the process group (rank 0 hosts the TCP store); an absent peer fails after ``timeout_s``."""
+    """Join the process group through torchrun's store (``env://``: MASTER_ADDR/PORT, RANK, WORLD_SIZE); an
+    absent peer fails after ``timeout_s``. The rank torchrun gave must be the one verify planned (the hosts' ranks
+    summed in host order): a mismatch would file one rank's figures under another's GPU."""
+    given = (int(os.environ.get("RANK", -1)), int(os.environ.get("WORLD_SIZE", -1)))
+    if given != (ddp.rank, ddp.world_size):
+        raise RuntimeError(
+            f"torchrun gave rank {given[0]} of {given[1]}, verify planned {ddp.rank} of {ddp.world_size}"
+        )
     if ddp.backend == "gloo" and ddp.threads:
         torch.set_num_threads(ddp.threads)  # torchrun's OMP_NUM_THREADS: the ranks share the cores
     if ddp.backend == "nccl":
         torch.cuda.set_device(ddp.local_rank)  # the GPU index on this host
-    dist.init_process_group(
-        ddp.backend,
-        init_method=f"tcp://{ddp.addr}:{ddp.port}",
-        rank=ddp.rank,
-        world_size=ddp.world_size,
-        timeout=datetime.timedelta(seconds=ddp.timeout_s),
-    )
+    dist.init_process_group(ddp.backend, init_method="env://", timeout=datetime.timedelta(seconds=ddp.timeout_s))
 
 
 def stop() -> None:

@@ -1,28 +1,29 @@
 """Start the training child and watch it: one process, or every rank of a DDP run (parent side, no torch).
 
-One code path for 1 and N processes: N=1 is a run of one rank. The training loop runs in its own processes, like
-every other torch call of the tool, so a hung CUDA call or a wedged DataLoader worker cannot hang the task. Each
-process gets its own spec (``RunSpec``; under DDP with its rank, world size and the TCP store: on one box a free
-port of 127.0.0.1, across hosts the ``Node`` the caller gives), its own events file and log. All of them share
-one process group, led by the first and apart from the task's (the terminal's Ctrl-C does not reach it), so one
-``killpg`` ends every process and its DataLoader workers: no orphans.
+The training loop runs in its own processes, like every other torch call of the tool, so a hung CUDA call or a
+wedged DataLoader worker cannot hang the task. One process (no DDP) is started here directly. The ranks of a DDP
+run are started by torchrun (``python -m torch.distributed.run``, the engine users launch their own DDP with):
+one torchrun per host with the static rendezvous on ``Node.addr:Node.port`` (on one box 127.0.0.1 and a free
+port; across hosts rank 0's host), ``--node_rank`` the host's index, ``--nproc_per_node`` its ranks; each rank
+reads its own spec file (``spec.${local_rank}.json``: torchrun fills in the macro) and joins the process group
+through torchrun's store (``env://``). Each process gets its own events file and log (``rankN.log``: under
+torchrun the child points its own output there).
 
-The watch loop tails the first process's events for progress (``on_event``) and every process's for news. It
-stops the run when it exceeds its time limit (``timeout``) or no process reported anything for ``stall_s``
-(``stalled``, naming the one rank that reported fewer events than the others); under DDP also when a rank exits
-with an error or without a result (``crashed``, naming it: the others would only wait for it in the next
-all-reduce), or is still running long after another ended cleanly (hung). Ctrl-C is forwarded as SIGINT to every
-process, which stop after their step and write partial results.
+The started process (the child, or torchrun) leads a process group apart from the task's (the terminal's Ctrl-C
+does not reach it). torchrun starts every rank in a session of its own, so the end of a run kills the started
+process's group and every rank's group, found as torchrun's children: no orphans, DataLoader workers included.
 
-Across hosts (``--hosts``) each host runs this for its own ranks (``Node``: the first global rank here and how
-many run here); the caller joins the hosts' results.
+The watch loop tails the first rank's events for progress (``on_event``) and every rank's for news. It stops the
+run when it exceeds its time limit (``timeout``) or no rank reported anything for ``stall_s`` (``stalled``,
+naming the one rank that reported fewer events than the others); under DDP also when a rank exits with an error
+or without a result (``crashed``, naming it: the others would only wait for it in the next all-reduce), or is
+still running long after another ended cleanly (hung). A rank's exit is seen here before torchrun's own check
+(``--monitor_interval`` is longer than this loop's poll), so the rank that failed first is the one named, not a
+peer torchrun stopped after it. Ctrl-C is forwarded as SIGINT to the started process (torchrun forwards it to
+every rank), and the ranks stop after their step and write partial results.
 
-Where torchrun goes (issue 19): ``_start`` is the only place processes are created, with their rendezvous
-(``_rank_spec``). Moving the N-process path onto ``torch.distributed.run`` replaces those two with one
-``python -m torch.distributed.run --nproc-per-node N --rdzv-backend c10d ... smoke_train.py SPEC`` process (the
-group leader), the child reading its rank from torchrun's ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` and naming its
-events and result files by rank; the watch loop (``_watch``), the failure attribution and ``combine`` stay as
-they are, reading the same per-rank files.
+Across hosts (``--hosts``) each host runs this for its own ranks (``Node``: the first global rank here, how many
+run here, this host's index); the caller joins the hosts' results.
 """
 
 from __future__ import annotations
@@ -39,13 +40,16 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import psutil
 
 from checks.probe.tcp import free_port
 from checks.verify.contract import (
     ChildResult,
     ChildRun,
     ContractError,
+    DdpSpec,
     Event,
     RankDevice,
     RankResult,
@@ -57,6 +61,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "smoke_train.py"
 INTERRUPT_GRACE_S = 20.0  # time a child gets to finish its step, read its CUDA events and write the result
 FINISH_GRACE_S = 30.0  # a rank may end this much later than another that ended cleanly (teardown, slow save)
 _POLL_S = 0.1
+TORCHRUN_MONITOR_S = 1.0  # torchrun's check of its ranks: slower than _POLL_S, so a failed rank is seen here first
 
 __all__ = ["INTERRUPT_GRACE_S", "ChildRun", "Node", "launch"]
 
@@ -121,8 +126,8 @@ def launch(
     node: Node | None = None,
 ) -> ChildRun:
     """Run ``spec``'s processes here: one without ``spec.ddp``, else ``ddp.world_size`` ranks (``node.local``
-    of them with ``node``). Return the first one's result (None when it wrote none) and how the run ended; under
-    DDP every local rank's figures are under the result's ``ranks``.
+    of them with ``node``) under torchrun. Return the first one's result (None when it wrote none) and how the run
+    ended; under DDP every local rank's figures are under the result's ``ranks``.
 
     ``extra_env`` (the allocator setting bootstrap writes for new shells) goes into every process's environment
     unless this environment sets the variable already: a value the user exported is what their run gets.
@@ -133,22 +138,28 @@ def launch(
         env, kept = child_env(extra_env)
         run = ChildRun(result=None, env_kept=kept)
         start = time.monotonic()
-        procs: list[subprocess.Popen[bytes]] = []
         tails = [_Tail(work / f"events.{r}.jsonl") for r in range(here.local)]
+        for r in range(here.local):
+            path = work / f"spec.{r}.json"
+            path.write_text(json.dumps(_rank_spec(spec, here, r, work).to_json()), encoding="utf-8")
+        started: subprocess.Popen[bytes] | None = None
+        ranks: list[_Rank] = []
         try:
-            for r in range(here.local):
-                procs.append(
-                    _start(_rank_spec(spec, here, r, work), r, work, python, env, procs[0].pid if procs else 0)
-                )
-            on_start(procs[0].pid)
-            _watch(procs, tails, work, run, timeout_s, stall_s, on_event)
+            if spec.ddp is None:
+                started = _start([python, str(SCRIPT), str(work / "spec.0.json")], work, env, "rank0.log")
+                ranks = [started]
+            else:
+                started = _start(_torchrun(python, spec.ddp, here, work, env), work, env, "torchrun.log")
+                ranks = [_Worker(started, work, r) for r in range(here.local)]
+            on_start(started.pid)
+            _watch(started, ranks, tails, work, run, timeout_s, stall_s, on_event)
         finally:
-            _kill_group(procs)
+            _kill_all(started, ranks)
         run.seconds = time.monotonic() - start
         for r, tail in enumerate(tails):
             _note(work, r, f"{tail.rejected} event line(s) were not events: {tail.reason}" if tail.rejected else "")
         results = [_read_result(work, r, note=True) for r in range(here.local)]
-        logs = [_tail(work / f"rank{r}.log") for r in range(here.local)]
+        logs = [_rank_log(work, r) for r in range(here.local)]
         combine(run, results, logs, here.first, distributed=spec.ddp is not None)
         return run
 
@@ -166,26 +177,90 @@ def _rank_spec(spec: RunSpec, node: Node, rank: int, work: Path) -> RunSpec:
     return dataclasses.replace(mine, ddp=ddp)
 
 
-def _start(
-    spec: RunSpec, rank: int, work: Path, python: str, env: dict[str, str], group: int
-) -> subprocess.Popen[bytes]:
-    """Start local rank ``rank`` in process group ``group`` (0: a new one it leads)."""
-    path = work / f"spec.{rank}.json"
-    path.write_text(json.dumps(spec.to_json()), encoding="utf-8")
-    # One group led by the first process, in the task's session (setpgid cannot join a group of another session);
-    # not the terminal's foreground group, so a Ctrl-C reaches the task alone, which forwards it.
-    # Popen(process_group=) is 3.11+; on 3.10 the same setpgid runs in the child before exec.
+def _torchrun(python: str, ddp: DdpSpec, node: Node, work: Path, env: dict[str, str]) -> list[str]:
+    """torchrun's command line for this host's ranks: the static rendezvous on ``node.addr:node.port`` (the
+    global ranks it gives, the hosts' rank counts summed in host order, are the ones the specs carry), no
+    restarts (a failed rank is the verdict), a monitor interval longer than ``_POLL_S``, its own files in the run's
+    folder. The underscore
+    spellings of the options are the ones every torchrun since 1.10 reads. CPU ranks get the threads planned for
+    them (torchrun would set one each), unless the user exported OMP_NUM_THREADS."""
+    if ddp.threads and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(ddp.threads)
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={node.nodes}",
+        f"--node_rank={node.index}",
+        f"--nproc_per_node={node.local}",
+        f"--master_addr={node.addr}",
+        f"--master_port={node.port}",
+        "--max_restarts=0",
+        f"--monitor_interval={TORCHRUN_MONITOR_S}",
+        f"--log_dir={work / 'torchrun'}",  # its error files: in the run's folder (by default a tempdir it leaves)
+        str(SCRIPT),
+        str(work / "spec.${local_rank}.json"),
+    ]
+
+
+def _start(argv: list[str], work: Path, env: dict[str, str], log_name: str) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in ``work``, leading a process group of its own, its output to ``log_name``."""
+    # A new group in the task's session, not the terminal's foreground group: a Ctrl-C reaches the task alone,
+    # which forwards it. Popen(process_group=) is 3.11+; on 3.10 the same setpgid runs in the child before exec.
     where: dict[str, Any] = (
-        {"process_group": group} if sys.version_info >= (3, 11) else {"preexec_fn": lambda: os.setpgid(0, group)}
+        {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": lambda: os.setpgid(0, 0)}
     )
-    with (work / f"rank{rank}.log").open("w", encoding="utf-8") as log:
-        return subprocess.Popen(
-            [python, str(SCRIPT), str(path)], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, **where
-        )
+    with (work / log_name).open("w", encoding="utf-8") as log:
+        return subprocess.Popen(argv, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, **where)
+
+
+class _Rank(Protocol):
+    def poll(self) -> int | None: ...
+
+
+class _Worker:
+    """A rank torchrun started, seen from here: found among torchrun's children by its spec file (the argument
+    torchrun filled in), alive until its process is gone or a zombie. ``poll`` answers as ``Popen.poll`` would:
+    None while it runs, 0 once it ended with a clean result, 1 otherwise (torchrun, not this process, holds its
+    exit status)."""
+
+    def __init__(self, torchrun: subprocess.Popen[bytes], work: Path, local: int) -> None:
+        self.torchrun, self.work, self.local = torchrun, work, local
+        self.arg = str(work / f"spec.{local}.json")
+        self.proc: psutil.Process | None = None
+        self.code: int | None = None
+
+    def poll(self) -> int | None:
+        if self.code is not None:
+            return self.code
+        if self.proc is None:
+            self.proc = self._find()
+        alive = self.proc is not None and _alive(self.proc)
+        if alive or (self.proc is None and self.torchrun.poll() is None):
+            return None  # running, or not started yet by a torchrun that still runs
+        got = _read_result(self.work, self.local)
+        self.code = 0 if got is not None and not got.error else 1
+        return self.code
+
+    def _find(self) -> psutil.Process | None:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(self.torchrun.pid).children():
+                with contextlib.suppress(psutil.Error):
+                    if self.arg in child.cmdline():
+                        return child
+        return None
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _watch(
-    procs: list[subprocess.Popen[bytes]],
+    started: subprocess.Popen[bytes],
+    ranks: list[_Rank],
     tails: list[_Tail],
     work: Path,
     run: ChildRun,
@@ -193,7 +268,7 @@ def _watch(
     stall_s: float,
     on_event: Callable[[Event], None],
 ) -> None:
-    """Poll every process until all exit, a rank fails, the run times out or stalls, or Ctrl-C."""
+    """Poll every rank until all exit, a rank fails, the run times out or stalls, or Ctrl-C."""
     deadline, last_news = time.monotonic() + timeout_s, time.monotonic()
     first_clean: float | None = None
     try:
@@ -204,7 +279,7 @@ def _watch(
                 for event in news if r == 0 else ():
                     run.events.append(event)
                     on_event(event)
-            codes = [p.poll() for p in procs]
+            codes = [p.poll() for p in ranks]
             if all(c is not None for c in codes):
                 break
             now = time.monotonic()
@@ -224,7 +299,7 @@ def _watch(
             time.sleep(_POLL_S)
     except KeyboardInterrupt:
         run.interrupted = True
-        _interrupt(procs)
+        _interrupt(started, ranks)
     run.events += tails[0].read()
 
 
@@ -235,26 +310,34 @@ def _lagging(tails: list[_Tail]) -> int | None:
     return counts.index(low) if counts.count(low) == 1 and len(counts) > 1 else None
 
 
-def _interrupt(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Forward Ctrl-C to every process (their workers stop with them); the grace time or a second Ctrl-C ends
-    the wait."""
-    for p in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(p.pid, signal.SIGINT)
+def _interrupt(started: subprocess.Popen[bytes], ranks: list[_Rank]) -> None:
+    """Forward Ctrl-C to the started process (torchrun forwards it to every rank; their workers stop with them);
+    the grace time or a second Ctrl-C ends the wait for the ranks."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(started.pid, signal.SIGINT)
     end = time.monotonic() + INTERRUPT_GRACE_S
-    with contextlib.suppress(KeyboardInterrupt, subprocess.TimeoutExpired):
-        for p in procs:
-            p.wait(timeout=max(0.1, end - time.monotonic()))
+    with contextlib.suppress(KeyboardInterrupt):
+        while time.monotonic() < end and any(r.poll() is None for r in ranks):
+            time.sleep(_POLL_S)
+        started.wait(timeout=max(0.1, min(5.0, end - time.monotonic())))
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        started.wait(timeout=0)
 
 
-def _kill_group(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Kill the process group (every process, its DataLoader and compile workers), then reap the processes."""
-    if not procs:
+def _kill_all(started: subprocess.Popen[bytes] | None, ranks: list[_Rank]) -> None:
+    """Kill the started process's group and, under torchrun, every rank's own group (each rank leads a session of
+    its own, with its DataLoader and compile workers), reap the started process and wait (a few seconds at most)
+    until the ranks, reaped by whoever inherits them, are gone: nothing of the run outlives the call."""
+    if started is None:
         return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(procs[0].pid, signal.SIGKILL)
-    for p in procs:
-        p.wait()
+    workers = {r.proc.pid: r.proc for r in ranks if isinstance(r, _Worker) and r.proc is not None}
+    with contextlib.suppress(psutil.Error):
+        workers |= {child.pid: child for child in psutil.Process(started.pid).children()}
+    for group in {started.pid, *workers}:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+    started.wait()
+    psutil.wait_procs(list(workers.values()), timeout=5)
 
 
 def combine(
@@ -314,6 +397,13 @@ def _note(work: Path, rank: int, line: str) -> None:
     if line:
         with contextlib.suppress(OSError), (work / f"rank{rank}.log").open("a", encoding="utf-8") as log:
             log.write(f"\nverify: {line}\n")
+
+
+def _rank_log(work: Path, rank: int) -> str:
+    """Local rank ``rank``'s last log lines; under torchrun, torchrun's own where the rank wrote none (it failed
+    before the child could point its output at its log, or torchrun itself failed)."""
+    own = _tail(work / f"rank{rank}.log")
+    return own if own.strip() else _tail(work / "torchrun.log")
 
 
 def _tail(path: Path, lines: int = 20) -> str:

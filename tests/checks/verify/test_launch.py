@@ -22,11 +22,18 @@ from tests.checks.verify.verify_cases import SPEC
 pytestmark = pytest.mark.slow  # real processes (stand-ins, no torch): 1-2 s each, the stall case ~6 s
 
 STAND_IN = """
-import json, sys, time
+import json, os, sys, time
 from pathlib import Path
+if "TORCHELASTIC_RUN_ID" in os.environ:  # as the training child does under torchrun: output to rankN.log
+    fd = os.open(f"rank{os.environ['LOCAL_RANK']}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 1), os.dup2(fd, 2)
 spec = json.loads(Path(sys.argv[1]).read_text())
 rank = (spec.get("ddp") or {}).get("rank", 0)
 how = spec["model"]
+if os.environ.get("STAND_IN_PIDS"):
+    Path(os.environ["STAND_IN_PIDS"], str(os.getpid())).touch()
+print("started by", "torchrun" if "TORCHELASTIC_RUN_ID" in os.environ else "verify", "as rank",
+      os.environ.get("RANK", rank), "of", os.environ.get("WORLD_SIZE", 1), flush=True)
 events = open(spec["events"], "a", buffering=1)
 events.write(json.dumps({"event": "phase", "t": 1.0, "phase": "measure"}) + "\\n")
 if how == "badevent":
@@ -69,6 +76,7 @@ def test_one_process_is_a_run_of_one_rank_without_a_ranks_list(stand_in: Path) -
     pids: list[int] = []
     run = launcher.launch(spec("ok"), 30, 10, seen.append, pids.append, sys.executable)
     assert run.failure is None and run.rank is None and run.result is not None
+    assert "started by verify as rank 0 of 1" in run.log_tail  # one process needs no torchrun
     assert len(run.result.steps) == 3 and run.result.ranks == () and run.result.ddp is None
     assert seen[0] == PhaseEvent("measure", 1.0) and StepEvent("measure", 3, 3, 1.0) in seen
     assert len(pids) == 1 and _gone(pids[0])
@@ -77,6 +85,7 @@ def test_one_process_is_a_run_of_one_rank_without_a_ranks_list(stand_in: Path) -
 def test_two_ranks_come_back_as_rank_0s_result_with_both_ranks(stand_in: Path) -> None:
     run = launcher.launch(spec("ok", world=2), 30, 10, python=sys.executable)
     assert run.failure is None and run.result is not None
+    assert "started by torchrun as rank 0 of 2" in run.log_tail  # torchrun started the ranks, not verify
     assert [r.rank for r in run.result.ranks] == [0, 1] and all(len(r.steps) == 3 for r in run.result.ranks)
     assert run.result.ddp is not None and run.result.ddp.world_size == 2
 
@@ -90,11 +99,16 @@ def test_a_rank_that_exits_without_a_result_stops_the_run_and_is_named(stand_in:
     assert _gone(pids[0])
 
 
-def test_a_silent_rank_stalls_the_run_and_the_one_that_lags_is_named(stand_in: Path) -> None:
+def test_a_silent_rank_stalls_the_run_and_the_one_that_lags_is_named(stand_in: Path, tmp_path: Path) -> None:
     pids: list[int] = []
-    run = launcher.launch(spec("hang-rank1", world=2), 30, 5.0, on_start=pids.append, python=sys.executable)
+    ranks = tmp_path / "pids"
+    ranks.mkdir()
+    env = {"STAND_IN_PIDS": str(ranks)}
+    run = launcher.launch(spec("hang-rank1", world=2), 30, 5.0, on_start=pids.append, extra_env=env)
     assert (run.failure, run.rank) == ("stalled", 1)
-    assert _gone(pids[0])  # both ranks, still sleeping, were killed with their group
+    assert _gone(pids[0])  # torchrun and its group were killed
+    started = [int(p.name) for p in ranks.iterdir()]
+    assert len(started) == 2 and all(_gone(p) for p in started)  # so were both ranks, each in a session of its own
 
 
 def test_a_result_file_that_is_not_a_child_result_is_a_crash_that_says_why(stand_in: Path) -> None:
