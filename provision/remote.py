@@ -88,7 +88,10 @@ def connect_error(exc: BaseException, spec: HostSpec, timeout: float) -> RemoteE
     if isinstance(exc, (TimeoutError, socket.timeout)):
         return RemoteError(f"unreachable: no answer from {where} within {timeout:g} s")
     if isinstance(exc, paramiko.SSHException) and ("banner" in str(exc).lower() or "No existing session" in str(exc)):
-        # paramiko says "No existing session" when the handshake never started before authentication
+        # paramiko says "No existing session" when the handshake never started before authentication; its banner
+        # error is the same text for a peer that closed the connection (EOFError) and one that stayed silent
+        if isinstance(exc.__context__, EOFError):
+            return RemoteError(f"unreachable: {where} closed the connection before any SSH banner (not an SSH server?)")
         return RemoteError(f"unreachable: no SSH banner (handshake) from {where} within {timeout:g} s")
     if isinstance(exc, OSError):
         return RemoteError(f"unreachable: {exc.strerror or exc} ({where})")

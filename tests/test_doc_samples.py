@@ -148,6 +148,172 @@ def test_live_bootstrap_sample_shows_every_check_of_the_runner(sample: Sample) -
     assert not missing, f"{sample} lacks the rows of {missing}: run `NO_COLOR=1 invoke bootstrap` and paste"
 
 
+# --- the commands a user pastes -------------------------------------------------------------------------------------
+
+# A piece of a shell line (split at ``&&``, ``||``, ``;``, ``|``) that runs the tool: ``invoke ...`` after any
+# ``VAR=value`` words, or ``invoke`` started by another program (``srun ... invoke``, ``torchrun ... -m invoke``,
+# ``exec .venv/bin/invoke``).
+RUNS_A_PROGRAM = re.compile(r"^\s*(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:exec\s+)?(?:\S*/)?(?:invoke|srun|torchrun|python3?)\s")
+INLINE = re.compile(r"`((?:[A-Z_][A-Z0-9_]*=\S+ )*invoke [^`]*)`")
+
+
+@dataclass(frozen=True)
+class Pasted:
+    doc: Path
+    line: int
+    args: tuple[str, ...]  # the words after ``invoke``, up to ``--`` (the command a task runs is the user's)
+
+    def __str__(self) -> str:
+        return f"{self.doc.relative_to(REPO)}:{self.line}: invoke {shlex.join(self.args)}"
+
+
+def shell_lines(doc: Path) -> list[tuple[int, str]]:
+    """The lines of the doc's ```sh and untagged blocks, and the ``$ `` lines of its ```text blocks."""
+    found: list[tuple[int, str]] = []
+    fence: str | None = None
+    for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+        text = line.strip()
+        if fence is None:
+            fence = text[3:] if text.startswith("```") else None
+        elif text == "```":
+            fence = None
+        elif fence in ("sh", "") or (fence == "text" and text.startswith("$ ")):
+            found.append((number, text.removeprefix("$ ")))
+    return found
+
+
+def after_invoke(words: list[str]) -> tuple[str, ...] | None:
+    at = next((i for i, word in enumerate(words) if word.rsplit("/", 1)[-1] == "invoke"), None)
+    if at is None:
+        return None
+    args = words[at + 1 :]
+    return tuple(args[: args.index("--")] if "--" in args else args)
+
+
+def pasted(doc: Path) -> list[Pasted]:
+    """Every ``invoke`` command line of the doc's shell blocks."""
+    found: list[Pasted] = []
+    for number, line in shell_lines(doc):
+        for piece in re.split(r"&&|\|\||;|\|", line):
+            if RUNS_A_PROGRAM.match(piece + " ") and (args := after_invoke(shlex.split(piece, comments=True))):
+                found.append(Pasted(doc, number, args))
+    return found
+
+
+PASTED = [p for doc in DOCS for p in pasted(doc)]
+
+
+def parse(args: tuple[str, ...]) -> list[str]:
+    """Parse ``invoke ARGS`` as the tool's program does, up to running anything; return the tasks it would run."""
+    import tasks
+    from checks import cli
+
+    program = cli.PreflightProgram(namespace=tasks.ns, name="invoke", binary="invoke")
+    keep = sys.dont_write_bytecode  # Invoke's parse_core sets it from --write-pyc, for this whole process
+    try:
+        program.create_config()
+        program.parse_core(["invoke", *args])
+        program.parse_collection()
+        program.parse_tasks()
+    finally:
+        sys.dont_write_bytecode = keep
+    return [str(context.name) for context in program.tasks]
+
+
+@pytest.fixture
+def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A HOME without a ``~/.invoke.yaml``: the parse reads the checkout's configuration only."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+
+@pytest.mark.usefixtures("own_home")
+def test_the_docs_shell_blocks_run_the_tool() -> None:
+    tasks = {name for p in PASTED for name in parse(p.args)}
+    assert len(PASTED) >= 30 and tasks >= {"bootstrap", "snapshot", "plan", "sbatch", "stage-data", "verify"}, tasks
+
+
+@pytest.mark.usefixtures("own_home")
+@pytest.mark.parametrize("command", PASTED, ids=str)
+def test_a_pasted_command_names_a_task_and_only_its_flags(command: Pasted) -> None:
+    """Parsed by the tool's own program: an unknown task or flag, a missing value or one of the wrong type fails."""
+    assert parse(command.args), f"{command} runs no task"
+
+
+def inline_mistakes(text: str) -> list[str]:
+    """``invoke TASK --flag`` in the prose (placeholders allowed: ``invoke diff A B``) whose task or ``--flag`` does
+    not exist, as ``LINE: `SPAN`: what``."""
+    import tasks
+
+    contexts = {c.name: c for c in tasks.ns.to_contexts()}
+    wrong: list[str] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for span in INLINE.findall(line):
+            words = span.split()
+            words = words[words.index("invoke") + 1 :]
+            words = words[: words.index("--")] if "--" in words else words
+            while words and words[0] in ("-f", "--config", "-r", "--search-root", "-h", "--help", "-l", "--list"):
+                words = words[1:] if words[0] in ("-l", "--list") else words[2:]  # Invoke's flag and its value
+            if not words or words[0].isupper() or words[0] == "...":
+                continue  # a placeholder: `invoke -f FILE TASK`, `invoke --help TASK`
+            context = contexts.get(words[0])
+            flags = set(context.flags) | set(context.inverse_flags) if context else set()
+            bad = [w for w in words[1:] if w.startswith("--") and w.split("=", 1)[0] not in flags]
+            if context is None or bad:
+                wrong.append(f"{number}: `{span}`: {bad or 'no such task'}")
+    return wrong
+
+
+def test_inline_commands_name_tasks_and_their_flags() -> None:
+    """A renamed or misspelt flag cannot stay in the prose either."""
+    wrong = [f"{doc.relative_to(REPO)}:{m}" for doc in DOCS for m in inline_mistakes(doc.read_text(encoding="utf-8"))]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.usefixtures("own_home")
+def test_a_misspelt_flag_or_task_is_caught() -> None:
+    from checks.errors import PreflightError
+
+    with pytest.raises(PreflightError, match="--jsn"):
+        parse(("bootstrap", "--jsn", "r.json"))
+    planted = (
+        "`invoke bootstrap --jsn r.json`, `invoke diff A B --json d.json`, `invoke -f FILE TASK`, `invoke bootsrap`"
+    )
+    assert [m.split(": ", 2)[2] for m in inline_mistakes(planted)] == ["['--jsn']", "no such task"]
+
+
+# --- formats.md: the JSON report and the fixtures --------------------------------------------------------------------
+
+FORMATS = REPO / "docs" / "formats.md"
+
+
+def test_the_json_report_example_is_what_its_replay_writes(here: Here, tmp_path: Path) -> None:
+    """formats.md's shortened JSON report: the top-level fields, each result shown (its timing aside) and each
+    measurement shown are those of the replay it names, which has as many results as it says."""
+    text = FORMATS.read_text(encoding="utf-8")
+    said = re.search(r"\(replay of `(tests/fixtures/machines/\S+\.json)`, (\d+) results in full\)", text)
+    assert said, "formats.md no longer names the replay its JSON example comes from"
+    shown = json.loads(text.split("```json\n", 1)[1].split("```", 1)[0])
+    run = here(tmp_path, "bootstrap", "--machine", said.group(1), "--json", "-")
+    report = run.report()
+    assert len(report["results"]) == int(said.group(2))
+    assert {k: v for k, v in shown.items() if k not in ("results", "measurements")} == {
+        k: report[k] for k in shown if k not in ("results", "measurements")
+    }
+    actual = {(r["id"], r["subject"]): r for r in report["results"]}
+    for result in shown["results"]:
+        assert {**actual[result["id"], result["subject"]], "duration_s": result["duration_s"]} == result
+    for key, value in shown["measurements"].items():
+        assert report["measurements"][key] == value, key
+
+
+def test_the_fixture_table_lists_every_fixture() -> None:
+    table = set(re.findall(r"^\| `([\w.-]+\.json)` \|", FORMATS.read_text(encoding="utf-8"), re.M))
+    files = {p.name for p in (REPO / "tests" / "fixtures" / "machines").glob("*.json")}
+    assert table == files, (
+        f"formats.md lists {sorted(table - files)} that do not exist and lacks {sorted(files - table)}"
+    )
+
+
 if __name__ == "__main__":  # python -m tests.test_doc_samples: refresh the samples shown whole
     write_full_samples()
 
