@@ -94,7 +94,8 @@ def render(r: SbatchRequest) -> str:
         ]
     else:
         lines += [
-            "# 2. verify's built-in training loop on every node (pass your command after -- to judge your own).",
+            "# 2. verify's built-in training loop as one DDP run across the job's nodes (each node judges its ranks;",
+            "#    pass your command after -- to judge your own).",
             "srun --ntasks-per-node=1 bash -c "
             + q('exec "$PY" -m invoke verify --json "$REPORTS/verify-$SLURMD_NODENAME.json"'),
         ]

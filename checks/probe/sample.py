@@ -268,3 +268,25 @@ def process_tree(pid: int) -> set[int]:
         return {pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))}
     except psutil.Error:
         return {pid}
+
+
+def children(pid: int) -> list[tuple[int, tuple[str, ...]]]:
+    """``pid``'s direct children with their command lines (none when it cannot be read).
+
+    Command line equivalent: ps -o pid=,args= --ppid PID
+    """
+    found = []
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(pid).children():
+            with contextlib.suppress(psutil.Error):
+                found.append((child.pid, tuple(child.cmdline())))
+    return found
+
+
+def wait_gone(pids: Iterable[int], timeout_s: float) -> None:
+    """Wait until none of ``pids`` exists any more (reaped by whoever holds them), at most ``timeout_s``."""
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            procs.append(psutil.Process(pid))
+    psutil.wait_procs(procs, timeout=timeout_s)

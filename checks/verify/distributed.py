@@ -1,7 +1,11 @@
 """``invoke verify --nproc N``: how many processes, the child's DDP block, and the figures of a DDP run.
 
 Plan: one process per GPU torch sees (NCCL), or on a machine without one up to the usable cores (gloo, the cores
-shared out as threads, as torchrun's OMP_NUM_THREADS does); ``--nproc 1`` is the one-process run. Judge: the
+shared out as threads, as torchrun's OMP_NUM_THREADS does); ``--nproc 1`` is the one-process run. Started on every
+node of a job (``srun --ntasks-per-node=1 invoke verify``, or SkyPilot's one process per node), each node's verify
+starts its own ranks and all of them train one DDP run across the job's nodes (``job_node``: torchrun's static
+rendezvous on the job's rendezvous address, global ranks node by node); each node then judges its own ranks and
+writes its own report. Judge: the
 ``measurements.ddp`` block (contract below) from every rank's result; the verdicts are in ``diagnosis.py``.
 
 ``measurements.ddp``: ``world_size``, ``backend``, ``comm_exposed_ms`` (synchronised minus ``no_sync`` median
@@ -24,6 +28,7 @@ from typing import Any
 from checks.config import VerifyConfig
 from checks.errors import PreflightError
 from checks.facts import MachineFacts
+from checks.probe.launch import LaunchContext
 from checks.result import Result, Status, ok, skip
 from checks.units import percent, size
 from checks.verify.contract import (
@@ -37,6 +42,7 @@ from checks.verify.contract import (
     RankRow,
 )
 from checks.verify.smoke.figures import breakdown
+from checks.verify.smoke.launch import Node
 
 
 def processes(nproc: int, cfg: VerifyConfig, facts: MachineFacts) -> int:
@@ -60,15 +66,31 @@ def processes(nproc: int, cfg: VerifyConfig, facts: MachineFacts) -> int:
     return wanted
 
 
-def spec_block(world: int, cfg: VerifyConfig, facts: MachineFacts) -> DdpSpec | None:
-    """The child's ``ddp`` spec (ranks and the store are added per rank by the launcher); None for one process."""
+def job_node(ctx: LaunchContext, local: int) -> Node | None:
+    """This node's part of one DDP run across a job's nodes, when verify was started once on each node of a job
+    (Slurm, SkyPilot) of two or more; None otherwise. Ranks go node by node (``local`` here, the same count on
+    every node: torchrun's static rendezvous numbers them so, and a rank that gets another number than planned
+    stops with both), the node's index is its task rank (one task per node)."""
+    if ctx.engine not in ("slurm", "skypilot") or ctx.world_size < 2:
+        return None
+    if ctx.local_world_size != 1:
+        raise PreflightError(
+            f"verify under {ctx.engine}: {ctx.local_world_size} tasks on this node; it runs as one task per node",
+            hint="srun --ntasks-per-node=1 invoke verify: each node starts its own ranks (one per GPU)",
+        )
+    return Node(ctx.master_addr, ctx.master_port, ctx.rank * local, local, ctx.rank, ctx.world_size)
+
+
+def spec_block(world: int, cfg: VerifyConfig, facts: MachineFacts, local: int = 0) -> DdpSpec | None:
+    """The child's ``ddp`` spec (ranks and the store are added per rank by the launcher); None for one process.
+    ``local``: the ranks on this host (0: all of them), which share its cores on the CPU."""
     if world < 2:
         return None
     gpus = 0 if cfg.device == "cpu" else facts.torch.device_count
     return DdpSpec(
         world_size=world,
         backend="nccl" if gpus else "gloo",
-        threads=0 if gpus else max(1, int(facts.host.usable_cores) // world),
+        threads=0 if gpus else max(1, int(facts.host.usable_cores) // (local or world)),
         windows=cfg.ddp_windows,
         window_steps=cfg.ddp_window_steps,
         solo_steps=cfg.ddp_solo_steps,
@@ -76,14 +98,22 @@ def spec_block(world: int, cfg: VerifyConfig, facts: MachineFacts) -> DdpSpec | 
     )
 
 
-def describe(block: DdpSpec, cores: float) -> str:
-    """The line verify says before it starts (on the CPU: how the cores are shared)."""
+def describe(block: DdpSpec, cores: float, node: Node | None = None) -> str:
+    """The line verify says before it starts (on the CPU: how the cores are shared; in a job: this node's ranks)."""
     where = (
         "NCCL, one GPU each"
         if block.backend == "nccl"
         else f"gloo on the CPU, {block.threads} thread(s) each of {cores:g} usable cores"
     )
-    return f"verify: {block.world_size} processes, DistributedDataParallel ({where})"
+    mine = (
+        f"rank {node.first}"
+        if node and node.local == 1
+        else f"ranks {node.first}-{node.first + node.local - 1}"
+        if node
+        else ""
+    )
+    ranks = f" across {node.nodes} nodes, {mine} here" if node else ""
+    return f"verify: {block.world_size} processes{ranks}, DistributedDataParallel ({where})"
 
 
 def _median(xs: list[float]) -> float | None:

@@ -23,6 +23,7 @@ from checks.facts import AllocFacts, BenchFacts, MachineFacts
 from checks.machine.bootstrap import AllocEnv, allocator_env
 from checks.machine.resources import loader_advice
 from checks.machine.runner import run_checks
+from checks.probe.launch import LaunchContext
 from checks.probe.sample import GpuReader, HostReader
 from checks.result import Result, Status, skip
 from checks.verify import distributed
@@ -43,7 +44,7 @@ from checks.verify.contract import (
 )
 from checks.verify.sampler import Sampler, Trace
 from checks.verify.smoke.data import StagedDataError, inspect_staged, synthetic_spec
-from checks.verify.smoke.launch import launch
+from checks.verify.smoke.launch import Node, launch
 
 CHOICES = {
     "device": ("auto", "cuda", "cpu"),
@@ -91,6 +92,7 @@ class Plan:
     price_per_hour: float
     alloc: AllocEnv = field(default_factory=lambda: AllocEnv({}, "not planned"))  # what the child gets (bootstrap's)
     loader_note: str = ""  # why the DataLoader settings differ from bootstrap's advice
+    node: Node | None = None  # started on every node of a job: this node's part of the run across them
 
 
 def effective(cfg: VerifyConfig, opts: Options) -> VerifyConfig:
@@ -174,9 +176,14 @@ def outputs(json: str, plot: str, cfg: VerifyConfig, task: str = "verify") -> tu
 
 
 def plan(
-    opts: Options, config: PreflightConfig, machine: Callable[[], MachineFacts], stack: ExitStack
+    opts: Options,
+    config: PreflightConfig,
+    machine: Callable[[], MachineFacts],
+    stack: ExitStack,
+    job: LaunchContext | None = None,
 ) -> tuple[Plan, MachineFacts]:
-    """Validate every input (before ``machine()`` reads the machine: mistakes fail fast), build the child's spec."""
+    """Validate every input (before ``machine()`` reads the machine: mistakes fail fast), build the child's spec.
+    ``job``: how this process was launched; started on every node of a job, the run spans the job's nodes."""
     cfg = effective(config.verify, opts)
     data = data_spec(opts, cfg)
     json_path, csv_path, png_path = outputs(opts.json, opts.plot, cfg)
@@ -196,7 +203,9 @@ def plan(
         )
     if workers >= 0:
         loader |= {"num_workers": workers, "persistent_workers": workers > 0, "prefetch_factor": 2 if workers else None}
-    ddp = distributed.spec_block(distributed.processes(opts.nproc, cfg, facts), cfg, facts)
+    local = distributed.processes(opts.nproc, cfg, facts)
+    node = distributed.job_node(job, local) if job else None
+    ddp = distributed.spec_block(local * (node.nodes if node else 1), cfg, facts, local)
     if ddp and (opts.sweep or opts.ab):
         raise PreflightError("verify: --sweep and --ab time one process; run them without --nproc")
     # Timed in one process: run verify without --nproc for the loader's advice.
@@ -244,6 +253,7 @@ def plan(
         price_per_hour=price,
         alloc=alloc,
         loader_note=note,
+        node=node,
     )
     return plan, facts
 
@@ -315,7 +325,9 @@ def run(p: Plan, config: PreflightConfig, on_event: Callable[[Event], None]) -> 
         host.pid = pid
 
     with Sampler(cfg.sample_interval_s, gpu, host) as sampler:
-        child = launch(p.spec, cfg.timeout_s, cfg.stall_timeout_s, event, started, extra_env=p.alloc.variables)
+        child = launch(
+            p.spec, cfg.timeout_s, cfg.stall_timeout_s, event, started, extra_env=p.alloc.variables, node=p.node
+        )
         _nvml_indices(child, gpu)
     return Outcome(child, sampler.trace, found.get("index"), gpu.error)
 

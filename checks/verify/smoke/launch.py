@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,8 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import psutil
-
+from checks.probe.sample import children, process_exists, wait_gone
 from checks.probe.tcp import free_port
 from checks.verify.contract import (
     ChildResult,
@@ -61,6 +61,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "smoke_train.py"
 INTERRUPT_GRACE_S = 20.0  # time a child gets to finish its step, read its CUDA events and write the result
 FINISH_GRACE_S = 30.0  # a rank may end this much later than another that ended cleanly (teardown, slow save)
 _POLL_S = 0.1
+# torchrun's line when it sees a rank fail: "failed (exitcode: 1) local_rank: 1 (pid: ...) of binary: ..."
+_FIRST_FAILURE = re.compile(r"failed \(exitcode: -?\d+\) local_rank: (\d+)")
 TORCHRUN_MONITOR_S = 1.0  # torchrun's check of its ranks: slower than _POLL_S, so a failed rank is seen here first
 
 __all__ = ["INTERRUPT_GRACE_S", "ChildRun", "Node", "launch"]
@@ -150,7 +152,9 @@ def launch(
                 ranks = [started]
             else:
                 started = _start(_torchrun(python, spec.ddp, here, work, env), work, env, "torchrun.log")
-                ranks = [_Worker(started, work, r) for r in range(here.local)]
+                group: list[_Worker] = []
+                group += [_Worker(started, work, r, group) for r in range(here.local)]
+                ranks = list(group)
             on_start(started.pid)
             _watch(started, ranks, tails, work, run, timeout_s, stall_s, on_event)
         finally:
@@ -220,42 +224,35 @@ class _Rank(Protocol):
 
 class _Worker:
     """A rank torchrun started, seen from here: found among torchrun's children by its spec file (the argument
-    torchrun filled in), alive until its process is gone or a zombie. ``poll`` answers as ``Popen.poll`` would:
-    None while it runs, 0 once it ended with a clean result, 1 otherwise (torchrun, not this process, holds its
-    exit status)."""
+    torchrun filled in), alive until its process is gone or a zombie. torchrun starts a host's ranks together,
+    so a rank never seen ``START_SPREAD_S`` after a sibling was has already ended. ``poll`` answers as
+    ``Popen.poll`` would: None while it runs, 0 once it ended with a clean result, 1 otherwise (torchrun, not this
+    process, holds its exit status)."""
 
-    def __init__(self, torchrun: subprocess.Popen[bytes], work: Path, local: int) -> None:
-        self.torchrun, self.work, self.local = torchrun, work, local
+    START_SPREAD_S = 1.0
+
+    def __init__(self, torchrun: subprocess.Popen[bytes], work: Path, local: int, group: list[_Worker]) -> None:
+        self.torchrun, self.work, self.local, self.group = torchrun, work, local, group
         self.arg = str(work / f"spec.{local}.json")
-        self.proc: psutil.Process | None = None
+        self.pid: int | None = None
+        self.seen: float | None = None  # when its process was found
         self.code: int | None = None
 
     def poll(self) -> int | None:
         if self.code is not None:
             return self.code
-        if self.proc is None:
-            self.proc = self._find()
-        alive = self.proc is not None and _alive(self.proc)
-        if alive or (self.proc is None and self.torchrun.poll() is None):
-            return None  # running, or not started yet by a torchrun that still runs
+        if self.pid is None:
+            self.pid = next((pid for pid, argv in children(self.torchrun.pid) if self.arg in argv), None)
+            self.seen = None if self.pid is None else time.monotonic()
+        if self.pid is not None and process_exists(self.pid):
+            return None
+        first = min((w.seen for w in self.group if w.seen is not None), default=None)
+        late = first is not None and time.monotonic() - first > self.START_SPREAD_S
+        if self.pid is None and self.torchrun.poll() is None and not late:
+            return None  # not started yet by a torchrun that still runs
         got = _read_result(self.work, self.local)
         self.code = 0 if got is not None and not got.error else 1
         return self.code
-
-    def _find(self) -> psutil.Process | None:
-        with contextlib.suppress(psutil.Error):
-            for child in psutil.Process(self.torchrun.pid).children():
-                with contextlib.suppress(psutil.Error):
-                    if self.arg in child.cmdline():
-                        return child
-        return None
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _watch(
@@ -280,17 +277,14 @@ def _watch(
                     run.events.append(event)
                     on_event(event)
             codes = [p.poll() for p in ranks]
+            now = time.monotonic()
+            bad = [r for r, code in enumerate(codes) if code is not None and (code != 0 or _failed(work, r))]
+            if bad and len(ranks) > 1:  # one rank here: its result (or none) says it all
+                run.failure, run.rank = "crashed", _first_failed(started, ranks, bad, work)
+                return
             if all(c is not None for c in codes):
                 break
-            now = time.monotonic()
-            for r, code in enumerate(codes):
-                if code is None:
-                    continue
-                got = _read_result(work, r)
-                if code != 0 or got is None or got.error:
-                    run.failure, run.rank = "crashed", r
-                    return
-                first_clean = first_clean or now
+            first_clean = first_clean or (now if any(c is not None for c in codes) else None)
             hung = first_clean is not None and now - first_clean > FINISH_GRACE_S
             if now > deadline or now - last_news > stall_s or hung:
                 run.failure = "timeout" if now > deadline else "stalled"
@@ -301,6 +295,23 @@ def _watch(
         run.interrupted = True
         _interrupt(started, ranks)
     run.events += tails[0].read()
+
+
+def _failed(work: Path, rank: int) -> bool:
+    got = _read_result(work, rank)
+    return got is None or bool(got.error)
+
+
+def _first_failed(started: subprocess.Popen[bytes], ranks: list[_Rank], bad: list[int], work: Path) -> int:
+    """The rank that failed first, of ``bad`` (seen ended without a clean result). Under torchrun, torchrun's own
+    first observed failure where it logged one: it holds the exit codes, and a rank it stopped after a peer's
+    failure can be seen ended here first. Else the lowest of ``bad``."""
+    if not isinstance(ranks[0], _Worker):
+        return bad[0]
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        started.wait(timeout=3 * TORCHRUN_MONITOR_S)  # it logs the failure, stops the others and ends
+    found = _FIRST_FAILURE.search(_tail(work / "torchrun.log", 400))
+    return int(found.group(1)) if found and int(found.group(1)) < len(ranks) else bad[0]
 
 
 def _lagging(tails: list[_Tail]) -> int | None:
@@ -330,14 +341,13 @@ def _kill_all(started: subprocess.Popen[bytes] | None, ranks: list[_Rank]) -> No
     until the ranks, reaped by whoever inherits them, are gone: nothing of the run outlives the call."""
     if started is None:
         return
-    workers = {r.proc.pid: r.proc for r in ranks if isinstance(r, _Worker) and r.proc is not None}
-    with contextlib.suppress(psutil.Error):
-        workers |= {child.pid: child for child in psutil.Process(started.pid).children()}
+    workers = {r.pid for r in ranks if isinstance(r, _Worker) and r.pid is not None}
+    workers |= {pid for pid, _ in children(started.pid)}
     for group in {started.pid, *workers}:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signal.SIGKILL)
     started.wait()
-    psutil.wait_procs(list(workers.values()), timeout=5)
+    wait_gone(workers, 5.0)
 
 
 def combine(

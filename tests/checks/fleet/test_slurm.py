@@ -85,6 +85,32 @@ def test_the_sbatch_template_runs_bootstrap_and_the_users_ddp_across_both_nodes(
         shutil.rmtree(reports, ignore_errors=True)
 
 
+def test_srun_verify_trains_one_ddp_run_across_both_nodes(slurm: Cluster, tmp_path: Path) -> None:
+    """``srun -N2 --ntasks-per-node=1 invoke verify``: each node's verify starts its rank under torchrun, and the
+    two ranks form one gloo run across n1 and n2 (rendezvous on the job's first node); each node judges its own."""
+    import subprocess
+
+    verify = f'echo SLURM_JOB_ID $SLURM_JOB_ID; exec "{sys.executable}" -m invoke verify --json "{tmp_path}/verify-$SLURMD_NODENAME.json"'
+    env = slurm.env(MASTER_ADDR="127.0.0.1", **_quick(tmp_path), INVOKE_PREFLIGHT_VERIFY_STEPS="4",
+                    INVOKE_PREFLIGHT_VERIFY_WARMUP="2", INVOKE_PREFLIGHT_VERIFY_DDP_WINDOWS="1",
+                    INVOKE_PREFLIGHT_VERIFY_DDP_WINDOW_STEPS="2", INVOKE_PREFLIGHT_VERIFY_DDP_SOLO_STEPS="2")  # fmt: skip
+    try:
+        done = subprocess.run(["srun", "-N2", "--ntasks-per-node=1", "bash", "-c", verify], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    finally:
+        slurm.cancel_all()
+    said = done.stdout + done.stderr
+    assert "verify: 2 processes across 2 nodes, rank 0 here" in said and "rank 1 here" in said, said[-3000:]
+    for node, rank in (("n1", 0), ("n2", 1)):
+        doc = json.loads((tmp_path / f"verify-{node}.json").read_text(encoding="utf-8"))
+        ddp = doc["measurements"]["ddp"]
+        assert ddp["world_size"] == 2 and ddp["backend"] == "gloo", (node, ddp)
+        assert [r["rank"] for r in ddp["per_rank"]] == [rank], (node, ddp["per_rank"])  # its own rank, judged here
+        assert ddp["grad_bytes"] and ddp["comm_exposed_ms"] is not None, ddp
+    job = next(line.split()[-1] for line in said.splitlines() if "SLURM_JOB_ID " in line)
+    assert _job_processes(job) == []  # no rank, torchrun agent or DataLoader worker of the job is left
+
+
 def test_hook_drain_and_resume_against_the_real_slurmctld(slurm: Cluster, tmp_path: Path) -> None:
     """bootstrap --hook --drain as Slurm runs it on n2 (a HealthCheckProgram or Prolog: SLURMD_NODENAME set): an
     unhealthy machine drains n2 with gpu-preflight's reason, a healthy one resumes it (the reason is ours); a node

@@ -40,6 +40,10 @@ if how == "badevent":
     events.write(json.dumps({"event": "progress", "t": 1.0, "done": 0.5}) + "\\n")
 if how == "hang-rank1" and rank == 1:
     time.sleep(60)
+if how == "crash-rank1-early" and rank == 1:
+    sys.exit(1)  # before any event: possibly before verify ever saw this rank's process
+if how == "crash-rank1-early":
+    time.sleep(10)  # torchrun stops this rank (SIGTERM) once it sees rank 1's failure: no result either
 if how == "crash-rank1" and rank == 1:
     print("RuntimeError: planted on rank 1")
     sys.exit(1)
@@ -97,6 +101,12 @@ def test_a_rank_that_exits_without_a_result_stops_the_run_and_is_named(stand_in:
     assert run.result is not None and run.result.error == "rank 1: crashed: exit without a result"
     assert "planted on rank 1" in run.log_tail  # the failed rank's own output, not rank 0's
     assert _gone(pids[0])
+
+
+def test_a_rank_that_fails_at_once_is_named_not_the_peer_torchrun_stopped_after_it(stand_in: Path) -> None:
+    run = launcher.launch(spec("crash-rank1-early", world=2), 30, 10, python=sys.executable)
+    assert (run.failure, run.rank) == ("crashed", 1), run.log_tail
+    assert run.seconds < 8  # torchrun stopped rank 0; verify did not wait out its sleep
 
 
 def test_a_silent_rank_stalls_the_run_and_the_one_that_lags_is_named(stand_in: Path, tmp_path: Path) -> None:
