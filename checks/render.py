@@ -6,10 +6,11 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import TextIO
 
-from checks.result import Report, Result, Status
+from checks.result import Phase, Report, Result, Status, Timing
 
 _COLOURS = {Status.OK: "32", Status.WARN: "33", Status.FAIL: "31", Status.SKIP: "2", Status.ERROR: "35"}
 SKIP_GROUP_MIN = 3  # skips sharing one reason that are written as one line
+SHOWN_S = 0.05  # a phase shorter than this rounds to 0.0: it goes into "other"
 
 
 def use_colour(stream: TextIO, environ: Mapping[str, str]) -> bool:
@@ -61,6 +62,8 @@ def render_text(
     counts = report.counts()
     lines.append("")
     lines.append(" · ".join(f"{n} {s}" for s, n in counts.items()))
+    if report.timing is not None and report.timing.phases:
+        lines.append(timing_line(report.timing))
     lines.append(call_to_action(report, focus))
     return "\n".join(lines) + "\n"
 
@@ -118,3 +121,35 @@ def _unblocking(fails: list[Result]) -> Result:
         if torch is not None:
             return torch
     return next((r for r in fails if r.status is Status.FAIL), fails[0])
+
+
+def timing_line(timing: Timing) -> str:
+    """Where the run's own time went: "bootstrap took 5.3 s: torch probe 1.7 (environment 0.1 alongside), disks
+    3.1, other 0.5". Phases that overlap are one term, the longest, with the others in brackets; the terms and
+    "other" (what no phase shown covers) add up to the total."""
+    terms: list[str] = []
+    counted = 0.0
+    for group in _overlapping(timing.phases):
+        main = max(group, key=lambda p: p.seconds)
+        if main.seconds < SHOWN_S:
+            continue
+        beside = [f"{p.name} {p.seconds:.1f}" for p in group if p is not main and p.seconds >= SHOWN_S]
+        terms.append(f"{main.name} {main.seconds:.1f}" + (f" ({', '.join(beside)} alongside)" if beside else ""))
+        counted += main.seconds
+    if timing.seconds - counted >= SHOWN_S:
+        terms.append(f"other {timing.seconds - counted:.1f}")
+    return f"bootstrap took {timing.seconds:.1f} s: " + ", ".join(terms)
+
+
+def _overlapping(phases: tuple[Phase, ...]) -> list[list[Phase]]:
+    """The phases in groups that ran at once, in the order they started."""
+    groups: list[list[Phase]] = []
+    end = float("-inf")
+    for p in sorted(phases, key=lambda p: p.start_s):
+        if groups and p.start_s < end:
+            groups[-1].append(p)
+            end = max(end, p.start_s + p.seconds)
+        else:
+            groups.append([p])
+            end = p.start_s + p.seconds
+    return groups

@@ -18,12 +18,25 @@ JSON report, schema 1 (add fields freely; bump ``schema`` only for breaking chan
          "subject": "gpu0",                 # per-GPU results name their GPU; null for machine-wide results
          "duration_s": 0.0001}
       ],
-      "measurements": {"gpu_bench": [...], ...}   # raw figures behind the results
+      "measurements": {"gpu_bench": [...], ...},  # raw figures behind the results
+      "timing": {                           # bootstrap only: where the run's own wall time went
+        "seconds": 5.31,                    # gathering to the built report (Python's start-up not included)
+        "replayed": false,                  # true: a snapshot was judged, nothing gathered, "phases" empty
+        "phases": [
+          {"phase": "torch probe",          # one step of gathering or judging, in a fixed order
+           "start_s": 0.012,                # from the run's start: steps run side by side overlap
+           "seconds": 1.71,
+           "facts": ["torch"],              # the facts it gathered (checks/facts.py MachineFacts fields)
+           "checks": ["torch-build", ...]}  # the ids of the rows that judge those facts
+        ]}
     }
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -90,13 +103,76 @@ def timed(result: Result, seconds: float) -> Result:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """One step of a run's own wall time; ``start_s`` counts from the run's start, so steps that ran side by side
+    (the torch child while the host is read) overlap."""
+
+    name: str
+    start_s: float
+    seconds: float
+    facts: tuple[str, ...] = ()  # the MachineFacts fields it gathered
+    checks: tuple[str, ...] = ()  # the ids of the rows that judge them
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "phase": self.name,
+            "start_s": round(self.start_s, 3),
+            "seconds": round(self.seconds, 3),
+            "facts": list(self.facts),
+            "checks": list(self.checks),
+        }
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Where a run's own wall time went: its phases, or ``replayed`` (a snapshot judged: nothing gathered)."""
+
+    seconds: float
+    phases: tuple[Phase, ...] = ()
+    replayed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seconds": round(self.seconds, 3),
+            "replayed": self.replayed,
+            "phases": [p.to_json() for p in self.phases],
+        }
+
+
+class Stopwatch:
+    """Times the phases of one run from its start. ``add`` takes stamps read with ``now`` in another thread, so
+    the caller decides the order the phases are listed in."""
+
+    def __init__(self) -> None:
+        self.began = time.perf_counter()
+        self.phases: list[Phase] = []
+
+    @staticmethod
+    def now() -> float:
+        return time.perf_counter()
+
+    def add(self, name: str, began: float, ended: float, facts: tuple[str, ...] = ()) -> None:
+        self.phases.append(Phase(name, began - self.began, ended - began, facts))
+
+    @contextmanager
+    def phase(self, name: str, facts: tuple[str, ...] = ()) -> Iterator[None]:
+        began = self.now()
+        yield
+        self.add(name, began, self.now(), facts)
+
+    def timing(self, replayed: bool = False) -> Timing:
+        return Timing(self.now() - self.began, () if replayed else tuple(self.phases), replayed)
+
+
+@dataclass(frozen=True)
 class Report:
-    """All results of one run, plus the raw measurements behind them."""
+    """All results of one run, plus the raw measurements behind them and (bootstrap) where its time went."""
 
     host: str
     machine: str
     results: tuple[Result, ...]
     measurements: dict[str, Any] = field(default_factory=dict)
+    timing: Timing | None = None
 
     def counts(self) -> dict[str, int]:
         counts = {s.value: 0 for s in Status}
@@ -118,4 +194,4 @@ class Report:
             "counts": self.counts(),
             "results": [r.to_json() for r in self.results],
             "measurements": self.measurements,
-        }
+        } | ({"timing": self.timing.to_json()} if self.timing is not None else {})

@@ -14,9 +14,9 @@ from pathlib import Path
 from checks.config import PreflightConfig
 from checks.facts import MachineFacts
 from checks.machine.measurements import measurements
-from checks.machine.runner import CHECKS, Check, measure, run_checks
+from checks.machine.runner import CHECKS, Check, fed_by, measure, run_checks
 from checks.probe import LocalProbe, Probe, SnapshotProbe
-from checks.result import Report
+from checks.result import Report, Stopwatch, Timing
 from provision import alloc_env
 
 ALLOC_ONLY = tuple(item for item in CHECKS if item[0] == "alloc-conf")
@@ -59,28 +59,44 @@ class AllocConfDone:
     report: Report | None
 
 
-def probe_for(machine: Path | None, cfg: PreflightConfig) -> Probe:
-    """The live machine, or the snapshot file to replay."""
-    return SnapshotProbe(machine) if machine else LocalProbe(cfg.probe.torch_timeout_s, cfg.env.nvcc_timeout_s)
+def probe_for(machine: Path | None, cfg: PreflightConfig, clock: Stopwatch | None = None) -> Probe:
+    """The live machine (its steps timed on ``clock``), or the snapshot file to replay."""
+    if machine:
+        return SnapshotProbe(machine)
+    return LocalProbe(cfg.probe.torch_timeout_s, cfg.env.nvcc_timeout_s, clock=clock)
 
 
 def bootstrap(request: BootstrapRequest) -> Bootstrapped:
     """Gather (measurements, the allocator step), judge every check, and build the report."""
-    cfg = request.config
-    probe = probe_for(request.machine, cfg)
+    cfg, clock = request.config, Stopwatch()
+    probe = probe_for(request.machine, cfg, clock)
     facts = measure(probe, probe.machine(), cfg)
-    alloc, notes, shell = alloc_env.alloc_step(
-        probe, facts, cfg, dry_run=request.dry_run, apply=cfg.alloc_conf.apply, without_gpu=cfg.alloc_conf.without_gpu
-    )
+    with clock.phase("allocator", ("alloc",)):  # the shell files written, and read back from a login shell
+        alloc, notes, shell = alloc_env.alloc_step(
+            probe,
+            facts,
+            cfg,
+            dry_run=request.dry_run,
+            apply=cfg.alloc_conf.apply,
+            without_gpu=cfg.alloc_conf.without_gpu,
+        )
     facts = dataclasses.replace(facts, alloc=alloc)
-    results = run_checks(facts, cfg, CHECKS + request.extra_checks)
+    checks = CHECKS + request.extra_checks
+    with clock.phase("checks"):
+        results = run_checks(facts, cfg, checks)
     report = Report(
         host=facts.host.hostname,
         machine=probe.label,
         results=tuple(results),
         measurements=measurements(facts, cfg, notes),
+        timing=_timing(clock.timing(replayed=not probe.live), checks),
     )
     return Bootstrapped(report=report, notes=(*notes, *filter(None, [shell])))
+
+
+def _timing(timing: Timing, checks: tuple[tuple[str, Check], ...]) -> Timing:
+    """The run's timing, each gathering phase naming the rows it fed."""
+    return dataclasses.replace(timing, phases=tuple(fed_by(p, checks) for p in timing.phases))
 
 
 def alloc_conf(request: AllocConfRequest) -> AllocConfDone:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from checks.config import PreflightConfig
@@ -13,7 +13,7 @@ from checks.errors import PreflightError
 from checks.facts import MachineFacts
 from checks.machine import alloc, bench, collective, compat, disk, gpu, nccl_env, network, resources, topology
 from checks.probe import LocalProbe, Probe, disk_cache
-from checks.result import Result, Status, timed
+from checks.result import Phase, Result, Status, timed
 from checks.snapshot import dump_snapshot, write_snapshot
 
 Check = Callable[[MachineFacts, PreflightConfig], list[Result]]
@@ -54,6 +54,40 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("net-download", network.net_download),
     ("alloc-conf", alloc.alloc_conf),
 )
+
+# The MachineFacts fields each check reads, so a report can say which gathering phase fed which rows.
+# tests/checks/machine/test_runner.py holds it to the checks: a check that reads a field not listed here fails it.
+PER_GPU_NVML = ("gpu-power", "gpu-pcie", "gpu-throttle", "gpu-ecc", "gpu-mig", "gpu-processes", "gpu-persistence")
+READS: dict[str, tuple[str, ...]] = {
+    "driver": ("nvml",),
+    "gpu-inventory": ("nvml",),
+    "torch-build": ("nvml", "torch"),
+    "cuda-compat": ("nvml", "torch", "host"),
+    "torch-arch": ("nvml", "torch"),
+    "torch-libs": ("nvml", "torch"),
+    **dict.fromkeys(PER_GPU_NVML, ("nvml",)),
+    "gpu-compute-mode": ("nvml",),
+    "gpu-nvlink": ("nvml", "host"),
+    "gpu-topology": ("nvml", "host", "topology"),
+    "cpu-cores": ("nvml", "host"),
+    "cpu-governor": ("host",),
+    **dict.fromkeys(("ram", "shm", "ulimits"), ("nvml", "host")),
+    "nccl-env": ("nvml", "torch", "host", "topology"),
+    "dataloader-advice": ("nvml", "host", "topology"),
+    "gpu-bench": ("nvml", "bench"),
+    "gpu-p2p": ("nvml", "host", "topology", "p2p"),
+    "gpu-allreduce": ("nvml", "host", "topology", "p2p", "allreduce_local"),
+    **dict.fromkeys(("disk-mounts", "disk-speed", "disk-data", "disk-checkpoint"), ("disks",)),
+    "net-download": ("net",),
+    "alloc-conf": ("alloc",),
+}
+ROWS = {"gpu-bench": ("gpu-h2d", "gpu-d2h", "gpu-d2d", "gpu-matmul")}  # the row ids a check reports under
+
+
+def fed_by(phase: Phase, checks: tuple[tuple[str, Check], ...] = CHECKS) -> Phase:
+    """The phase with the row ids of the checks that judge what it gathered (judging phases feed none)."""
+    ids = [ROWS.get(c, (c,)) for c, _ in checks if set(READS.get(c, ())) & set(phase.facts)]
+    return replace(phase, checks=tuple(i for group in ids for i in group))
 
 
 def run_check(check_id: str, check: Check, facts: MachineFacts, cfg: PreflightConfig) -> list[Result]:

@@ -6,16 +6,34 @@ downloads). ``sample`` is the cheap reader verify and watch poll ten times a sec
 that imports pynvml or psutil, or reads /proc, /sys and the mount table; measuring never writes anything the user
 keeps (the caller decides what to keep, e.g. ``disk_cache``). ``SnapshotProbe`` replays a
 recorded machine from a snapshot file, so every line above this seam runs in tests without a GPU.
+
+``LocalProbe`` times each step on its ``clock`` (``checks.result.Stopwatch``), bootstrap's own time. Reading facts
+overlaps: the torch child imports torch while a thread reads the host, the environment and the topology (NVML is
+read before the child starts, so it never sees it). Measurements run alone: a torch import beside the disk
+measurement costs the disk figures (BENCHMARKS.md#bootstrap), and the benchmarks need the GPUs to themselves.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from checks.config import PreflightConfig
-from checks.facts import AllocFacts, BenchFacts, DiskFacts, LocalAllreduceFacts, MachineFacts, NetFacts, P2PFacts
+from checks.facts import (
+    AllocFacts,
+    BenchFacts,
+    DiskFacts,
+    EnvFacts,
+    HostFacts,
+    LocalAllreduceFacts,
+    MachineFacts,
+    NetFacts,
+    P2PFacts,
+    TopologyFacts,
+)
 from checks.probe.collective import measure_collective, read_box_topology
 from checks.probe.disk import measure_disks
 from checks.probe.env import read_env
@@ -23,7 +41,11 @@ from checks.probe.host import read_host
 from checks.probe.net import measure_downloads
 from checks.probe.nvml import PcieLinkSampler, read_nvml, uuid_key
 from checks.probe.torch import read_alloc, read_torch, run_bench
+from checks.result import Stopwatch
 from checks.snapshot import load_snapshot
+
+Stamp = tuple[str, tuple[str, ...], float, float]  # a phase timed in another thread: name, facts, began, ended
+T = TypeVar("T")
 
 
 class Probe(Protocol):
@@ -51,24 +73,48 @@ class LocalProbe:
     live = True
     label = "live"
 
-    def __init__(self, torch_timeout_s: float = 60.0, nvcc_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, torch_timeout_s: float = 60.0, nvcc_timeout_s: float = 10.0, clock: Stopwatch | None = None
+    ) -> None:
         self.torch_timeout_s = torch_timeout_s
         self.nvcc_timeout_s = nvcc_timeout_s
+        self.clock = clock or Stopwatch()
 
     def machine(self) -> MachineFacts:
-        nvml = read_nvml()
-        host = read_host()
-        torch = read_torch(timeout=self.torch_timeout_s)
-        env = read_env(nvcc_timeout_s=self.nvcc_timeout_s)
-        return MachineFacts(nvml=nvml, torch=torch, host=host, env=env, topology=read_box_topology())
+        with self.clock.phase("NVML", ("nvml",)):
+            nvml = read_nvml()
+        with ThreadPoolExecutor(1, thread_name_prefix="gpu-preflight-probe") as pool:
+            rest = pool.submit(self._host_env_topology)
+            with self.clock.phase("torch probe", ("torch",)):  # waited on here, so Ctrl-C stops the child
+                torch = read_torch(timeout=self.torch_timeout_s)
+            (host, env, topology), stamps = rest.result()
+        for name, facts, began, ended in stamps:
+            self.clock.add(name, began, ended, facts)
+        return MachineFacts(nvml=nvml, torch=torch, host=host, env=env, topology=topology)
+
+    def _host_env_topology(self) -> tuple[tuple[HostFacts, EnvFacts, TopologyFacts], list[Stamp]]:
+        """The host, environment and topology reads, each stamped (run beside the torch child)."""
+        stamps: list[Stamp] = []
+
+        def stamped(name: str, facts: str, read: Callable[[], T]) -> T:
+            began = self.clock.now()
+            value = read()
+            stamps.append((name, (facts,), began, self.clock.now()))
+            return value
+
+        host = stamped("host", "host", read_host)
+        env = stamped("environment", "env", lambda: read_env(nvcc_timeout_s=self.nvcc_timeout_s))
+        return (host, env, stamped("topology", "topology", read_box_topology)), stamps
 
     def measure(self, facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
-        facts = measure_collective(_disks_and_net(facts, cfg), cfg)  # p2p matrix, local all-reduce
+        facts = _disks_and_net(facts, cfg, self.clock)
+        with self.clock.phase("p2p and all-reduce", ("p2p", "allreduce_local")):
+            facts = measure_collective(facts, cfg)  # p2p matrix, local all-reduce
         reason = _bench_precondition(facts, cfg)
         if reason:
             return dataclasses.replace(facts, bench=BenchFacts(skipped=reason))
         settings = {k: getattr(cfg.bench, k) for k in ("copy_mib", "d2d_mib", "matmul_n", "warmup", "repeats")}
-        with PcieLinkSampler() as sampler:
+        with self.clock.phase("GPU benchmarks", ("bench",)), PcieLinkSampler() as sampler:
             bench = _align_to_nvml(run_bench(settings, cfg.bench.timeout_s, while_running=sampler.sample), facts)
             peak = sampler.peak()
         gpus = tuple(
@@ -83,11 +129,13 @@ class LocalProbe:
         return read_alloc(wanted, variables, cfg.probe.alloc_timeout_s)
 
 
-def _disks_and_net(facts: MachineFacts, cfg: PreflightConfig) -> MachineFacts:
+def _disks_and_net(facts: MachineFacts, cfg: PreflightConfig, clock: Stopwatch) -> MachineFacts:
     """Disks (checks/probe/disk.py) and downloads (checks/probe/net.py); each bounded by its config budget."""
     net = cfg.network
-    downloads = measure_downloads(net.download_urls, net.download_max_mib, net.download_timeout_s)
-    disks = measure_disks(cfg.disk)
+    with clock.phase("downloads", ("net",)):
+        downloads = measure_downloads(net.download_urls, net.download_max_mib, net.download_timeout_s)
+    with clock.phase("disks", ("disks",)):
+        disks = measure_disks(cfg.disk)
     return dataclasses.replace(facts, disks=disks, net=downloads)
 
 

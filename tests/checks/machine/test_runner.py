@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import dataclasses
 import time
+from pathlib import Path
+from typing import Any
 
 from checks.config import PreflightConfig
 from checks.facts import MachineFacts
-from checks.machine.runner import CHECKS, run_checks
-from checks.result import Result, Status, ok
+from checks.machine.runner import CHECKS, READS, fed_by, run_check, run_checks
+from checks.result import Phase, Result, Status, ok
+from checks.snapshot import load_snapshot
 from tests.factories import config, machine
 
 
@@ -47,3 +51,51 @@ def test_check_ids_are_unique_kebab_case() -> None:
 def test_a_healthy_h100_has_no_problem() -> None:
     bad = [r for r in run_checks(machine(), config()) if r.status in (Status.FAIL, Status.WARN, Status.ERROR)]
     assert bad == []
+
+
+class _Unread:
+    """A facts field a check must not read: any use of it raises."""
+
+    def __getattr__(self, name: str) -> object:
+        raise RuntimeError(f"read .{name}")
+
+    def __bool__(self) -> bool:
+        raise RuntimeError("read")
+
+    def __iter__(self) -> object:
+        raise RuntimeError("read")
+
+
+def _machines() -> list[MachineFacts]:
+    fixtures = sorted((Path(__file__).parents[2] / "fixtures" / "machines").glob("*.json"))
+    return [machine(), *(load_snapshot(path)[0] for path in fixtures)]
+
+
+def test_reads_lists_every_facts_field_each_check_reads() -> None:
+    """A field a check reads on any fixture, replaced by one that raises, changes its results: READS must list it
+    (READS may list more: reads on paths no fixture takes)."""
+    cfg, fields = config(), [f.name for f in dataclasses.fields(MachineFacts)]
+    missing: set[tuple[str, str]] = set()
+    for m in _machines():
+        for check_id, check in CHECKS:
+            judged = [(r.status, r.summary) for r in run_check(check_id, check, m, cfg)]
+            for name in set(fields) - set(READS[check_id]):
+                unread: dict[str, Any] = {name: _Unread()}
+                hidden = dataclasses.replace(m, **unread)
+                if [(r.status, r.summary) for r in run_check(check_id, check, hidden, cfg)] != judged:
+                    missing.add((check_id, name))
+    assert not missing, sorted(missing)
+    assert set(READS) == {check_id for check_id, _ in CHECKS}
+
+
+def test_a_phase_feeds_the_rows_of_the_checks_that_read_its_facts() -> None:
+    assert fed_by(Phase("disks", 1.0, 3.0, ("disks",))).checks == (
+        "disk-mounts",
+        "disk-speed",
+        "disk-data",
+        "disk-checkpoint",
+    )
+    bench = fed_by(Phase("GPU benchmarks", 4.0, 9.0, ("bench",))).checks
+    assert bench == ("gpu-h2d", "gpu-d2h", "gpu-d2d", "gpu-matmul")  # gpu-bench's rows, not its runner id
+    assert "torch-build" in fed_by(Phase("torch probe", 0.0, 2.0, ("torch",))).checks
+    assert fed_by(Phase("checks", 9.0, 0.1)).checks == ()

@@ -17,7 +17,7 @@ from tests.factories import config, gpu, machine
 @pytest.fixture(autouse=True)
 def _no_disk_or_download_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests are about the GPU benchmarks; disks and downloads are tested in test_disk*.py / test_net*.py."""
-    monkeypatch.setattr(probe_mod, "_disks_and_net", lambda facts, cfg: facts)
+    monkeypatch.setattr(probe_mod, "_disks_and_net", lambda facts, cfg, clock: facts)
 
 
 def _snapshot(tmp_path: Path, **rest: Any) -> Path:
