@@ -20,23 +20,12 @@ from typing import Any
 
 from checks.config import NetworkConfig
 from checks.facts import AllreduceFacts, LinkFacts
+from checks.probe.tcp import pair_rounds
 from provision.flow import Ready, at_once, json_tail, module_script, run_module, stop_all
 from provision.remote import Completed, RemoteError
 
 Notify = Callable[[str], None]
 AGENT = "checks.probe.tcp"  # the link agent, run from each host's checkout
-
-
-def rounds(n: int) -> list[list[tuple[int, int]]]:
-    """Round-robin pairing of n hosts: every pair exactly once, no host twice in a round."""
-    ids: list[int | None] = [*range(n), *([None] if n % 2 else [])]
-    out = []
-    for _ in range(len(ids) - 1):
-        half = len(ids) // 2
-        pairs = [(ids[i], ids[-1 - i]) for i in range(half)]
-        out.append([(a, b) for a, b in pairs if a is not None and b is not None])
-        ids = [ids[0], ids[-1], *ids[1:-1]]
-    return out
 
 
 def _client(host: Ready, args: list[str], timeout: float) -> dict[str, Any]:
@@ -101,7 +90,7 @@ def measure_links(hosts: list[Ready], cfg: NetworkConfig, notify: Notify) -> tup
     servers = [s if s is not None else {"error": "the link agent did not start"} for s in started]
     links: list[LinkFacts] = []
     try:
-        for number, pairs in enumerate(rounds(len(hosts)), 1):
+        for number, pairs in enumerate(pair_rounds(len(hosts)), 1):
             jobs = [partial(measure_pair, hosts[a], hosts[b], servers[a], cfg) for a, b in pairs]
             found = at_once(jobs) if cfg.concurrent_pairs else [job() for job in jobs]
             links += [link for pair in found for link in pair or ()]

@@ -21,7 +21,7 @@ from typing import Any
 
 from checks.config import PreflightConfig
 from checks.errors import PreflightError
-from checks.facts import AllreduceFacts, FleetFacts, HostOutcome
+from checks.facts import AllreduceFacts, FleetFacts, HostOutcome, LinkFacts
 from checks.fleet.report import FleetReport, build_fleet_report
 from checks.machine import bootstrap as bootstrap_run
 from checks.probe.collective import allreduce_facts
@@ -86,11 +86,16 @@ def job_bootstrap(request: JobRequest, notify: Callable[[str], None]) -> FleetRe
             "record": str(path) if path else None, "nodes": nodes, "wait_s": request.wait_s,
             "local_rank": ctx.local_rank, "allreduce_max_mib": net.allreduce_max_mib,
             "allreduce_budget_s": net.allreduce_budget_s if net.allreduce and nodes > 1 else 0.0,
+            "link_seconds": net.link_seconds if net.links and nodes > 1 else 0.0, "link_omit_s": net.link_omit_s,
+            "link_streams": net.link_streams, "rtt_pings": net.rtt_pings,
         }  # fmt: skip
         if ctx.rank == 0:
             notify(f"waiting up to {request.wait_s:g} s for {nodes} node(s) at {ctx.master_addr}:{ctx.master_port}")
         try:
-            limit = request.wait_s + net.allreduce_timeout_s + 60
+            rounds = nodes - 1 + nodes % 2
+            limit = (
+                request.wait_s + net.allreduce_timeout_s + 60 + rounds * (4 * (net.link_seconds + net.link_omit_s) + 60)
+            )
             got = run_child([sys.executable, str(SCRIPTS / "job_gather.py"), json.dumps(args)], limit)
         except ChildFailed as exc:
             raise PreflightError(
@@ -113,9 +118,11 @@ def job_bootstrap(request: JobRequest, notify: Callable[[str], None]) -> FleetRe
         hosts.append(HostOutcome(str(rec["node"]), status, rec.get("reason"), rec.get("report"),
                                  float(rec.get("seconds") or 0.0), rec.get("exit")))  # fmt: skip
     rows, why = _allreduce(got.get("allreduce"), nodes, net.allreduce)
+    links, skipped = _links(got, hosts, nodes, net.links)
     facts = FleetFacts(
         hosts=tuple(hosts),
-        links_skipped="a job run does not measure them yet; bootstrap --hosts does, over SSH",
+        links=links,
+        links_skipped=skipped,
         allreduce=rows,
         allreduce_reason=why,
         source=where,
@@ -135,6 +142,24 @@ def _allreduce(data: dict[str, Any] | None, nodes: int, enabled: bool) -> tuple[
     if facts.error:
         return (), f"failed ({data.get('backend', '?')}): {facts.error}"
     return facts.rows, None
+
+
+def _links(
+    got: dict[str, Any], hosts: list[HostOutcome], nodes: int, enabled: bool
+) -> tuple[tuple[LinkFacts, ...], str | None]:
+    """The pairwise pass's rows with the nodes by name, or why there are none."""
+    if not enabled:
+        return (), "disabled (preflight.network.links: false)"
+    if nodes < 2:
+        return (), "needs two or more nodes"
+    if "links" not in got:
+        return (), "a node did not report, so the nodes could not pair up"
+    names = [h.name for h in hosts]
+    out = []
+    for row in got["links"]:
+        src, dst = names[int(row.pop("src"))], names[int(row.pop("dst"))]
+        out.append(LinkFacts(src, dst, **row))
+    return tuple(out), None
 
 
 def remediation(report: FleetReport, cfg: PreflightConfig, ctx: LaunchContext) -> list[str]:

@@ -88,6 +88,19 @@ def rtt(host: str, port: int, count: int) -> dict[str, Any]:
     return {"rtt_ms": round(statistics.median(times[1:]) * 1000, 3), "count": count}
 
 
+def pair_rounds(n: int) -> list[list[tuple[int, int]]]:
+    """Round-robin pairing of n hosts (the circle method): every pair exactly once, lower index first, no host
+    twice in a round. The schedule of the link tests, over SSH and inside a job."""
+    ids: list[int | None] = [*range(n), *([None] if n % 2 else [])]
+    out = []
+    for _ in range(len(ids) - 1):
+        half = len(ids) // 2
+        pairs = [(ids[i], ids[-1 - i]) for i in range(half)]
+        out.append([(min(a, b), max(a, b)) for a, b in pairs if a is not None and b is not None])
+        ids = [ids[0], ids[-1], *ids[1:-1]]
+    return out
+
+
 def free_port(host: str = "") -> int:
     """Find a TCP port nothing listens on right now at ``host`` ("": every address, as a rendezvous that other
     hosts reach needs; "127.0.0.1" for one box), the kernel's pick, so a busy 29500 never blocks torch.distributed."""

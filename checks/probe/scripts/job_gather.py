@@ -7,9 +7,15 @@ Each node leader (``record`` names its report file) sets ``PREFIX/node/I``; rank
 torchrun's agent does: ``host_store`` false) and waits up to ``wait_s`` for the ``N`` nodes' keys. A node whose key
 never comes is left out: the parent names it ("no result from NODE"), so one dead node cannot hang the job's
 report. Rank 0 prints ``{"records": {I: text}, "missing": [I...], "seconds": s, "allreduce": {...}}``; the others
-``{"sent": bool}``. Rank 0 sets ``PREFIX/done`` when it has read them ("1": every node reported and
-``allreduce_budget_s`` > 0), and the others wait for it (up to ``wait_s``); on "1" every rank then joins one process
-group on the same store for ``allreduce.py``'s size sweep across the nodes.
+``{"sent": bool}``. Rank 0 sets ``PREFIX/done`` when it has read them ("1": every node reported), and the others
+wait for it (up to ``wait_s``); on "1", with ``allreduce_budget_s`` > 0, every rank then joins one process group on
+the same store for ``allreduce.py``'s size sweep across the nodes.
+
+Then, with ``link_seconds`` > 0, the links (node leaders only, as ``bootstrap --hosts`` measures them over SSH, with
+the same built-in TCP test of ``checks/probe/tcp.py``): every leader serves a link agent in a thread and publishes
+the address it reaches rank 0 from; node pairs go round-robin (no node in two tests at once), the higher node of
+each pair measuring the round-trip time and both directions against the lower one's agent; a round ends when
+every leader has counted itself in. Rank 0 adds every pair's rows to its output as ``links``.
 """
 
 from __future__ import annotations
@@ -19,9 +25,12 @@ import contextlib
 import datetime
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.append(str(Path(__file__).resolve().parents[3]))  # the checkout: checks.probe.tcp (standard library only)
 
 
 def main(args: dict) -> dict:
@@ -41,7 +50,10 @@ def main(args: dict) -> dict:
             store.wait([f"{prefix}/done"], wait)
             go = store.get(f"{prefix}/done").decode()
         if go == "1":
-            allreduce(store, args)
+            if float(args.get("allreduce_budget_s") or 0) > 0:
+                allreduce(store, args)
+            if record:
+                links(store, args)
         return {"sent": bool(record)}
     keys = {i: f"{prefix}/node/{i}" for i in range(int(args["nodes"]))}
     deadline = began + float(args["wait_s"])
@@ -49,11 +61,12 @@ def main(args: dict) -> dict:
         time.sleep(0.05)
     records = {i: store.get(k).decode("utf-8") for i, k in keys.items() if store.check([k])}
     missing = [i for i in keys if i not in records]
-    sweep = float(args.get("allreduce_budget_s") or 0) > 0 and not missing
-    store.set(f"{prefix}/done", "1" if sweep else "0")  # every rank takes part in the all-reduce, or none does
+    store.set(f"{prefix}/done", "0" if missing else "1")  # every rank takes part in what follows, or none does
     out: dict = {"records": records, "missing": missing, "seconds": round(time.monotonic() - began, 3)}
-    if sweep:
+    if not missing and float(args.get("allreduce_budget_s") or 0) > 0:
         out["allreduce"] = allreduce(store, args)
+    if not missing:
+        out["links"] = links(store, args)
     return out
 
 
@@ -82,6 +95,62 @@ def allreduce(store: Any, args: dict) -> dict:
             "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}",
         }
     return {"backend": backend, "world_size": int(args["world"]), "rows": rows}
+
+
+def links(store: Any, args: dict) -> list[dict]:
+    """This leader's part of the pairwise link pass; rank 0 returns every pair's rows (both directions each)."""
+    from checks.probe.tcp import pair_rounds, route, rtt, tcp_forward, tcp_reverse
+    from checks.probe.tcp_server import Server
+
+    seconds, nodes = float(args.get("link_seconds") or 0), int(args["nodes"])
+    if seconds <= 0 or nodes < 2:
+        return []
+    omit, streams, me, prefix = (
+        float(args["link_omit_s"]),
+        int(args["link_streams"]),
+        int(args["node"]),
+        f"{args['prefix']}/links",
+    )
+    wait = float(args["wait_s"])
+    server = Server("", 0, idle=wait + nodes * (4 * (seconds + omit) + 60))
+    threading.Thread(target=server.serve, daemon=True).start()
+    addr = route(str(args["addr"])).get("address") or str(args["addr"])
+    store.set(f"{prefix}/agent/{me}", f"{addr} {server.port}")
+    for number, pairs in enumerate(pair_rounds(nodes)):
+        for a, b in pairs:
+            if me == b:  # the higher node measures against the lower one's agent
+                host, port = store.get(f"{prefix}/agent/{a}").decode().split()
+                rows = _pair(
+                    a, b, host, int(port), streams, seconds, omit, int(args["rtt_pings"]), rtt, tcp_forward, tcp_reverse
+                )
+                store.set(f"{prefix}/pair/{a}-{b}", json.dumps(rows))
+        store.add(f"{prefix}/round/{number}", 1)
+        deadline = time.monotonic() + wait + 4 * (seconds + omit) + 60
+        while store.add(f"{prefix}/round/{number}", 0) < nodes and time.monotonic() < deadline:
+            time.sleep(0.05)
+    if int(args["rank"]) != 0:
+        return []
+    keys = [f"{prefix}/pair/{a}-{b}" for pairs in pair_rounds(nodes) for a, b in pairs]
+    return [row for key in keys if store.check([key]) for row in json.loads(store.get(key).decode())]
+
+
+def _pair(a: int, b: int, host: str, port: int, streams: int, seconds: float, omit: float, pings: int,
+          rtt: Any, forward: Any, reverse: Any) -> list[dict]:  # fmt: skip
+    """b -> a and a -> b, measured from b against a's agent; the RTT is shared by both directions."""
+    try:
+        ping = rtt(host, port, pings)
+    except OSError as exc:
+        ping = {"error": f"round trip to node {a} at {host}:{port}: {exc}"}
+    rows = []
+    for src, dst, run in ((b, a, forward), (a, b, reverse)):
+        try:
+            found = run(host, port, streams, seconds, omit)
+        except OSError as exc:
+            found = {"error": f"TCP to node {a} at {host}:{port}: {exc}"}
+        rows.append({"src": src, "dst": dst, "tcp_mbit_s": found.get("mbit_s"), "rtt_ms": ping.get("rtt_ms"),
+                     "tool": "builtin", "streams": int(found.get("streams", streams)), "seconds": found.get("seconds"),
+                     "error": found.get("error") or ping.get("error")})  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def _quick(tmp: Path) -> dict[str, str]:
     """A home of the test's own, and short sweeps: what a user's environment passes to srun (--export=ALL)."""
     return {"HOME": str(tmp), "XDG_CACHE_HOME": str(tmp / "cache"), "INVOKE_PREFLIGHT_NETWORK_ALLREDUCE_BUDGET_S": "2",
-            "INVOKE_PREFLIGHT_HOSTS_JOB_WAIT_S": "60"}  # fmt: skip
+            "INVOKE_PREFLIGHT_HOSTS_JOB_WAIT_S": "60", "INVOKE_PREFLIGHT_NETWORK_LINK_SECONDS": "1"}  # fmt: skip
 
 
 def test_srun_bootstrap_reports_both_nodes_by_their_slurm_names(slurm: Cluster, tmp_path: Path) -> None:
@@ -43,6 +43,10 @@ def test_srun_bootstrap_reports_both_nodes_by_their_slurm_names(slurm: Cluster, 
     assert rows["n1", "host-bootstrap"]["status"] == "ok" and rows["n2", "host-bootstrap"]["status"] == "ok", done
     assert rows["n2", "ulimits"]["value"]["nofile"] == 1024 and rows["n1", "ulimits"]["value"]["nofile"] != 1024
     assert rows[None, "net-allreduce"]["summary"].startswith("gloo, 2 ranks")
+    # The pairwise pass: n2 measured both directions against n1's agent, with the same test as bootstrap --hosts.
+    links = json.loads(out.read_text(encoding="utf-8"))["measurements"]["links"]
+    assert {(x["src"], x["dst"]) for x in links} == {("n1", "n2"), ("n2", "n1")}, links
+    assert all(x["error"] is None and x["tcp_mbit_s"] > 100 and x["rtt_ms"] is not None for x in links), links
     # No NVIDIA driver on this box: both nodes fail the driver check, so both get their drain command.
     assert "scontrol update NodeName=n1 State=DRAIN Reason='gpu-preflight: driver" in done.stdout + done.stderr
     assert "srun --exclude=n[1-2]" in done.stdout + done.stderr
