@@ -25,7 +25,7 @@ def own_log() -> None:
 own_log()
 sys.path.append(str(Path(__file__).resolve().parents[3]))
 
-from checks.verify.smoke.child import main
+from checks.verify.smoke.child import main  # noqa: E402 - after own_log and the path
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))
