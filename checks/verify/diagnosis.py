@@ -107,7 +107,7 @@ def diagnose(s: Signals, cfg: VerifyConfig) -> list[Verdict]:
         return [_oom(s.oom)]
     if s.steps < 2:
         return [
-            Verdict("cant-tell", "info", "low", f"only {s.steps} measured step(s): too few to judge", "run more steps")
+            Verdict("cant-tell", "warn", "low", f"only {s.steps} measured step(s): too few to judge", "run more steps")
         ]
     found = [v for rule in (_data, _h2d, _checkpoint, _launch, _comm) if (v := rule(s, cfg)) is not None]
     found += [v for rule in (_memory, _throttle, _contended, _straggler) if (v := rule(s, cfg)) is not None]
@@ -395,7 +395,7 @@ def _compute_or_abstain(s: Signals, cfg: VerifyConfig) -> Verdict:
     summary = f"no single bottleneck: compute {_pct(c)}, the largest other share ({top}) {_pct(s.shares[top])}"
     return Verdict(
         "cant-tell",
-        "info",
+        "warn",  # the report's diagnosis row is a warn too: a run that could not be judged has not cleared the box
         "medium",
         summary,
         "nothing stands out: no one part holds the step; torch.profiler on a few steps splits the largest share further"

@@ -137,12 +137,12 @@ def _gpu_verdicts(w: Watched, cfg: VerifyConfig, usable_cores: float, host: dict
             else f"; the machine's CPU median {host['cpu_pct_p50'] or 0:.0f}%"
         )
         summary = f"no GPU sampled ({w.gpu_error or 'none visible'}): nothing to weigh the CPU against{cpu}"
-        return [Verdict("cant-tell", "info", "low", summary, "run watch on the GPU machine", 0.0, host)]
+        return [Verdict("cant-tell", "warn", "low", summary, "run watch on the GPU machine", 0.0, host)]
     col = f"gpu{w.gpu}_util_pct"
     rows = [r for r in w.trace.rows if r.get(col) is not None]
     if len(rows) < 2:
         return [
-            Verdict("cant-tell", "info", "low", "fewer than 2 GPU samples", "watch for longer (--seconds)", 0.0, host)
+            Verdict("cant-tell", "warn", "low", "fewer than 2 GPU samples", "watch for longer (--seconds)", 0.0, host)
         ]
     g = gpu_summary(w.trace, w.gpu)
     util = statistics.median(float(r[col] or 0.0) for r in rows)
@@ -175,7 +175,7 @@ def _main(util: float, starved: float, iowait: float, cfg: VerifyConfig, ev: dic
         fix = "if throughput is still low, many small kernels: try torch.compile; invoke verify --model MODULE:CALLABLE measures it"
         return Verdict("compute-bound", "info", "low", summary, fix, 0.0, ev)
     summary = f"{gpu} while the CPU is not saturated: the GPU waits on something else (I/O under the threshold, sync, eval, checkpoints, or no work)"
-    return Verdict("cant-tell", "info", "low", summary, "invoke verify times each phase of a step", 0.0, ev)
+    return Verdict("cant-tell", "warn", "low", summary, "invoke verify times each phase of a step", 0.0, ev)
 
 
 def results(w: Watched, found: list[Verdict], usable_cores: float, csv: str) -> tuple[list[Result], dict[str, Any]]:

@@ -191,6 +191,7 @@ def test_a_compile_ab_without_gain_lowers_launch_bound_confidence() -> None:
 def test_no_single_cause_is_cant_tell() -> None:
     v = diagnose(signals(shares=shares(data_wait=0.08, h2d=0.08, checkpoint=0.04)), CFG)[0]
     assert v.id == "cant-tell" and "no single bottleneck" in v.summary
+    assert v.severity == "warn"  # as the diagnosis row it heads: an unjudged run has not cleared the box
     assert "compare with your real training" in v.fix  # the built-in model and data ran
     theirs = diagnose(signals(shares=shares(data_wait=0.08, h2d=0.08, checkpoint=0.04), own_code=True), CFG)[0]
     assert "compare with your real training" not in theirs.fix and "torch.profiler" in theirs.fix  # it was theirs

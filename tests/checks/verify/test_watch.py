@@ -54,6 +54,7 @@ def test_cant_tell_is_a_warn_with_the_sampled_cpu_and_never_ready_to_train() -> 
     w = Watched(Trace(rows, 0.1), None, "NVML library not found", False, 4242, 0.9)
     found = watch.verdicts(w, CFG, 2.0)
     assert found[0].id == "cant-tell" and "used a median 1.20 of 2 usable cores" in found[0].summary
+    assert found[0].severity == "warn"  # the row above it is a warn
     assert found[0].evidence["tree_cpu_cores_p50"] == 1.2 and found[0].evidence["workers_max"] == 2.0
     results, _ = watch.results(w, found, 2.0, "w.csv")
     assert results[1].status.value == "warn"
