@@ -222,8 +222,13 @@ def verify(c: Context, f: fl.VerifyFlags) -> None:
     cfg = replace(cfg, report=replace(cfg.report, strict=cfg.report.strict or f.strict))  # --strict sets it
     if f.command:
         return _verify_command(cfg, f)
-    request = run_verify.VerifyRequest(config=cfg, options=fill(Options, f))
-    specs, source = select_hosts(f.hosts, f.hosts_file, os.environ, cfg.hosts.slurm)
+    request = run_verify.VerifyRequest(config=cfg, options=fill(Options, f), budget=f.budget)
+    from checks.probe.launch import launch_context
+
+    # A Slurm task (srun) or SkyPilot node runs its own part of the job's run (plan.job_node), without SSH; the
+    # allocation's node list is the host list only where nothing launched this process (salloc's shell).
+    in_job = launch_context().engine in ("slurm", "skypilot")
+    specs, source = select_hosts(f.hosts, f.hosts_file, os.environ, cfg.hosts.slurm and not in_job)
     if specs and f.nproc:
         raise PreflightError("--nproc is per box; with --hosts each host runs one rank per GPU (slots=N caps it)")
     with interruptible(), terminate_as_interrupt():

@@ -240,6 +240,9 @@ class VerifyConfig:
     share_critical: float
     critical_min_steps: int
     measure_budget_s: float
+    budget: float
+    stable_width: float
+    stable_batches: int
     compute_bound_min: float
     cpu_saturated_fraction: float
     iowait_high_pct: float

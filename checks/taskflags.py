@@ -138,6 +138,11 @@ class VerifyFlags(Outputs, EveryRow, Hosts, Command, Strict):
         0,
         "processes, DistributedDataParallel (0: preflight.verify.nproc, every visible GPU when two or more; CPU: gloo)",
     )
+    budget: str = flag(
+        "",
+        "wall SECONDS for the whole command (default preflight.verify.budget): measuring stops once the shares are "
+        "stable or the rest would not fit; what is cut is named",
+    )  # text, not a number: a typed 0 is refused (exit 2), never read as "the default"
     command: tuple[str, ...] = command()  # invoke verify [flags] -- COMMAND [ARGS...]
 
 
@@ -210,6 +215,7 @@ class PlanFlags(Machine):
 COMMAND_FLAGS = frozenset(f.name for f in dataclasses.fields(Command)) | {
     "strict",
     "steps",
+    "budget",
     "price_per_hour",
     "all",
     "json",

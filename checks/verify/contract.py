@@ -17,7 +17,8 @@ The flow, and the record at each hop::
 - Events, one JSON object per line, ``{"event": KIND, "t": monotonic seconds, ...}``: ``PhaseEvent``
   (``phase``: a phase began), ``StepEvent`` (``phase``, ``i`` of ``of``: a step ended), ``DeviceEvent`` (the
   device's fields, as soon as it is known: the parent's sampler follows its ``uuid``), ``OomProbeEvent`` and
-  ``SweepEvent`` (``batch``: a batch size is being tried). ``parse_event`` turns a line into its record and
+  ``SweepEvent`` (``batch``: a batch size is being tried), ``EstimateEvent`` (after the warm-up: the time the
+  rest will take, which the parent prints). ``parse_event`` turns a line into its record and
   rejects an unknown kind or key with ``ContractError``; ``event_line`` writes one.
 - ``ChildResult``: what one process measured, written once at the end (also after Ctrl-C or an error: every
   field has a default, so a partial result is still one). ``Step`` per optimizer step (seconds on the device
@@ -260,6 +261,24 @@ class RunSpec(Record):
     events: str = ""  # the events file the child appends to (the launcher's)
     result: str = ""  # where the child writes its result
     measure_s: float = 0.0  # > 0: measure only as many steps as fit in this many seconds at the warm-up's pace
+    stop: StopSpec | None = None  # the whole-command budget and the stability stop (None: a fixed count, measure_s)
+
+
+@dataclass(frozen=True)
+class StopSpec(Record):
+    """When the measured steps end (``checks/verify/stop.py``): at ``steps`` at most, earlier once every share is
+    stable (``min_steps`` measured, each share's 95% interval over ``batches`` batch means within ``width``), or
+    when the whole command's budget would not hold another step with what comes after it (``deadline``:
+    ``time.monotonic()`` on the child's host; 0: none). ``forced``: ``--steps N``, exactly N whatever they cost
+    (the optional phases after them still fit the budget)."""
+
+    min_steps: int
+    width: float
+    batches: int
+    budget_s: float  # the whole command's (verify.budget, --budget): quoted in the cuts' fixes
+    deadline: float = 0.0
+    measure_s: float = 0.0  # > 0: the measured steps' own cap (verify.measure_budget_s)
+    forced: bool = False
 
 
 # --- events: child -> parent, one JSON line each ---------------------------------------------------------------
@@ -317,8 +336,24 @@ class SweepEvent(Record):
     t: float = 0.0
 
 
-Event = PhaseEvent | StepEvent | DeviceEvent | OomProbeEvent | SweepEvent
-EVENTS: dict[str, type[Record]] = {c.KIND: c for c in (PhaseEvent, StepEvent, DeviceEvent, OomProbeEvent, SweepEvent)}
+@dataclass(frozen=True)
+class EstimateEvent(Record):
+    """After the warm-up: ``step_s`` a step, ``least`` to ``most`` measured steps, then ``rest_s`` for the phases
+    after them; ``left_s`` of the budget remain (0: no budget)."""
+
+    KIND: ClassVar[str] = "estimate"
+    step_s: float
+    least: int
+    most: int
+    rest_s: float
+    left_s: float = 0.0
+    t: float = 0.0
+
+
+Event = PhaseEvent | StepEvent | DeviceEvent | OomProbeEvent | SweepEvent | EstimateEvent
+EVENTS: dict[str, type[Record]] = {
+    c.KIND: c for c in (PhaseEvent, StepEvent, DeviceEvent, OomProbeEvent, SweepEvent, EstimateEvent)
+}
 
 
 def parse_event(line: str | Mapping[str, Any]) -> Event:
@@ -513,6 +548,35 @@ class RankDevice(Record):
 
 
 @dataclass(frozen=True)
+class StopFacts(Record):
+    """How the measured steps ended: ``reason`` "stable" (every share's 95% half-width within ``width`` after
+    ``least`` steps), "budget" (the budget would not hold another), "steps" (``most``, the cap, reached unstable),
+    "forced" (``--steps N``, ``--seconds S``) or "exited" (a command that ended by itself); ``half_width``: each
+    share's at the end (None: too few steps to tell)."""
+
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"half_width", "warm_step_s"})
+    reason: str
+    measured: int
+    least: int
+    most: int
+    asked: int
+    width: float
+    half_width: dict[str, float] | None = None
+    warm_step_s: float | None = None
+    estimate_s: float | None = None  # the time to the verdict printed after the warm-up
+
+
+@dataclass(frozen=True)
+class Cut(Record):
+    """A part the whole-command budget shortened or left out (``part``: "measure", "loader_alone", "sweep",
+    "ab", "advice"), what was done instead, and how to get all of it (``fix``: a flag)."""
+
+    part: str
+    summary: str
+    fix: str
+
+
+@dataclass(frozen=True)
 class RankResult(Record):
     """One rank's part of a several-process run (the combined result's ``ranks``)."""
 
@@ -529,7 +593,7 @@ class ChildResult(Record):
 
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
         {"error_kind", "phase", "ddp", "kernels", "memory", "checkpoint", "oom", "ab", "sweep"}
-        | {"loader_alone", "data_cost", "flops_per_step", "flops_note", "measure_cut"}
+        | {"loader_alone", "data_cost", "flops_per_step", "flops_note", "measure_cut", "stop"}
     )
     interrupted: bool = False
     error: str | None = None
@@ -561,11 +625,14 @@ class ChildResult(Record):
     ranks: tuple[RankResult, ...] = ()  # several processes: every rank (set by the launcher)
     # RunSpec.measure_s cut the measured steps: {"asked", "measured", "warm_step_s", "measure_s"}
     measure_cut: JsonObject | None = None
+    stop: StopFacts | None = None  # RunSpec.stop: how the measured steps ended
+    cuts: tuple[Cut, ...] = ()  # what the budget shortened or left out
 
     def to_json(self) -> JsonObject:
         out = super().to_json()
-        if not self.ranks:
-            out.pop("ranks")
+        for key in ("ranks", "cuts"):
+            if not out[key]:
+                out.pop(key)
         return out
 
     @property
@@ -752,6 +819,7 @@ class Measurements:
     loader_candidates: Sequence[JsonObject] | None = None  # with ``advice``: the loader was timed alone
     advice: JsonObject | None = None  # checks.verify.advice.loader_advice
     data_cost: JsonObject | None = None
+    time_to_verdict: JsonObject | None = None  # checks.verify.stop.time_to_verdict: the budget, the stop, the cuts
 
     def to_json(self) -> JsonObject:
         out: JsonObject = {"run": self.run.to_json(), "dataloader": dict(self.dataloader)}
@@ -786,5 +854,7 @@ class Measurements:
             out |= {"loader_candidates": _dump(list(self.loader_candidates)), "advice": self.advice}
         if self.data_cost:
             out["data_cost"] = self.data_cost
+        if self.time_to_verdict is not None:
+            out["time_to_verdict"] = self.time_to_verdict
         out["files"] = self.files.to_json()
         return out

@@ -21,6 +21,7 @@ from checks.verify.smoke.loop import Feed, to_device
 MakeFeed = Callable[[Any, dict[str, Any]], Feed]
 COST_SHARE = 0.2  # of verify.loader_probe_s for data_cost; the rest times the candidates (tool-defined)
 MIN_CANDIDATE_S = 0.4  # timed seconds per candidate at least, whatever the budget (2 batches at least too)
+_START_S = 0.5  # a candidate's workers starting, not counted in its seconds (fork on two cores: ~0.2 s)
 
 
 def worker_counts(current: int, cores: float) -> list[int]:
@@ -31,7 +32,14 @@ def worker_counts(current: int, cores: float) -> list[int]:
 
 
 def loader_alone(
-    make_feed: MakeFeed, dataset: Any, local: Any, loader: dict[str, Any], seconds: float, cores: float, cuda: bool
+    make_feed: MakeFeed,
+    dataset: Any,
+    local: Any,
+    loader: dict[str, Any],
+    seconds: float,
+    cores: float,
+    cuda: bool,
+    deadline: float = 0.0,
 ) -> dict[str, Any]:
     """Samples/s of the DataLoader with nothing else to do, at each candidate setting, within ``seconds``.
 
@@ -40,6 +48,8 @@ def loader_alone(
     so ``pin_memory`` is timed where it pays (the copy) and where it costs (the pinning); on the CPU it is not
     tried. The fastest and the current setting are timed once more, in the other order, and keep the mean of
     both runs: a neighbour that comes and goes between two candidates' turns cannot pick the advice alone.
+    With a ``deadline`` (the whole command's budget, monotonic seconds), a candidate other than the current one
+    that would not end by then is not timed (``not_timed``: their worker counts), nor the second runs.
     """
     current, pin = int(loader.get("num_workers") or 0), bool(loader.get("pin_memory")) and cuda
     counts = worker_counts(current, cores)
@@ -50,14 +60,22 @@ def loader_alone(
     def timed(w: int, pinned: bool) -> float | None:
         return _feed_rate(make_feed, local if w == 0 else dataset, _settings(loader, w, pinned), each, move)
 
+    skipped: list[int] = []
+
+    def room() -> bool:
+        return not deadline or time.monotonic() + each + _START_S <= deadline
+
     for w in sorted(counts, key=lambda w: w == 0):  # in-process last (see the module docstring)
+        if w != current and not room():
+            skipped.append(w)
+            continue
         rows.append({"num_workers": w, "pin_memory": pin, "runs": [timed(w, pin)]})
-    if cuda:
+    if cuda and room():
         top = int(max(rows, key=_rate)["num_workers"])
         rows.append({"num_workers": top, "pin_memory": not pin, "runs": [timed(top, not pin)]})
     best = max(rows, key=_rate)
     now = next(r for r in rows if (r["num_workers"], r["pin_memory"]) == (current, pin))
-    for row in [best, now] if best is not now else []:
+    for row in [best, now] if best is not now and room() else []:
         row["runs"].append(timed(row["num_workers"], row["pin_memory"]))
     for row in rows:
         runs = [r for r in row["runs"] if r]
@@ -66,7 +84,8 @@ def loader_alone(
     out: dict[str, Any] = {"workers": current, "pin_memory": pin, "samples_s": by_workers.get(current)}
     if current:
         out["in_process_samples_s"] = by_workers.get(0)
-    return out | {"candidates": rows, "seconds_each": round(each, 2), "wall_s": round(time.monotonic() - started, 2)}
+    out |= {"candidates": rows, "seconds_each": round(each, 2), "wall_s": round(time.monotonic() - started, 2)}
+    return out | ({"not_timed": skipped} if skipped else {})
 
 
 def _rate(row: dict[str, Any]) -> float:

@@ -4,26 +4,34 @@ Phases: setup -> FLOP count -> warm-up -> measure -> kernel profile (GPU) -> mem
 compile A/B (asked) -> batch sweep (asked) -> the loader alone (when the loop waited for data). Each phase adds to the result as it finishes, so Ctrl-C (SIGINT from
 the parent) or an error still leaves a partial result with everything measured so far. Progress goes to the
 events file as JSON lines; the result file is written once, atomically, at the end.
+
+With ``spec.stop`` (one process) the measured steps end by the stop rule of ``checks/verify/stop.py`` (stable
+shares, the whole command's budget, the cap), and the extras after them run on what the budget leaves; what it
+cut is in ``cuts``. Without it, ``spec.steps`` steps (fewer when ``spec.measure_s`` would not hold them).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 import sys
 import time
 import traceback
+import typing
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from checks.verify import stop as rule
 from checks.verify.contract import (
     ChildResult,
     ContractError,
     DeviceEvent,
+    EstimateEvent,
     Event,
     LoaderProbeSpec,
     OomProbeEvent,
@@ -31,10 +39,13 @@ from checks.verify.contract import (
     RunSpec,
     Step,
     StepEvent,
+    StopFacts,
+    StopSpec,
     SweepEvent,
     event_line,
 )
 from checks.verify.smoke import candidates, ddp, extras
+from checks.verify.smoke.budget import Budget
 from checks.verify.smoke.ckpt import (
     Recording,
     Replay,
@@ -48,10 +59,10 @@ from checks.verify.smoke.ckpt import (
 )
 from checks.verify.smoke.data import StagedDataError
 from checks.verify.smoke.figures import breakdown
-from checks.verify.smoke.loop import Batches, Feed, Interrupted, Trainer, resolve, run_steps
+from checks.verify.smoke.loop import Batches, Feed, Interrupted, Pending, Trainer, finished, resolve, run_steps
 from checks.verify.smoke.setup import Build, UsageError, build
 
-MIN_MEASURED = 8  # the fewest measured steps a budget leaves (fewer than critical_min_steps cap verdicts at warn)
+MIN_MEASURED = rule.MIN_MEASURED
 
 
 class Events:
@@ -71,6 +82,7 @@ class Smoke:
         self.spec, self.emit = spec, emit
         self.result: dict[str, Any] = {"interrupted": False, "error": None, "timeline": {}, "warmup": [], "steps": []}
         self.b: Build | None = None
+        self.budget = Budget(spec, self.result)
 
     def phase(self, name: str) -> None:
         now = time.monotonic()
@@ -111,15 +123,24 @@ class Smoke:
         if self.spec.ddp:
             self.distributed()
         ab = self.spec.ab
-        if ab:
+        if ab and self.budget.fits("ab", (3 + ab.steps) * self.pace() + rule.COMPILE_S, "the torch.compile A/B (--ab)"):
             self.timed("ab", lambda: extras.compile_ab(b.trainer, b.feed, ab.steps))
         if self.spec.sweep:
             self.timed("sweep", self.sweep)
         probe = self.spec.loader_probe
         steps = [Step.from_json(s) for s in self.result["steps"]]
         if probe and steps and breakdown(steps)["data_wait"] >= probe.min_share:
-            self.timed("loader_alone", lambda: self.loader_alone(probe))
-            self.timed("data_cost", lambda: candidates.data_cost(self.local(), probe.seconds * candidates.COST_SHARE))
+            seconds = self.budget.probe_seconds(probe.seconds)
+            if seconds > 0:
+                self.timed("loader_alone", lambda: self.loader_alone(probe, seconds))
+                self.timed("data_cost", lambda: candidates.data_cost(self.local(), seconds * candidates.COST_SHARE))
+
+    def pace(self) -> float:
+        """A step's seconds: the median measured step, else the warm-up's after its first."""
+        measured = [Step.from_json(s).total for s in self.result.get("steps") or []]
+        warm = [Step.from_json(s).total for s in self.result.get("warmup") or []]
+        found = measured or warm[1:] or warm
+        return statistics.median(found) if found else 0.0
 
     def distributed(self) -> None:
         """The no_sync A/B, then the one-process leg (last: rank 0's model leaves the others' there)."""
@@ -133,8 +154,9 @@ class Smoke:
         self.result["ddp"]["solo"] = ddp.solo(b.trainer, b.feed, d.solo_steps)
         self.done("solo")
 
-    def loader_alone(self, probe: LoaderProbeSpec) -> dict[str, Any]:
-        """Last, as it opens the data in this process: the loader's own rate at each candidate setting."""
+    def loader_alone(self, probe: LoaderProbeSpec, seconds: float) -> dict[str, Any]:
+        """Last, as it opens the data in this process: the loader's own rate at each candidate setting, within
+        ``seconds`` (verify.loader_probe_s, or what the budget left of it)."""
         b = self.b
         assert b is not None
         b.feed.close()  # its persistent workers would compete with the ones timed here
@@ -143,9 +165,15 @@ class Smoke:
             return Feed(dataset, b.batch_size, self.spec.seed, loader)
 
         cores = probe.cores or len(os.sched_getaffinity(0))
-        return candidates.loader_alone(
-            make, b.dataset, self.local(), b.loader, probe.seconds * (1 - candidates.COST_SHARE), cores, b.cuda
+        deadline = self.budget.deadline()
+        found = candidates.loader_alone(
+            make, b.dataset, self.local(), b.loader, seconds * (1 - candidates.COST_SHARE), cores, b.cuda, deadline
         )
+        if found.get("not_timed"):
+            short = len(found["not_timed"]) * float(found["seconds_each"]) + rule.PROBE_START_S
+            timed = f"{len(found['candidates'])} of {len(found['candidates']) + len(found['not_timed'])}"
+            self.budget.cut("loader_alone", f"the DataLoader alone timed at {timed} worker counts", short)
+        return found
 
     def local(self) -> Any:
         """A dataset this process may open (the built-in ones afresh; a user's own is the loop's)."""
@@ -169,7 +197,10 @@ class Smoke:
         assert b is not None
         try:
             self.steps("warmup", self.spec.warmup)
-            self.steps("steps", self.measured_count(), phase="measure")
+            if self.spec.stop is None:
+                self.steps("steps", self.measured_count(), phase="measure")
+            else:
+                self.measure(self.spec.stop)
         except Exception as exc:
             if not extras.oom_error(exc):
                 raise
@@ -192,6 +223,69 @@ class Smoke:
             self.result["measure_cut"] = {"asked": asked, "measured": count, "warm_step_s": round(pace, 4),
                                           "measure_s": budget}  # fmt: skip
         return count
+
+    def measure(self, stop: StopSpec) -> None:
+        """Measure until the shares are stable, the cap, or the budget (``checks/verify/stop.py``)."""
+        warm = [Step.from_json(x) for x in self.result.get("warmup") or []]
+        step_s = self.pace()
+        data = sum(x.data_wait for x in warm[1:] or warm) / max(sum(x.total for x in warm[1:] or warm), 1e-9)
+        rest = self.budget.reserve(step_s, data, self.b is not None and self.b.cuda)
+        window = min(self.budget.left() - rest, stop.measure_s or math.inf)
+        asked = self.spec.steps
+        least, most = (asked, asked) if stop.forced else rule.counts(asked, stop.min_steps, step_s, window)
+        left = self.budget.left()
+        self.emit(
+            EstimateEvent(round(step_s, 4), least, most, round(rest, 1), round(left, 1) if left < math.inf else 0)
+        )
+        began = time.monotonic()
+        end_by = began + window
+
+        def why(n: int, pending: list[Pending]) -> str | None:
+            if stop.forced or n >= most:
+                return None
+            b = self.b
+            assert b is not None
+            if n >= least and rule.stable(rule.rows_of(finished(b.trainer.clock, pending)), least, stop.width,
+                                          stop.batches):  # fmt: skip
+                return "stable"
+            now = time.monotonic()  # the pace so far, not the warm-up's: a neighbour may have slowed the steps
+            return "budget" if n >= MIN_MEASURED and now + max(step_s, (now - began) / n) > end_by else None
+
+        reason = self.loop("steps", "measure", most, why)
+        measured = [Step.from_json(x) for x in self.result["steps"]]
+        if reason is None:
+            reason = "forced" if stop.forced else "budget" if most < asked else "steps"
+        facts = StopFacts(
+            reason, len(measured), least, most, asked, stop.width,
+            rule.half_widths(rule.rows_of(measured), stop.batches), round(step_s, 4),
+            round(most * step_s + rest, 1),
+        )  # fmt: skip
+        self.result["stop"] = facts.to_json()
+        cut = rule.measure_cut(facts, stop.budget_s)
+        if cut is not None:
+            self.result.setdefault("cuts", []).append(cut.to_json())
+
+    def loop(self, key: str, phase: str, most: int, why: Any) -> str | None:
+        """Up to ``most`` steps, asking ``why(n, pending)`` after each whether to stop (its reason ends them)."""
+        b = self.b
+        assert b is not None
+        self.phase(phase)
+        prev, pending, reason = b.trainer.clock.mark(), list[Pending](), None
+        try:
+            for i in range(most):
+                pending += run_steps(b.trainer, b.feed, 1, pending[-1].end if pending else prev, lambda _: None)
+                self.emit(StepEvent(phase, i + 1, most))
+                reason = why(i + 1, pending)
+                if reason:
+                    break
+        except Interrupted as stop:
+            pending += stop.pending
+            self.result[key] = [r.as_dict() for r in resolve(b.trainer.clock, pending)]
+            self.done(phase)
+            raise
+        self.result[key] = [r.as_dict() for r in resolve(b.trainer.clock, pending)]
+        self.done(phase)
+        return typing.cast(str | None, reason)
 
     def steps(self, key: str, count: int, phase: str | None = None) -> None:
         b = self.b
@@ -306,7 +400,12 @@ class Smoke:
             self.emit(SweepEvent(batch))
             return b.trainer, b.feed_factory(batch)
 
-        return extras.sweep(make, b.batch_size, s.limit, s.warmup, s.steps, s.knee)
+        deadline = self.budget.deadline()
+        found = extras.sweep(make, b.batch_size, s.limit, s.warmup, s.steps, s.knee, deadline)
+        if found.get("cut_at"):
+            short = float(found.get("cut_needs_s") or 0.0)
+            self.budget.cut("sweep", f"the batch sweep stopped before batch {found['cut_at']}", short)
+        return found
 
 
 def typed(result: dict[str, Any]) -> dict[str, Any]:

@@ -127,12 +127,24 @@ def _throughput(trainer: Trainer, feed: Feed, warmup: int, steps: int) -> dict[s
 
 
 def sweep(
-    make: Callable[[int], tuple[Trainer, Feed]], start: int, limit: int, warmup: int, steps: int, knee: float
+    make: Callable[[int], tuple[Trainer, Feed]],
+    start: int,
+    limit: int,
+    warmup: int,
+    steps: int,
+    knee: float,
+    deadline: float = 0.0,
 ) -> dict[str, Any]:
-    """Double the batch from ``start`` until OOM, ``limit``, or a doubling that gains less than 1/knee - 1."""
+    """Double the batch from ``start`` until OOM, ``limit``, or a doubling that gains less than 1/knee - 1; with a
+    ``deadline`` (monotonic seconds), also before a batch that would not end by then (``cut_at``: that batch;
+    ``cut_needs_s``: its estimate, twice the last batch's time)."""
     rows: list[dict[str, Any]] = []
     batch, cuda = start, torch.cuda.is_available()
+    last_s = 0.0
     while batch <= limit:
+        if deadline and rows and time.monotonic() + 2 * last_s > deadline:
+            return {"rows": rows, "knee_batch": knee_batch(rows, knee), "cut_at": batch, "cut_needs_s": 2 * last_s}
+        began = time.monotonic()
         try:
             trainer, feed = make(batch)
             if cuda:
@@ -147,6 +159,7 @@ def sweep(
             release(cuda)
             break
         rows.append(row)
+        last_s = time.monotonic() - began
         if len(rows) > 1 and row["samples_per_s"] < rows[-2]["samples_per_s"] / knee:
             break
         batch *= 2

@@ -34,6 +34,10 @@ class HostClock:
     def finish(self) -> None:
         """Nothing is in flight on the CPU."""
 
+    def done(self, mark: Any) -> bool:
+        """A CPU mark is taken when the work before it is done."""
+        return True
+
 
 class CudaClock:
     """Marks are CUDA events recorded on the current stream; ``finish`` synchronizes once."""
@@ -48,6 +52,10 @@ class CudaClock:
 
     def finish(self) -> None:
         torch.cuda.synchronize()
+
+    def done(self, mark: Any) -> bool:
+        """Whether the work before the event has run (no synchronize: the stop rule reads finished steps only)."""
+        return bool(mark.query())
 
 
 Clock = HostClock | CudaClock
@@ -304,6 +312,18 @@ class Interrupted(KeyboardInterrupt):
 def resolve(clock: Clock, pending: list[Pending]) -> list[StepRecord]:
     """Read every mark after one synchronize and return the step records."""
     clock.finish()
+    return _records(clock, pending)
+
+
+def finished(clock: Clock, pending: list[Pending]) -> list[StepRecord]:
+    """The records of the steps the device has finished, oldest first, without waiting for the others."""
+    count = 0
+    while count < len(pending) and clock.done(pending[count].end):
+        count += 1
+    return _records(clock, pending[:count])
+
+
+def _records(clock: Clock, pending: list[Pending]) -> list[StepRecord]:
     records = []
     for p in pending:
         wait = h2d = fwd = bwd = 0.0

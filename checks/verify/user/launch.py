@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from checks.probe.sample import process_exists, process_tree
+from checks.verify.contract import StopSpec
+from checks.verify.stop import MIN_MEASURED, rows_of, stable
 
 INJECT = Path(__file__).resolve().parent / "inject"
 EVENTS_ENV = "GPU_PREFLIGHT_EVENTS"
@@ -54,6 +56,9 @@ class StopRule:
     first_step_s: float = 900.0  # no optimizer step by then: stop and say so
     stall_s: float = 300.0  # no step for this long once steps have started
     limit_s: float = 0.0  # > 0: stop after this long whatever happened (the advice re-runs' budget)
+    # The stop rule of checks/verify/stop.py (None: ``steps`` or ``seconds`` exactly): one process stops once its
+    # shares are stable; any run once ``stop.deadline`` (monotonic) has passed and every rank measured MIN_MEASURED.
+    stop: StopSpec | None = None
 
 
 @dataclass
@@ -64,6 +69,7 @@ class CommandRun:
     events: list[dict[str, Any]] = field(default_factory=list)
     returncode: int | None = None
     ended: str = ""  # stopped | exited | crashed | interrupted | no-step | stalled | limit | no-torch
+    stop_reason: str = ""  # when stopped: steps | seconds | stable | budget (checks/verify/stop.py)
     stopped_by_verify: bool = False
     interrupted: bool = False
     signals: list[str] = field(default_factory=list)
@@ -227,10 +233,15 @@ def step_counts(events: Sequence[dict[str, Any]]) -> tuple[dict[Any, int], int]:
     for e in events:
         if e.get("event") != "step":
             continue
-        key = e["rank"] if e.get("rank") is not None else f"pid{e['pid']}"
+        key = _key(e)
         counts[key] = counts.get(key, 0) + 1
         world = max(world, int(e.get("local_world_size") or e.get("world_size") or 1))
     return counts, world
+
+
+def _key(e: dict[str, Any]) -> Any:
+    """A step line's process: its rank, or ``pidN`` for a process without one."""
+    return e["rank"] if e.get("rank") is not None else f"pid{e['pid']}"
 
 
 def _watch(
@@ -263,7 +274,11 @@ def _watch(
         if (rule.seconds and measured_at is not None and now - measured_at >= rule.seconds) or (
             not rule.seconds and len(reached) >= world
         ):
-            run.ended = "stopped"
+            run.ended, run.stop_reason = "stopped", "seconds" if rule.seconds else "steps"
+            return
+        early = _early(run.events, counts, world, rule, now)
+        if early:
+            run.ended, run.stop_reason = "stopped", early
             return
         if rule.limit_s and now - start >= rule.limit_s:
             run.ended = "limit"
@@ -275,6 +290,24 @@ def _watch(
             run.ended = "stalled"
             return
         time.sleep(_POLL_S)
+
+
+def _early(events: Sequence[dict[str, Any]], counts: dict[Any, int], world: int, rule: StopRule, now: float) -> str:
+    """ "stable" or "budget" when the stop rule ends the measured steps before ``steps``; "" to go on."""
+    stop = rule.stop
+    if stop is None or rule.seconds or len(counts) < world or not counts:
+        return ""
+    measured = min(counts.values()) - rule.warmup
+    if measured < min(MIN_MEASURED, rule.steps):
+        return ""
+    if stop.deadline and now >= stop.deadline:
+        return "budget"
+    if world == 1 and measured >= stop.min_steps:
+        lead = max(counts, key=lambda k: counts[k])
+        lines = [e for e in events if e.get("event") == "step" and _key(e) == lead][rule.warmup :]
+        if stable(rows_of(lines), stop.min_steps, stop.width, stop.batches):
+            return "stable"
+    return ""
 
 
 def _signal_group(pgid: int, sig: signal.Signals, run: CommandRun) -> None:

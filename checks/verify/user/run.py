@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -18,9 +20,11 @@ from typing import IO, Any
 from checks.config import PreflightConfig
 from checks.errors import PreflightError
 from checks.probe.sample import GpuReader, HostReader
-from checks.result import Report, Result
+from checks.result import Report, Result, ok
 from checks.verify import plan as v
-from checks.verify.run import Judged
+from checks.verify import stop as stopper
+from checks.verify.contract import PHASES, Cut, StopFacts, StopSpec
+from checks.verify.run import Judged, budget_s
 from checks.verify.sampler import Sampler, Trace
 from checks.verify.user import advice
 from checks.verify.user import judge as j
@@ -46,10 +50,12 @@ class CommandRequest:
     gate: bool = True  # re-run bootstrap's fast checks first, as verify does
     cwd: str = ""  # "": the current folder
     echo: IO[bytes] | None = None  # where the command's stderr goes as it comes (None: kept for the report only)
+    budget: str = ""  # --budget as typed ("": preflight.verify.budget)
 
 
-def rule(request: CommandRequest) -> StopRule:
-    """The stop rule from the flags and the configuration (exit 2 on a bad value)."""
+def rule(request: CommandRequest, deadline: float = 0.0) -> StopRule:
+    """The stop rule from the flags and the configuration (exit 2 on a bad value); ``deadline`` (monotonic):
+    the whole command's end, of which the measured run takes at most the half the loader re-runs do not need."""
     cfg = request.config.verify
     steps = request.steps or cfg.steps
     warmup = cfg.warmup if request.warmup < 0 else request.warmup
@@ -57,7 +63,13 @@ def rule(request: CommandRequest) -> StopRule:
         raise PreflightError(
             "verify: --steps and --warmup must be at least 1 with a command (its first step includes start-up)"
         )
-    return StopRule(warmup, steps, request.seconds, cfg.timeout_s, cfg.stall_timeout_s)
+    stop = None
+    if not request.steps and not request.seconds:  # a count or a time the user typed is kept exactly
+        budget = budget_s(request.budget, cfg)
+        share = 0.5 if cfg.command_advice_s > 0 else 1.0
+        end = deadline - budget * (1 - share) - stopper.TAIL_S if deadline else 0.0
+        stop = StopSpec(cfg.critical_min_steps, cfg.stable_width, cfg.stable_batches, budget, end)
+    return StopRule(warmup, steps, request.seconds, cfg.timeout_s, cfg.stall_timeout_s, stop=stop)
 
 
 def executable(argv: Sequence[str], cwd: str) -> None:
@@ -75,9 +87,11 @@ def executable(argv: Sequence[str], cwd: str) -> None:
 
 def verify_command(request: CommandRequest, say: Say) -> Judged:
     """Run the command under the agent and the sampler, stop it by the rules, judge it, write the files."""
+    started = time.monotonic()
     cfg, cwd = request.config, request.cwd or os.getcwd()
+    budget = budget_s(request.budget, cfg.verify)
     executable(request.command, cwd)
-    stop = rule(request)
+    stop = rule(request, started + budget)
     json_path, csv, png = v.outputs(request.json, request.plot, cfg.verify)
     gate_rows: list[Result] | None = None
     if request.gate:
@@ -95,7 +109,8 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
             f"verify: {' '.join(request.command)} never imported torch ({j.describe_exit(run.returncode)})",
             hint="verify -- COMMAND times torch training scripts; check that the command is the training one",
         )
-    advice = _advice(request, run, stop, cwd, cores, say)
+    cuts: list[Cut] = []
+    advice = _advice(request, run, stop, cwd, cores, say, started + budget - stopper.TAIL_S, cuts)
     results, measurements, verdicts = j.judge(
         run, trace, plan, cfg.verify, stop.warmup, stop.steps, stop.seconds, gate_rows, gpu, gpu_error, advice
     )
@@ -106,6 +121,14 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
         comm_share=(measurements.get("ddp") or {}).get("comm_share"),
         step_s=(measurements.get("step_time") or {}).get("median_s"), samples_per_s=measurements.get("samples_per_s"),
     )  # fmt: skip
+    ended = stop_facts(run, stop)
+    cut = stopper.measure_cut(ended, budget) if ended is not None else None
+    cuts = [cut, *cuts] if cut is not None else cuts
+    seconds = time.monotonic() - started
+    measurements["time_to_verdict"] = stopper.time_to_verdict(budget, seconds, ended, cuts)
+    at = next((i + 1 for i, r in enumerate(results) if r.id == "verify-loop"), len(results))
+    row = ok("verify-time", stopper.summary(budget, seconds, ended, cuts), value=round(seconds, 1))
+    results = [*results[:at], row, *results[at:]]
     report = Report(host=host, machine="live", results=tuple(results), measurements=measurements)
     return Judged(
         report=report,
@@ -118,10 +141,40 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
     )
 
 
+def stop_facts(run: CommandRun, stop: StopRule) -> StopFacts | None:
+    """How the measured steps of the command ended (the lead process's), for the report."""
+    found = j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)
+    if not found:
+        return None
+    lead, spec = found[0], stop.stop
+    reason = {"stable": "stable", "budget": "budget", "": "exited"}.get(
+        run.stop_reason, "forced" if spec is None else "steps"
+    )
+    warm = [sum(float(x.get(p) or 0.0) for p in PHASES) for x in lead.warmup[1:] or lead.warmup]
+    return StopFacts(
+        reason,
+        len(lead.steps),
+        spec.min_steps if spec else len(lead.steps),
+        stop.steps,
+        stop.steps,
+        spec.width if spec else 0.0,
+        stopper.half_widths(stopper.rows_of(lead.steps), spec.batches if spec else 5),
+        round(statistics.median(warm), 4) if warm else None,
+    )
+
+
 def _advice(
-    request: CommandRequest, run: CommandRun, stop: StopRule, cwd: str, cores: float, say: Say
+    request: CommandRequest,
+    run: CommandRun,
+    stop: StopRule,
+    cwd: str,
+    cores: float,
+    say: Say,
+    deadline: float = 0.0,
+    cuts: list[Cut] | None = None,
 ) -> dict[str, Any] | None:
-    """For one process that waited for data: time candidate DataLoader settings on the command itself."""
+    """For one process that waited for data: time candidate DataLoader settings on the command itself, within
+    ``verify.command_advice_s`` and what the budget leaves (``deadline``; less is a cut in ``cuts``)."""
     cfg = request.config.verify
     if cfg.command_advice_s <= 0 or run.interrupted or run.ended not in ("stopped", "exited"):
         return None
@@ -132,12 +185,36 @@ def _advice(
     figs = j.rank_figures(lead)
     if figs is None or figs.fig.shares["data_wait"] < cfg.share_warn:
         return None
-    say(f"verify: the command waited for data: timing DataLoader settings on it (up to {cfg.command_advice_s:g} s)")
+    seconds = cfg.command_advice_s
+    if deadline and stop.stop is not None:
+        left = deadline - time.monotonic()
+        if left < seconds and cuts is not None:
+            fix = f"--budget {stopper.more_budget(stop.stop.budget_s, seconds - left)}"
+            what = f"the loader re-runs {'limited to ' + format(left, '.0f') + ' s' if left > 0 else 'not run'}"
+            cuts.append(Cut("advice", f"{what} of verify.command_advice_s {seconds:g} s", fix))
+        seconds = min(seconds, left)
+        if seconds <= 0:
+            return None
+    say(f"verify: the command waited for data: timing DataLoader settings on it (up to {seconds:.0f} s)")
     loader = lead.loader or {}
     return advice.measure(
         request.command, cwd, loader.get("asked") or {}, str(loader.get("site")), figs.fig.mean_s, cores,
-        lead.device.get("type") == "cuda", cfg.command_advice_s, cfg.advice_min_gain,
+        lead.device.get("type") == "cuda", seconds, cfg.advice_min_gain,
     )  # fmt: skip
+
+
+def estimate(stop: StopRule, step_s: float) -> str:
+    """After the warm-up: how long the measured steps will take (the budget's deadline caps them)."""
+    spec = stop.stop
+    if stop.seconds:
+        return f"verify: warm-up done, {step_s:.2f} s a step: measuring for {stop.seconds:g} s"
+    if spec is None:
+        return f"verify: warm-up done, {step_s:.2f} s a step: about {stop.steps * step_s:.0f} s for {stop.steps} steps"
+    least, most = stopper.counts(stop.steps, spec.min_steps, step_s, spec.deadline - time.monotonic())
+    return (
+        f"verify: warm-up done, {step_s:.2f} s a step: about {least * step_s:.0f}-{most * step_s:.0f} s more "
+        f"({least} to {most} measured steps, until the shares are stable), within the {spec.budget_s:g} s budget"
+    )
 
 
 def _gather(
@@ -149,15 +226,21 @@ def _gather(
     found: dict[str, int | None] = {}
     shown: set[int] = set()
 
+    warm: list[float] = []
+
     def event(e: dict[str, object]) -> None:
         if e.get("event") == "device" and e.get("uuid") and "index" not in found:
             sampler.focus(str(e["uuid"]))
             found["index"] = gpu.index_of(str(e["uuid"]))
         if e.get("event") == "step" and isinstance(e.get("i"), int) and e.get("rank") in (0, None):
             i = int(e["i"])  # type: ignore[call-overload]
+            if i <= stop.warmup:
+                warm.append(sum(float(v) for p in PHASES if isinstance(v := e.get(p), (int, float))))
             if i not in shown and (i == stop.warmup or i % 10 == 0):
                 shown.add(i)
                 say(f"verify: step {i} ({'warm-up' if i <= stop.warmup else 'measured'})")
+            if i == stop.warmup:
+                say(estimate(stop, statistics.median(warm[1:] or warm)))
 
     def started(pid: int) -> None:
         host.pid = pid

@@ -139,6 +139,22 @@ def tiny_model() -> Any:
     return Tiny()
 
 
+def slow_model() -> Any:
+    """The tiny model with a forward pass that takes ``SMOKE_STEP_S`` seconds (default 1): a model too large for the
+    box, whose steps take seconds (issue 22: a 224 px photo model at 7.5 s a step). A sleep, not CPU work, so the
+    step's time holds on a busy shared box."""
+    model = tiny_model()
+    forward = model.forward
+    seconds = float(os.environ.get("SMOKE_STEP_S", "1.0"))
+
+    def slow(x: Any) -> Any:
+        time.sleep(seconds)
+        return forward(x)
+
+    model.forward = slow
+    return model
+
+
 def slow_fsync_model() -> Any:
     """The tiny model, in a process whose fsync takes 250 ms: a checkpoint directory on a slow network mount.
 

@@ -137,7 +137,7 @@ def test_an_event_of_an_unknown_kind_or_shape_is_rejected_in_one_line() -> None:
         "warmup", 1, 2, 3.5
     )
     assert parse_event({"event": "device", "type": "cpu", "name": "cpu"}) == DeviceEvent("cpu", "cpu")
-    assert set(EVENTS) == {"phase", "step", "device", "oom-probe", "sweep"}
+    assert set(EVENTS) == {"phase", "step", "device", "oom-probe", "sweep", "estimate"}
 
 
 def test_a_result_with_an_unknown_key_is_not_a_child_result() -> None:

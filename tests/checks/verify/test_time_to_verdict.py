@@ -1,0 +1,174 @@
+"""Time to verdict (issue 22): the whole command's budget and the stop rule of ``checks/verify/stop.py``.
+
+Real CPU training: a planted slow-step model (a forward pass that sleeps, so its step time holds on a busy box)
+through the CLI as a user runs it, the built-in loop below the CLI, and ``verify -- COMMAND`` on a user's script.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checks.config import PreflightConfig
+from checks.verify import stop as rule
+from checks.verify.plan import Options, plan, run
+from checks.verify.report import judge
+from checks.verify.run import budgeted
+from tests.checks.verify.user.test_command import SCRIPTS
+from tests.checks.verify.user.test_command import verify as verify_command
+from tests.fakes.cli import invoke
+from tests.fakes.smoke import PLUGINS, REPO, config, machine
+
+# --- the rule alone -----------------------------------------------------------------------------------------
+
+
+def test_half_widths_come_from_batch_means_of_the_shares() -> None:
+    steady = [[0.5, 0.0, 0.3, 0.15, 0.05]] * 10
+    assert rule.half_widths(steady, 5) == dict.fromkeys(("data_wait", "h2d", "forward", "backward", "optimizer"), 0)
+    assert rule.stable(steady, 10, 0.05, 5) and not rule.stable(steady, 11, 0.05, 5)  # the minimum count
+    # Batches of two steps whose data wait alternates 0.1 / 0.9 of the step: every batch is 0.5, the spread is
+    # within the batches, not between them (what batch means are for).
+    alternating = [[0.1, 0, 0.9, 0, 0], [0.9, 0, 0.1, 0, 0]] * 5
+    assert rule.half_widths(alternating, 5)["data_wait"] == 0  # type: ignore[index]
+    # One slow batch of data wait among steady ones: t(4) * sd / sqrt(5) = 2.776 * 0.179 / 2.236 = 0.222.
+    drifting = [[0.1, 0, 0.9, 0, 0]] * 8 + [[0.5, 0, 0.5, 0, 0]] * 2
+    assert rule.half_widths(drifting, 5)["data_wait"] == pytest.approx(0.2222, abs=1e-3)  # type: ignore[index]
+    assert not rule.stable(drifting, 10, 0.05, 5)
+    assert rule.half_widths(steady[:4], 5) is None  # fewer steps than batches: cannot tell
+
+
+def test_counts_fit_the_seconds_at_the_pace_but_never_below_the_floor() -> None:
+    assert rule.counts(30, 20, 1.0, 25.0) == (20, 25)
+    assert rule.counts(30, 20, 1.0, 3.0) == (rule.MIN_MEASURED, rule.MIN_MEASURED)
+    assert rule.counts(30, 20, 0.01, float("inf")) == (20, 30)
+    assert rule.more_budget(120, 3) == 130 and rule.more_budget(120, 0) == 130
+
+
+# --- the flag and the key -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "abc", "nan"])
+def test_a_budget_of_zero_negative_or_not_a_number_exits_2(tmp_path: Path, value: str) -> None:
+    run = invoke(tmp_path, "verify", "--budget", value, "--json", str(tmp_path / "r.json"))
+    assert run.code == 2, run.why()
+    assert run.err.strip().splitlines() == [
+        f"gpu-preflight: verify: --budget must be a number of seconds above 0, got {value} (the wall time for the"
+        " whole verify, e.g. --budget 300; --steps N measures exactly N steps)"
+    ], run.why()
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_configured_budget_of_zero_exits_2(tmp_path: Path) -> None:
+    run = invoke(tmp_path, "verify", env={"INVOKE_PREFLIGHT_VERIFY_BUDGET": "0"})
+    assert run.code == 2 and "preflight.verify.budget must be a number of seconds above 0, got 0.0" in run.err
+
+
+# --- the built-in loop ----------------------------------------------------------------------------------------
+
+
+def below_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cfg: PreflightConfig, budget: float, **options: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """verify below the CLI with the budget from now: the child's stop facts and cuts, and the measurements."""
+    monkeypatch.chdir(REPO)
+    opts = Options(json=str(tmp_path / "r.json"), **options)
+    with ExitStack() as stack:
+        p, _ = plan(opts, cfg, machine, stack)
+        p = budgeted(p, cfg.verify, bool(opts.steps), time.monotonic() + budget, budget)
+        outcome = run(p, cfg, lambda e: None)
+        _, measurements, _ = judge(p, outcome, cfg.verify)
+    r = outcome.child.result
+    assert r is not None and r.stop is not None, outcome.child.log_tail
+    return {"stop": r.stop.to_json(), "cuts": [c.to_json() for c in r.cuts]}, measurements.to_json()
+
+
+@pytest.mark.slow
+def test_steps_n_is_measured_whatever_the_budget_and_without_it_the_budget_cuts_to_the_floor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget already spent: --steps 12 still measures 12; without --steps the floor of 8, a named cut."""
+    cfg = config(loader_probe_s=0, steps=12)
+    kw = {"dataset": f"{PLUGINS}:patterned", "model": f"{PLUGINS}:tiny_model", "workers": 0}
+    forced, m = below_cli(tmp_path, monkeypatch, cfg, 1.0, steps=12, **kw)
+    assert forced["stop"]["reason"] == "forced" and m["step_time"]["steps"] == 12
+    assert forced["cuts"] == []
+    cut, m = below_cli(tmp_path, monkeypatch, cfg, 1.0, **kw)
+    assert cut["stop"]["reason"] == "budget" and m["step_time"]["steps"] == rule.MIN_MEASURED
+    (measure,) = cut["cuts"]
+    assert measure["part"] == "measure" and measure["summary"].startswith("8 of at most 12 steps measured at")
+    assert measure["fix"].startswith("--budget ") and measure["fix"].endswith(" or --steps 12")
+
+
+@pytest.mark.slow
+@pytest.mark.measures
+def test_stable_shares_stop_the_measured_steps_early(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model whose forward pass sleeps 50 ms: its shares are steady (a busy box's jitter is a few ms of it), so
+    far fewer measured steps than the 200 allowed are enough (10 on a quiet box), and every share is known to
+    within the width."""
+    monkeypatch.setenv("SMOKE_STEP_S", "0.05")
+    cfg = config(loader_probe_s=0, steps=200, critical_min_steps=10)
+    found, m = below_cli(
+        tmp_path, monkeypatch, cfg, 300.0, dataset=f"{PLUGINS}:patterned", model=f"{PLUGINS}:slow_model", workers=0
+    )
+    stop = found["stop"]
+    assert stop["reason"] == "stable", stop
+    assert 10 <= stop["measured"] < 100 and m["step_time"]["steps"] == stop["measured"]
+    assert max(stop["half_width"].values()) <= cfg.verify.stable_width
+    assert found["cuts"] == [] and m["step_breakdown"]["forward"] > 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.measures
+def test_a_slow_step_model_gets_its_verdict_within_the_budget_and_names_the_cut(tmp_path: Path) -> None:
+    """As a user runs it: 0.5 s steps, up to 30 measured, a 25 s budget for the whole command (the gate's torch
+    probe, the child's start, the warm-up, the checkpoint round trip and the report included). The stop rule
+    cannot end it first (critical_min_steps 60), so the budget does: fewer steps, said so with the flag."""
+    env = {
+        "INVOKE_PREFLIGHT_VERIFY_STEPS": "30",
+        "INVOKE_PREFLIGHT_VERIFY_WARMUP": "2",
+        "INVOKE_PREFLIGHT_VERIFY_CRITICAL_MIN_STEPS": "60",
+        "INVOKE_PREFLIGHT_VERIFY_LOADER_PROBE_S": "0",
+        "INVOKE_PREFLIGHT_VERIFY_BATCH_SIZE_CPU": "16",
+        "INVOKE_PREFLIGHT_VERIFY_REPORT_DIR": str(tmp_path / "reports"),
+        "SMOKE_STEP_S": "0.5",
+    }
+    args = ("--dataset", f"{PLUGINS}:patterned", "--model", f"{PLUGINS}:slow_model", "--workers", "0")
+    started = time.monotonic()
+    done = invoke(tmp_path, "verify", "--budget", "25", *args, "--json", str(tmp_path / "r.json"), env=env)
+    wall = time.monotonic() - started
+    assert done.code == 0, done.why()
+    report = json.loads((tmp_path / "r.json").read_text())
+    timed = report["measurements"]["time_to_verdict"]
+    assert timed["seconds"] <= 25 and timed["within_budget"], timed
+    assert wall <= 25 + 5, wall  # the interpreter's own start is before verify's clock
+    assert timed["stop"]["reason"] == "budget" and rule.MIN_MEASURED <= timed["stop"]["measured"] < 30
+    assert [c["part"] for c in timed["cuts"]] == ["measure"]
+    row = next(r for r in report["results"] if r["id"] == "verify-time")
+    assert row["summary"].startswith("verdict in ") and "of the 25 s budget" in row["summary"]
+    assert "or --steps 30 gets it all)" in row["summary"] and "--budget " in row["summary"]
+    assert "verify: warm-up done, 0.5" in done.err and "s of the 25 s budget left" in done.err
+    assert report["measurements"]["diagnosis"]["verdict"] == "compute-bound"
+
+
+# --- verify -- COMMAND -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_command_with_steady_steps_is_stopped_once_its_shares_are_stable(tmp_path: Path) -> None:
+    """slow_steps.py sleeps 0.2 s a step, forever: stopped by the stop rule after 10 measured steps, not 200."""
+    judged = verify_command(
+        tmp_path, sys.executable, str(SCRIPTS / "slow_steps.py"), str(tmp_path / "marker"), steps=0,
+        verify_cfg={"steps": 200, "critical_min_steps": 10},
+    )  # fmt: skip
+    timed = judged.report.measurements["time_to_verdict"]
+    assert timed["stop"]["reason"] == "stable", timed
+    assert 10 <= timed["stop"]["measured"] < 40 and timed["cuts"] == []
+    assert judged.report.measurements["command"]["ended"] == "stopped"
+    row = next(r for r in judged.report.results if r.id == "verify-time")
+    assert "every share within" in row.summary and "stopped at" in row.summary
