@@ -1,8 +1,9 @@
 """Decode images in parallel, straight into their rows of the output file.
 
 Each worker decodes a chunk of consecutive items into memory and writes it with one ``pwrite`` at the chunk's
-own offset, so workers never wait on each other and the parent only journals which ranges are on disk. A
-rejected item leaves a zero row that the finishing step drops. Workers die with the staging process
+own offset, so workers never wait on each other, nor on the disk: the parent makes the rows durable (one
+``fdatasync`` for many chunks, run_images) and only then journals which ranges are on disk. A rejected item
+leaves a zero row that the finishing step drops. Workers die with the staging process
 (PR_SET_PDEATHSIG), so a killed run leaves nobody writing behind it.
 
 Workers come from a fork server, not ``spawn``, and are started with a stand-in main module. A spawned worker
@@ -12,8 +13,9 @@ before its first image; a fork server's worker re-runs the main script too. Deco
 module, so the pool is built while ``sys.modules["__main__"]`` is a bare module, as under ``python -c``: the
 workers then run no main script at all. The fork server is one fresh, single-threaded interpreter (no inherited
 locks or threads, as with spawn) that imports this module once; each worker is a fork of it, ready in
-milliseconds. This module imports only what decoding needs (numpy, Pillow, images, npyfile): the host probe that
-sizes the pool is imported where it is used, in the staging process.
+milliseconds, and ``prestart`` starts it before the pool is needed so that its start-up overlaps the staging
+process's own steps. This module imports only what decoding needs (numpy, Pillow, the SIMD resizer, images,
+npyfile): the host probe that sizes the pool is imported where it is used, in the staging process.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -81,8 +84,7 @@ def decode_chunk(task: ChunkTask) -> ChunkDone:
             rejects.append((task.start + k, str(exc)))
     fd = os.open(task.out, os.O_WRONLY)
     try:
-        npyfile.write_rows(fd, task.start, rows)
-        os.fdatasync(fd)  # the rows reach the disk before the journal says they did
+        npyfile.write_rows(fd, task.start, rows)  # not synced here: run_images syncs many chunks at once
     finally:
         os.close(fd)
     return ChunkDone(task.start, task.start + len(task.paths), tuple(rejects))
@@ -104,16 +106,38 @@ def chunks(
     return tasks
 
 
-def run(tasks: Iterable[ChunkTask], workers: int) -> Iterator[ChunkDone]:
-    """Yield each finished chunk (in completion order); one worker decodes in this process."""
+def run(
+    tasks: Iterable[ChunkTask], workers: int, started: Callable[[float], None] = lambda seconds: None
+) -> Iterator[ChunkDone]:
+    """Yield each finished chunk (in completion order); one worker decodes in this process.
+
+    ``started`` hears how long the pool took to start (0 in this process): the fork server's start-up, less what
+    ``prestart`` overlapped, and the forks.
+    """
     if workers <= 1:
+        started(0.0)
         yield from map(decode_chunk, tasks)
         return
     ctx = pool_context()
+    t = time.monotonic()
     with _bare_main():  # the pool starts its workers here; one restarted later would run the main script
         pool = ctx.Pool(workers, initializer=_die_with_parent, initargs=(os.getpid(),))
+    started(time.monotonic() - t)
     with pool:
         yield from pool.imap_unordered(decode_chunk, tasks)
+
+
+def prestart(workers: int) -> None:
+    """Start the fork server now, so that its interpreter start-up and imports overlap the work before the decode."""
+    if workers <= 1:
+        return
+    ctx = pool_context()
+    if ctx.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    with _bare_main():
+        forkserver.ensure_running()  # returns once the server is spawned; it imports this module meanwhile
 
 
 def pool_context() -> multiprocessing.context.BaseContext:

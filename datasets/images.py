@@ -2,7 +2,8 @@
 
 The recipe (docs/sources.md#jpeg-draft-decode): let libjpeg-turbo downscale in the DCT domain by 1/2, 1/4 or 1/8
 (Pillow's ``draft`` picks the largest power of two that keeps the image at least S x S; other factors are
-slower than a full decode), then one antialiased resize of only the region that survives the crop.
+slower than a full decode), then one antialiased resize of only the region that survives the crop (datasets/resize.py:
+a SIMD convolution where installed, else Pillow's).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+
+from datasets import resize
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm"})
 RESAMPLE = {
@@ -43,6 +46,7 @@ class Resize:
     size: int
     policy: str = "crop"
     resample: str = "bicubic"
+    resizer: str = resize.PILLOW  # resize.backend_id's choice, made once by the staging process
 
 
 def decode_file(path: str, spec: Resize) -> np.ndarray:
@@ -82,7 +86,7 @@ def _to_array(im: Image.Image, spec: Resize) -> np.ndarray:
     im = ImageOps.exif_transpose(im)
     rgb = to_rgb(im)
     box = crop_box(rgb.size, spec.policy)
-    out = rgb.resize((spec.size, spec.size), RESAMPLE[spec.resample], box=box)
+    out = resize.resize(rgb, spec.size, spec.resample, box, spec.resizer)
     return np.asarray(out, dtype=np.uint8)
 
 

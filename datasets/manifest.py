@@ -13,7 +13,8 @@ fields freely; bump ``schema`` only for breaking changes)::
      "tokenizer": {"name": "byte-level", "vocab_size": 256, "dtype": "uint16"},  (text only)
      "outputs": {"images.npy": {"bytes": 1, "sha256": "...", "shape": [998, 256, 256, 3], "dtype": "uint8"}, ...},
      "rejects": [{"path": "cat/x.jpg", "reason": "corrupt or truncated: ..."}],
-     "timings": {"fetch_s": 0.0, "decode_s": 10.0, "finalize_s": 0.5, "total_s": 10.7},
+     "timings": {"fetch_s": 0.0, "decode_s": 10.0, "finalize_s": 0.5, "total_s": 10.9, "scan_s": 0.1,
+                 "place_s": 0.0, "workers_s": 0.05},
      "resumed": {"items_done_before": 0}}    (images: inputs decoded earlier; text: tokens tokenized earlier)
 """
 
@@ -89,10 +90,20 @@ class TokenizerInfo:
 
 @dataclass(frozen=True)
 class Timings:
+    """Seconds per phase of the run; ``total_s`` is from the call into stage-data until the manifest is written.
+
+    Not in it: the process's own start-up (interpreter, Invoke, imports) before that call, which only a caller
+    outside the process sees (BENCHMARKS.md, "stage-data against LitData", times the whole command).
+    """
+
     fetch_s: float
     decode_s: float  # tokenizing, for text
     finalize_s: float
     total_s: float
+    # Phases recorded since issue 22 (None, and left out of the file, in a manifest written before):
+    scan_s: float | None = None  # listing a local source (sizes and dates: its identity)
+    place_s: float | None = None  # choosing the destination disk (and measuring it, without --dest)
+    workers_s: float | None = None  # starting the decode processes, less what overlapped earlier steps (in decode_s)
 
 
 @dataclass(frozen=True)
@@ -141,7 +152,7 @@ class Manifest:
             doc["tokenizer"] = _fields(c.tokenizer)
         doc["outputs"] = {name: _output_json(o) for name, o in c.outputs.items()}
         doc["rejects"] = [_fields(r) for r in c.rejects]
-        doc["timings"] = _fields(c.timings)
+        doc["timings"] = {k: v for k, v in _fields(c.timings).items() if v is not None}
         if c.items_done_before is not None:
             doc["resumed"] = {"items_done_before": c.items_done_before}
         return doc
@@ -158,7 +169,7 @@ class Manifest:
             counts=Counts(**{k: int(doc["counts"].get(k, 0)) for k in ("inputs", "staged", "rejected", "tokens")}),
             outputs={str(name): _output(entry) for name, entry in doc["outputs"].items()},
             rejects=tuple(Reject(path=str(r["path"]), reason=str(r["reason"])) for r in doc.get("rejects", [])),
-            timings=Timings(**{k: float(times.get(k, 0.0)) for k in ("fetch_s", "decode_s", "finalize_s", "total_s")}),
+            timings=_timings(times),
             classes=_classes(doc["classes"]) if "classes" in doc else None,
             tokenizer=_tokenizer(doc["tokenizer"]) if "tokenizer" in doc else None,
             items_done_before=int(doc["resumed"]["items_done_before"]) if "resumed" in doc else None,
@@ -184,6 +195,13 @@ class Manifest:
 def _fields(record: Any) -> dict[str, Any]:
     """A flat record's fields in declaration order."""
     return {f.name: getattr(record, f.name) for f in fields(record)}
+
+
+def _timings(times: dict[str, Any]) -> Timings:
+    """Read the timings; the four of schema 1's first version default to 0, the later phases to None."""
+    first = {k: float(times.get(k, 0.0)) for k in ("fetch_s", "decode_s", "finalize_s", "total_s")}
+    later = {f.name: float(times[f.name]) for f in fields(Timings) if f.name not in first and f.name in times}
+    return Timings(**first, **later)
 
 
 def _output_json(o: Output) -> dict[str, Any]:

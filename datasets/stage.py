@@ -26,7 +26,7 @@ from checks.facts import LocationFacts, MountFacts
 from checks.probe import disk_cache
 from checks.probe.mounts import STAT_TIMEOUT_S, mount_table
 from checks.probe.net import scrub, secrets_of
-from datasets import manifest, places, run_images, run_text, sources, workdir
+from datasets import decode, manifest, places, resize, run_images, run_text, sources, workdir
 from datasets.errors import StageFailure, UsageError
 from datasets.inventory import Inventory, scan
 from datasets.journal import Journal, locked
@@ -76,6 +76,9 @@ def _stage(
     session = session or requests.Session()
     progress = progress or Silent()
     src = sources.parse(req.source)
+    started = time.monotonic()
+    if req.kind != "text":  # the decode workers' fork server starts up beside the scan (wasted on a no-op run)
+        decode.prestart(decode.worker_count(req.workers, req.reserve_cores))
     try:  # the source is read (or reached) before a disk is picked or anything is written
         sources.check_sha256(src, req.fetch.sha256, progress)
         inv = _scan_local(req, src)
@@ -83,11 +86,13 @@ def _stage(
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
         raise StageFailure(f"cannot read the source: {exc.strerror or exc}{where}", hint="check --source") from None
+    scanned = time.monotonic()
     dest = _destination(req, src, inv, say or (lambda _: None))
     work = dest.with_name(f".{dest.name}.staging")
+    phases = {"scan_s": scanned - started, "place_s": time.monotonic() - scanned}
     with workdir.made_folders(dest), locked(dest.with_name(f".{dest.name}.lock")):
         try:
-            return _locked_stage(req, src, inv, ident, dest, work, session, progress)
+            return _locked_stage(req, src, inv, ident, dest, work, session, progress, (started, phases))
         except OSError as exc:
             workdir.drop_if_empty(work)
             raise _disk_error(exc, work) from None
@@ -128,9 +133,10 @@ def _locked_stage(
     work: Path,
     session: requests.Session,
     progress: Progress,
+    clock: tuple[float, dict[str, float]],
 ) -> Outcome:
-    """Decide what to do (nothing, resume, start over), then do it."""
-    started = time.monotonic()
+    """Decide what to do (nothing, resume, start over), then do it; ``clock``: when the run started, the phases so far."""
+    started, phases = clock
     params = _params(req, inv)
     fp = sources.fingerprint(ident, params)
     existing = manifest.read(dest)
@@ -147,7 +153,9 @@ def _locked_stage(
         workdir.publish(work / "out", dest, work)
         return Outcome(dest, False, ready, tuple(notes))
     contents, scanned = _produce(req, src, inv, work, journal, session, progress)
-    contents = replace(contents, timings=replace(contents.timings, total_s=round(time.monotonic() - started, 3)))
+    done = time.monotonic()
+    times = {k: round(v, 3) for k, v in phases.items()}
+    contents = replace(contents, timings=replace(contents.timings, total_s=round(done - started, 3), **times))
     doc = Manifest(
         tool=manifest.TOOL,
         created=manifest.now(),
@@ -299,6 +307,7 @@ def _params(req: Request, inv: Inventory | None) -> dict[str, Any]:
     if kind != "text":
         job = req.images
         out.update(size=job.size, resize=job.policy, resample=job.resample, columns=asdict(req.columns))
+        out["resizer"] = resize.backend_id(job.resample)  # its pixels differ from another's by rounding
         if req.format == "pt":
             out["shard_size"] = job.shard_size
     if kind != "images":
