@@ -53,8 +53,8 @@ An environment variable is `INVOKE_PREFLIGHT_` plus the section and key in capit
 `INVOKE_PREFLIGHT_GPU_POWER_MIN_FRACTION=0.8`, `INVOKE_PREFLIGHT_ALLOC_CONF_APPLY=0`. Booleans through the
 environment must be `1` or `0` (Invoke would read `false` as true, so gpu-preflight refuses it). Lists
 (`alloc_conf.rc_files`, `disk.locations`, `network.download_urls`, ...) can be set only in a file. An unknown key
-or variable, or a value of the wrong type, stops every task with exit 2 and names the closest valid key; a bad
-variable stops even `invoke --list`. A key whose default is an integer takes only integers; one whose default
+or variable, or a value of the wrong type, stops every task with exit 2 and names the closest valid key
+(`invoke --list` and `--help` still work, so the task names stay readable). A key whose default is an integer takes only integers; one whose default
 has a decimal point takes any number; a list takes strings only.
 """
 

@@ -251,4 +251,7 @@ def _gather(
     with ExitStack() as stack:
         sampler = stack.enter_context(Sampler(request.config.verify.sample_interval_s, gpu, host))
         run = run_command(request.command, stop, cwd, echo, stdout, None, event, started)
+    if run.ended == "stopped":  # its own KeyboardInterrupt traceback, if it prints one, is this stop
+        say("verify: stopped your command after its measured steps (SIGINT to its processes, as Ctrl-C does: a "
+            "KeyboardInterrupt traceback above is this stop, not a failure)")  # fmt: skip
     return run, sampler.trace, found.get("index"), gpu.error

@@ -31,7 +31,7 @@ SHARE_WARN = make_config().verify.share_warn  # the data wait a data-bound verdi
 
 
 def verify(tmp_path: Path, *command: str, steps: int = 6, warmup: int = 2, verify_cfg: dict[str, Any] | None = None,
-           **kw: Any) -> Judged:  # fmt: skip
+           said: list[str] | None = None, **kw: Any) -> Judged:  # fmt: skip
     cfg = make_config({"verify": {"command_advice_s": 0.0, **(verify_cfg or {})}})
     request = CommandRequest(
         cfg, tuple(command), steps=steps, warmup=warmup, json=str(tmp_path / "r.json"), gate=False, quiet=True,
@@ -39,7 +39,7 @@ def verify(tmp_path: Path, *command: str, steps: int = 6, warmup: int = 2, verif
     )  # fmt: skip
     before = process_tree(os.getpid())  # other tests' servers may be children of this process: theirs stay
     try:
-        judged = verify_command(request, say=lambda line: None)
+        judged = verify_command(request, say=(said if said is not None else []).append)
     finally:
         assert process_tree(os.getpid()) - before == set()  # nothing the command started survives
     assert judged.report.measurements["command"]["processes_left"] == []
@@ -55,8 +55,10 @@ def row(judged: Judged, rid: str) -> Any:
 
 
 def test_data_bound_loop_and_the_measured_loader_fix(tmp_path: Path) -> None:
-    judged = verify(tmp_path, sys.executable, "data_bound.py", verify_cfg={"command_advice_s": 120.0})
+    said: list[str] = []
+    judged = verify(tmp_path, sys.executable, "data_bound.py", verify_cfg={"command_advice_s": 120.0}, said=said)
     m = judged.report.measurements
+    assert any(line.startswith("verify: stopped your command after its measured steps (SIGINT") for line in said)
     assert verdict(judged) in ("data-bound", "cpu-starved")  # a busy CI box can make the waits CPU-starved
     assert m["step_breakdown"]["data_wait"] > 0.3
     assert m["samples_per_step"] == 8 and m["samples_per_s"] > 0
