@@ -568,8 +568,8 @@ class StopFacts(Record):
 
 @dataclass(frozen=True)
 class Cut(Record):
-    """A part the whole-command budget shortened or left out (``part``: "measure", "loader_alone", "sweep",
-    "ab", "advice"), what was done instead, and how to get all of it (``fix``: a flag)."""
+    """A part the whole-command budget shortened or left out (``part``: "warmup", "measure", "loader_alone",
+    "sweep", "ab", "advice"), what was done instead, and how to get all of it (``fix``: a flag)."""
 
     part: str
     summary: str

@@ -30,6 +30,11 @@ from checks.verify.contract import PHASES, Cut, StopFacts
 
 MIN_MEASURED = 8  # the fewest measured steps a budget leaves (fewer than critical_min_steps cap verdicts at warn)
 TAIL_S = 4.0  # the parent's work after the child (judging, the CSV, the PNG timeline): ~2 s measured here, x2
+# Under a budget the warm-up ends once it has used this share of the time left when it began, after at least
+# MIN_WARMUP steps (the first holds the start-up, the pace is the median of the rest): a 7 s step has settled by
+# its third, and the seconds it saves buy measured steps. Tool-defined.
+WARMUP_SHARE = 1 / 6
+MIN_WARMUP = 3
 CKPT_FIXED_S = 2.0  # the round trip beyond its steps: save, a fresh model and optimizer, load (small models)
 PROBE_START_S = 2.0  # the loader probe beyond verify.loader_probe_s: worker start-ups, not counted in it
 COMPILE_S = 30.0  # torch.compile's first steps of a small model on two CPU cores (--ab), tool-defined

@@ -196,7 +196,7 @@ class Smoke:
         b = self.b
         assert b is not None
         try:
-            self.steps("warmup", self.spec.warmup)
+            self.warm_up()
             if self.spec.stop is None:
                 self.steps("steps", self.measured_count(), phase="measure")
             else:
@@ -209,6 +209,24 @@ class Smoke:
             self.result["oom"] = self.out_of_memory(exc)
             return False
         return True
+
+    def warm_up(self) -> None:
+        """``spec.warmup`` steps; under a budget (not with --steps N) the warm-up ends after ``rule.MIN_WARMUP``
+        steps once it has used ``rule.WARMUP_SHARE`` of the time left when it began, a cut the report names."""
+        stop, asked, left = self.spec.stop, self.spec.warmup, self.budget.left()
+        if stop is None or stop.forced or left == math.inf or asked <= rule.MIN_WARMUP:
+            self.steps("warmup", asked)
+            return
+        began, share = time.monotonic(), left * rule.WARMUP_SHARE
+
+        def why(n: int, pending: list[Pending]) -> str | None:
+            return "budget" if n >= rule.MIN_WARMUP and time.monotonic() - began > share else None
+
+        if self.loop("warmup", "warmup", asked, why) and len(self.result["warmup"]) < asked:
+            done, spent = len(self.result["warmup"]), time.monotonic() - began
+            pace = spent / max(done, 1)
+            self.budget.cut("warmup", f"warm-up ended after {done} of {asked} steps ({pace:.2f} s a step)",
+                            (asked - done) * pace)  # fmt: skip
 
     def measured_count(self) -> int:
         """``spec.steps``, or fewer when ``spec.measure_s`` would not hold them at the warm-up's pace (the median of

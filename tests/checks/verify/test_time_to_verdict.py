@@ -128,10 +128,11 @@ def test_stable_shares_stop_the_measured_steps_early(tmp_path: Path, monkeypatch
 def test_a_slow_step_model_gets_its_verdict_within_the_budget_and_names_the_cut(tmp_path: Path) -> None:
     """As a user runs it: 0.5 s steps, up to 30 measured, a 25 s budget for the whole command (the gate's torch
     probe, the child's start, the warm-up, the checkpoint round trip and the report included). The stop rule
-    cannot end it first (critical_min_steps 60), so the budget does: fewer steps, said so with the flag."""
+    cannot end it first (critical_min_steps 60), so the budget does: fewer steps, said so with the flag; and
+    the warm-up of 8 steps ends once it has used a sixth of the time left (rule.WARMUP_SHARE), also named."""
     env = {
         "INVOKE_PREFLIGHT_VERIFY_STEPS": "30",
-        "INVOKE_PREFLIGHT_VERIFY_WARMUP": "2",
+        "INVOKE_PREFLIGHT_VERIFY_WARMUP": "8",
         "INVOKE_PREFLIGHT_VERIFY_CRITICAL_MIN_STEPS": "60",
         "INVOKE_PREFLIGHT_VERIFY_LOADER_PROBE_S": "0",
         "INVOKE_PREFLIGHT_VERIFY_BATCH_SIZE_CPU": "16",
@@ -148,7 +149,10 @@ def test_a_slow_step_model_gets_its_verdict_within_the_budget_and_names_the_cut(
     assert timed["seconds"] <= 25 and timed["within_budget"], timed
     assert wall <= 25 + 5, wall  # the interpreter's own start is before verify's clock
     assert timed["stop"]["reason"] == "budget" and rule.MIN_MEASURED <= timed["stop"]["measured"] < 30
-    assert [c["part"] for c in timed["cuts"]] == ["measure"]
+    assert [c["part"] for c in timed["cuts"]] == ["warmup", "measure"], timed["cuts"]
+    loop = next(r for r in report["results"] if r["id"] == "verify-loop")["summary"]
+    warm = int(loop.split(" warm-up excluded")[0].rsplit("(", 1)[1])
+    assert rule.MIN_WARMUP <= warm < 8, loop
     row = next(r for r in report["results"] if r["id"] == "verify-time")
     assert row["summary"].startswith("verdict in ") and "of the 25 s budget" in row["summary"]
     assert "or --steps 30 gets it all)" in row["summary"] and "--budget " in row["summary"]
