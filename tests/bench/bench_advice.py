@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -27,10 +26,9 @@ sys.path.insert(0, str(ROOT))
 from checks.config import PreflightConfig, make_config  # noqa: E402
 from checks.facts import MachineFacts, NvmlFacts, TorchFacts  # noqa: E402
 from checks.probe.host import read_host  # noqa: E402
-from checks.probe.torch import read_torch  # noqa: E402
 from checks.verify.plan import Options, plan, run  # noqa: E402
 from checks.verify.report import judge  # noqa: E402
-from tests.bench.benchmarks_md import write_section  # noqa: E402
+from tests.bench.benchmarks_md import cpu_machine_line, write_section  # noqa: E402
 
 BEGIN, END = "<!-- bench:advice:begin -->", "<!-- bench:advice:end -->"
 PLUGINS = "tests.checks.verify.smoke_plugins"
@@ -94,15 +92,6 @@ def row(name: str, kind: str, dataset: str, model: str, workers: int, image_size
     return f"| {name} ({kind}) | {verdict} | {fix} | {a:,.1f} | {b:,.1f} | {b / a - 1:+.0%} | {runs} |"
 
 
-def machine_line() -> str:
-    host, torch = read_host(), read_torch()
-    ram = f"{(host.mem_total or 0) / 1024**3:.0f} GiB RAM"
-    return (
-        f"{host.cpu_model or platform.processor()}, {host.usable_cores:g} usable cores, {ram}, "
-        f"Python {platform.python_version()}, torch {torch.version}, no GPU"
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=15)
@@ -126,7 +115,7 @@ def main() -> None:
             "|---|---|---|---|---|---|---|",
             *rows,
             "",
-            f"Machine: {machine_line()}; load average {os.getloadavg()[0]:.1f} at the end (a box shared with other",
+            f"Machine: {cpu_machine_line()}; load average {os.getloadavg()[0]:.1f} at the end (a box shared with other",
             "jobs: a few percent between two runs of the same setting is noise).",
             END,
         ]

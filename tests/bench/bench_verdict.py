@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -24,11 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from checks.config import PreflightConfig, make_config  # noqa: E402
-from checks.probe.host import read_host  # noqa: E402
-from checks.probe.torch import read_torch  # noqa: E402
 from checks.verify import run as run_verify  # noqa: E402
 from checks.verify.plan import Options  # noqa: E402
-from tests.bench.benchmarks_md import write_section  # noqa: E402
+from tests.bench.benchmarks_md import cpu_machine_line, write_section  # noqa: E402
 
 BEGIN, END = "<!-- bench:verdict:begin -->", "<!-- bench:verdict:end -->"
 PLUGINS = "tests.checks.verify.smoke_plugins"
@@ -91,15 +88,6 @@ def row(name: str, kind: str, dataset: str, model: str, workers: int, size: int,
     )
 
 
-def machine_line() -> str:
-    host, torch = read_host(), read_torch()
-    ram = f"{(host.mem_total or 0) / 1024**3:.0f} GiB RAM"
-    return (
-        f"{host.cpu_model or platform.processor()}, {host.usable_cores:g} usable cores, {ram}, "
-        f"Python {platform.python_version()}, torch {torch.version}, no GPU"
-    )
-
-
 def main() -> None:
     os.chdir(ROOT)  # --dataset/--model import paths resolve from the current directory
     os.environ["OMP_NUM_THREADS"] = "1"  # one intra-op thread in the child, as the tests (a shared 2-core box)
@@ -128,7 +116,7 @@ def main() -> None:
             "90% of the usable cores or more (docs/verify.md#verdicts). Where only that refinement differs between",
             "the two runs, the shares agree and the CPU reading, which other jobs on the box move, decided it.",
             "",
-            f"Machine: {machine_line()}; load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
+            f"Machine: {cpu_machine_line()}; load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
             "(a 2-core box shared with other jobs: step times, and so the shares, move with its load).",
             END,
         ]
