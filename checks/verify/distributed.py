@@ -105,14 +105,11 @@ def describe(block: DdpSpec, cores: float, node: Node | None = None) -> str:
         if block.backend == "nccl"
         else f"gloo on the CPU, {block.threads} thread(s) each of {cores:g} usable cores"
     )
-    mine = (
-        f"rank {node.first}"
-        if node and node.local == 1
-        else f"ranks {node.first}-{node.first + node.local - 1}"
-        if node
-        else ""
-    )
-    ranks = f" across {node.nodes} nodes, {mine} here" if node else ""
+    ranks = ""
+    if node is not None:
+        last = node.first + node.local - 1
+        mine = f"rank {node.first}" if node.local == 1 else f"ranks {node.first}-{last}"
+        ranks = f" across {node.nodes} nodes, {mine} here"
     return f"verify: {block.world_size} processes{ranks}, DistributedDataParallel ({where})"
 
 

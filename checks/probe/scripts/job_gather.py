@@ -99,20 +99,15 @@ def allreduce(store: Any, args: dict) -> dict:
 
 def links(store: Any, args: dict) -> list[dict]:
     """This leader's part of the pairwise link pass; rank 0 returns every pair's rows (both directions each)."""
-    from checks.probe.tcp import pair_rounds, route, rtt, tcp_forward, tcp_reverse
+    from checks.probe.tcp import pair_rounds, route
     from checks.probe.tcp_server import Server
 
     seconds, nodes = float(args.get("link_seconds") or 0), int(args["nodes"])
     if seconds <= 0 or nodes < 2:
         return []
-    omit, streams, me, prefix = (
-        float(args["link_omit_s"]),
-        int(args["link_streams"]),
-        int(args["node"]),
-        f"{args['prefix']}/links",
-    )
-    wait = float(args["wait_s"])
-    server = Server("", 0, idle=wait + nodes * (4 * (seconds + omit) + 60))
+    me, prefix, wait = int(args["node"]), f"{args['prefix']}/links", float(args["wait_s"])
+    round_s = 4 * (seconds + float(args["link_omit_s"])) + 60  # a pair's two directions and RTT, with room
+    server = Server("", 0, idle=wait + nodes * round_s)
     threading.Thread(target=server.serve, daemon=True).start()
     addr = route(str(args["addr"])).get("address") or str(args["addr"])
     store.set(f"{prefix}/agent/{me}", f"{addr} {server.port}")
@@ -120,12 +115,9 @@ def links(store: Any, args: dict) -> list[dict]:
         for a, b in pairs:
             if me == b:  # the higher node measures against the lower one's agent
                 host, port = store.get(f"{prefix}/agent/{a}").decode().split()
-                rows = _pair(
-                    a, b, host, int(port), streams, seconds, omit, int(args["rtt_pings"]), rtt, tcp_forward, tcp_reverse
-                )
-                store.set(f"{prefix}/pair/{a}-{b}", json.dumps(rows))
+                store.set(f"{prefix}/pair/{a}-{b}", json.dumps(_pair(a, b, host, int(port), args)))
         store.add(f"{prefix}/round/{number}", 1)
-        deadline = time.monotonic() + wait + 4 * (seconds + omit) + 60
+        deadline = time.monotonic() + wait + round_s
         while store.add(f"{prefix}/round/{number}", 0) < nodes and time.monotonic() < deadline:
             time.sleep(0.05)
     if int(args["rank"]) != 0:
@@ -134,15 +126,18 @@ def links(store: Any, args: dict) -> list[dict]:
     return [row for key in keys if store.check([key]) for row in json.loads(store.get(key).decode())]
 
 
-def _pair(a: int, b: int, host: str, port: int, streams: int, seconds: float, omit: float, pings: int,
-          rtt: Any, forward: Any, reverse: Any) -> list[dict]:  # fmt: skip
-    """b -> a and a -> b, measured from b against a's agent; the RTT is shared by both directions."""
+def _pair(a: int, b: int, host: str, port: int, args: dict) -> list[dict]:
+    """b -> a and a -> b, measured from b against a's agent with the link settings in ``args``; the RTT is shared
+    by both directions."""
+    from checks.probe.tcp import rtt, tcp_forward, tcp_reverse
+
+    streams, seconds, omit = int(args["link_streams"]), float(args["link_seconds"]), float(args["link_omit_s"])
     try:
-        ping = rtt(host, port, pings)
+        ping = rtt(host, port, int(args["rtt_pings"]))
     except OSError as exc:
         ping = {"error": f"round trip to node {a} at {host}:{port}: {exc}"}
     rows = []
-    for src, dst, run in ((b, a, forward), (a, b, reverse)):
+    for src, dst, run in ((b, a, tcp_forward), (a, b, tcp_reverse)):
         try:
             found = run(host, port, streams, seconds, omit)
         except OSError as exc:

@@ -17,9 +17,9 @@ The watch loop tails the first rank's events for progress (``on_event``) and eve
 run when it exceeds its time limit (``timeout``) or no rank reported anything for ``stall_s`` (``stalled``,
 naming the one rank that reported fewer events than the others); under DDP also when a rank exits with an error
 or without a result (``crashed``, naming it: the others would only wait for it in the next all-reduce), or is
-still running long after another ended cleanly (hung). A rank's exit is seen here before torchrun's own check
-(``--monitor_interval`` is longer than this loop's poll), so the rank that failed first is the one named, not a
-peer torchrun stopped after it. Ctrl-C is forwarded as SIGINT to the started process (torchrun forwards it to
+still running long after another ended cleanly (hung). Under torchrun the rank named is torchrun's own first
+observed failure where it logged one (a rank that died before this loop saw it, or a peer torchrun stopped after
+it, can be seen ended here first), else the first seen ended. Ctrl-C is forwarded as SIGINT to the started process (torchrun forwards it to
 every rank), and the ranks stop after their step and write partial results.
 
 Across hosts (``--hosts``) each host runs this for its own ranks (``Node``: the first global rank here, how many
@@ -49,7 +49,6 @@ from checks.verify.contract import (
     ChildResult,
     ChildRun,
     ContractError,
-    DdpSpec,
     Event,
     RankDevice,
     RankResult,
@@ -151,7 +150,9 @@ def launch(
                 started = _start([python, str(SCRIPT), str(work / "spec.0.json")], work, env, "rank0.log")
                 ranks = [started]
             else:
-                started = _start(_torchrun(python, spec.ddp, here, work, env), work, env, "torchrun.log")
+                if spec.ddp.threads and "OMP_NUM_THREADS" not in env:  # else torchrun sets one thread a rank
+                    env["OMP_NUM_THREADS"] = str(spec.ddp.threads)
+                started = _start(_torchrun(python, here, work), work, env, "torchrun.log")
                 group: list[_Worker] = []
                 group += [_Worker(started, work, r, group) for r in range(here.local)]
                 ranks = list(group)
@@ -181,15 +182,12 @@ def _rank_spec(spec: RunSpec, node: Node, rank: int, work: Path) -> RunSpec:
     return dataclasses.replace(mine, ddp=ddp)
 
 
-def _torchrun(python: str, ddp: DdpSpec, node: Node, work: Path, env: dict[str, str]) -> list[str]:
+def _torchrun(python: str, node: Node, work: Path) -> list[str]:
     """torchrun's command line for this host's ranks: the static rendezvous on ``node.addr:node.port`` (the
     global ranks it gives, the hosts' rank counts summed in host order, are the ones the specs carry), no
     restarts (a failed rank is the verdict), a monitor interval longer than ``_POLL_S``, its own files in the run's
     folder. The underscore
-    spellings of the options are the ones every torchrun since 1.10 reads. CPU ranks get the threads planned for
-    them (torchrun would set one each), unless the user exported OMP_NUM_THREADS."""
-    if ddp.threads and "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(ddp.threads)
+    spellings of the options are the ones every torchrun since 1.10 reads."""
     return [
         python,
         "-m",
