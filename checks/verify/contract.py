@@ -260,8 +260,7 @@ class RunSpec(Record):
     ddp: DdpSpec | None = None
     events: str = ""  # the events file the child appends to (the launcher's)
     result: str = ""  # where the child writes its result
-    measure_s: float = 0.0  # > 0: measure only as many steps as fit in this many seconds at the warm-up's pace
-    stop: StopSpec | None = None  # the whole-command budget and the stability stop (None: a fixed count, measure_s)
+    stop: StopSpec | None = None  # the whole-command budget and the stability stop (None: exactly ``steps``)
 
 
 @dataclass(frozen=True)
@@ -593,7 +592,7 @@ class ChildResult(Record):
 
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
         {"error_kind", "phase", "ddp", "kernels", "memory", "checkpoint", "oom", "ab", "sweep"}
-        | {"loader_alone", "data_cost", "flops_per_step", "flops_note", "measure_cut", "stop"}
+        | {"loader_alone", "data_cost", "flops_per_step", "flops_note", "stop"}
     )
     interrupted: bool = False
     error: str | None = None
@@ -623,8 +622,6 @@ class ChildResult(Record):
     data_cost: JsonObject | None = None  # candidates.data_cost, or {"error": ...}
     ddp: RankDdp | None = None
     ranks: tuple[RankResult, ...] = ()  # several processes: every rank (set by the launcher)
-    # RunSpec.measure_s cut the measured steps: {"asked", "measured", "warm_step_s", "measure_s"}
-    measure_cut: JsonObject | None = None
     stop: StopFacts | None = None  # RunSpec.stop: how the measured steps ended
     cuts: tuple[Cut, ...] = ()  # what the budget shortened or left out
 

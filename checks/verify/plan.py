@@ -235,7 +235,6 @@ def plan(
         else None,
         ab=AbSpec(cfg.ab_steps) if opts.ab else None,
         ddp=ddp,
-        measure_s=cfg.measure_budget_s if not opts.steps and ddp is None else 0.0,  # --steps N: N, whatever they cost
     )
     cores = facts.host.usable_cores
     every, price = cfg.checkpoint_every_steps, cfg.price_per_hour

@@ -96,13 +96,6 @@ def _loop(p: Plan, o: Outcome, r: ChildResult, cfg: VerifyConfig, figs: StepFigu
         f"median {1000 * figs.median_s:.1f} ms, p95 {1000 * figs.p95_s:.1f} ms per step"
     )
     summary += f"; allocator: {_allocator(p, o)}"
-    cut = r.measure_cut
-    if cut:  # the measured steps were cut to fit verify.measure_budget_s at the warm-up's pace
-        summary += (
-            f"; {cut['measured']} of {cut['asked']} steps measured: at {cut['warm_step_s']:.2f} s a step "
-            f"(warm-up) {cut['asked']} would take {cut['asked'] * cut['warm_step_s']:.0f} s, over "
-            f"verify.measure_budget_s {cut['measure_s']:g} s (--steps {cut['asked']} measures them all)"
-        )
     if o.child.interrupted or r.interrupted:
         return warn(
             "verify-loop", f"interrupted: {summary}", "the figures cover the steps before Ctrl-C", value=figs.steps

@@ -169,7 +169,7 @@ def budgeted(p: v.Plan, cfg: VerifyConfig, forced: bool, deadline: float, budget
         measure_s=cfg.measure_budget_s,
         forced=forced,
     )
-    return dataclasses.replace(p, spec=dataclasses.replace(p.spec, stop=stop, measure_s=0.0))
+    return dataclasses.replace(p, spec=dataclasses.replace(p.spec, stop=stop))
 
 
 def progress(event: Event, budget: float) -> str | None:

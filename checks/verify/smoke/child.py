@@ -1,13 +1,13 @@
 """The smoke test's child process: build the run from its spec, go through the phases, write one JSON result.
 
 Phases: setup -> FLOP count -> warm-up -> measure -> kernel profile (GPU) -> memory -> checkpoint round trip ->
-compile A/B (asked) -> batch sweep (asked) -> the loader alone (when the loop waited for data). Each phase adds to the result as it finishes, so Ctrl-C (SIGINT from
-the parent) or an error still leaves a partial result with everything measured so far. Progress goes to the
+compile A/B (asked) -> batch sweep (asked) -> the loader alone (when the loop waited for data). Each phase adds to
+the result as it finishes, so Ctrl-C (SIGINT from the parent) or an error still leaves a partial result with everything measured so far. Progress goes to the
 events file as JSON lines; the result file is written once, atomically, at the end.
 
 With ``spec.stop`` (one process) the measured steps end by the stop rule of ``checks/verify/stop.py`` (stable
 shares, the whole command's budget, the cap), and the extras after them run on what the budget leaves; what it
-cut is in ``cuts``. Without it, ``spec.steps`` steps (fewer when ``spec.measure_s`` would not hold them).
+cut is in ``cuts``. Without it (several processes, which must stop together), exactly ``spec.steps`` steps.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ class Smoke:
         try:
             self.warm_up()
             if self.spec.stop is None:
-                self.steps("steps", self.measured_count(), phase="measure")
+                self.steps("steps", self.spec.steps, phase="measure")
             else:
                 self.measure(self.spec.stop)
         except Exception as exc:
@@ -227,20 +227,6 @@ class Smoke:
             pace = spent / max(done, 1)
             self.budget.cut("warmup", f"warm-up ended after {done} of {asked} steps ({pace:.2f} s a step)",
                             (asked - done) * pace)  # fmt: skip
-
-    def measured_count(self) -> int:
-        """``spec.steps``, or fewer when ``spec.measure_s`` would not hold them at the warm-up's pace (the median of
-        the warm-up steps after the first, which includes start-up); never below ``MIN_MEASURED``."""
-        asked, budget = self.spec.steps, self.spec.measure_s
-        warm = [Step.from_json(s).total for s in self.result.get("warmup", [])[1:]]
-        if budget <= 0 or not warm:
-            return asked
-        pace = statistics.median(warm)
-        count = min(asked, max(MIN_MEASURED, int(budget / pace) if pace > 0 else asked))
-        if count < asked:
-            self.result["measure_cut"] = {"asked": asked, "measured": count, "warm_step_s": round(pace, 4),
-                                          "measure_s": budget}  # fmt: skip
-        return count
 
     def measure(self, stop: StopSpec) -> None:
         """Measure until the shares are stable, the cap, or the budget (``checks/verify/stop.py``)."""

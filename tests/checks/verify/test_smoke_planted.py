@@ -27,13 +27,11 @@ Smoked = tuple[Outcome, dict[str, Result], dict[str, Any]]
 
 @pytest.mark.measures
 def test_sleeping_getitem_is_data_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Also the time-to-verdict budget (issue 22): a 16-item batch sleeps 64 ms in its one worker, so a 0.3 s
-    budget for the measured steps holds 4 of the 12 asked; the floor of 8 is measured, and the verdict is the one
-    a full run gives."""
+    """A 16-item batch sleeps 64 ms in its one worker: 8 measured steps (the fewest a budget leaves) show it."""
     _, results, m = smoke(
         tmp_path,
         monkeypatch,
-        config(loader_probe_s=0, measure_budget_s=0.3),
+        config(loader_probe_s=0, steps=8),
         dataset=f"{PLUGINS}:sleepy",
         model=f"{PLUGINS}:tiny_model",
         workers=1,
@@ -43,8 +41,6 @@ def test_sleeping_getitem_is_data_bound(tmp_path: Path, monkeypatch: pytest.Monk
     assert abs(sum(m["step_breakdown"].values()) - 1) < 1e-9
     assert results["verify-loop"].status.value == "ok"
     assert m["step_time"]["steps"] == 8
-    assert "; 8 of 12 steps measured: at " in results["verify-loop"].summary, results["verify-loop"].summary
-    assert "(--steps 12 measures them all)" in results["verify-loop"].summary
 
 
 @pytest.fixture(scope="module")
