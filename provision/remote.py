@@ -87,11 +87,14 @@ def connect_error(exc: BaseException, spec: HostSpec, timeout: float) -> RemoteE
         return RemoteError(f"unreachable: cannot resolve {spec.host!r} ({exc.strerror})")
     if isinstance(exc, (TimeoutError, socket.timeout)):
         return RemoteError(f"unreachable: no answer from {where} within {timeout:g} s")
+    # A peer that closes at once: paramiko's banner error over EOFError, or over ConnectionResetError (it closed
+    # before reading this side's banner, so its kernel sent a reset), or a bare EOFError when the reset came
+    # while this side was still sending.
+    closed = (EOFError, ConnectionResetError)
+    if isinstance(exc, EOFError) or (isinstance(exc, paramiko.SSHException) and isinstance(exc.__context__, closed)):
+        return RemoteError(f"unreachable: {where} closed the connection before any SSH banner (not an SSH server?)")
     if isinstance(exc, paramiko.SSHException) and ("banner" in str(exc).lower() or "No existing session" in str(exc)):
-        # paramiko says "No existing session" when the handshake never started before authentication; its banner
-        # error is the same text for a peer that closed the connection (EOFError) and one that stayed silent
-        if isinstance(exc.__context__, EOFError):
-            return RemoteError(f"unreachable: {where} closed the connection before any SSH banner (not an SSH server?)")
+        # paramiko says "No existing session" when the handshake never started before authentication
         return RemoteError(f"unreachable: no SSH banner (handshake) from {where} within {timeout:g} s")
     if isinstance(exc, OSError):
         return RemoteError(f"unreachable: {exc.strerror or exc} ({where})")

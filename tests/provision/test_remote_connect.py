@@ -7,6 +7,7 @@ test_remote.py; these two need no namespaces, so they run everywhere.
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +21,8 @@ from provision.remote import RemoteError, connect
 
 
 def _serve(answer: str) -> Iterator[int]:
-    """A loopback port whose every connection is closed at once (``close``) or held without a word (``silent``)."""
+    """A loopback port whose every connection is closed at once (``close``), reset at once (``reset``: SO_LINGER 0
+    sends RST, as a peer that closes before reading the client's banner does) or held without a word (``silent``)."""
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(0.1)
     held: list[socket.socket] = []
@@ -32,7 +34,9 @@ def _serve(answer: str) -> Iterator[int]:
                 conn = server.accept()[0]
             except TimeoutError:
                 continue
-            if answer == "close":
+            if answer == "reset":
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            if answer in ("close", "reset"):
                 conn.close()
             else:
                 held.append(conn)
@@ -49,9 +53,9 @@ def _serve(answer: str) -> Iterator[int]:
         server.close()
 
 
-@pytest.fixture
-def closing_port() -> Iterator[int]:
-    yield from _serve("close")
+@pytest.fixture(params=["close", "reset"])
+def closing_port(request: pytest.FixtureRequest) -> Iterator[int]:
+    yield from _serve(request.param)
 
 
 @pytest.fixture
