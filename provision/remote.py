@@ -88,10 +88,10 @@ def connect_error(exc: BaseException, spec: HostSpec, timeout: float) -> RemoteE
     if isinstance(exc, (TimeoutError, socket.timeout)):
         return RemoteError(f"unreachable: no answer from {where} within {timeout:g} s")
     # A peer that closes at once: paramiko's banner error over EOFError, or over ConnectionResetError (it closed
-    # before reading this side's banner, so its kernel sent a reset), or a bare EOFError when the reset came
-    # while this side was still sending.
+    # before reading this side's banner, so its kernel sent a reset); or either of them bare, when the close or
+    # the reset came while this side was still sending its own banner.
     closed = (EOFError, ConnectionResetError)
-    if isinstance(exc, EOFError) or (isinstance(exc, paramiko.SSHException) and isinstance(exc.__context__, closed)):
+    if isinstance(exc, closed) or (isinstance(exc, paramiko.SSHException) and isinstance(exc.__context__, closed)):
         return RemoteError(f"unreachable: {where} closed the connection before any SSH banner (not an SSH server?)")
     if isinstance(exc, paramiko.SSHException) and ("banner" in str(exc).lower() or "No existing session" in str(exc)):
         # paramiko says "No existing session" when the handshake never started before authentication
