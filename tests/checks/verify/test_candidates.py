@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import numpy as np
+import pytest
 
 from checks.verify.smoke.candidates import data_cost, loader_alone, worker_counts
 from checks.verify.smoke.loop import Feed
@@ -69,6 +70,7 @@ def test_a_single_transform_or_none_is_timed_whole() -> None:
     assert plain["method"] == "getitem" and plain["parts"][0]["name"] == "__getitem__"
 
 
+@pytest.mark.slow
 def test_every_candidate_is_timed_and_the_current_one_is_reported() -> None:
     dataset = Patterned(4096)
 

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from checks.probe.sample import HostReader
 from checks.verify.sampler import Sampler, Trace, busiest_gpu, overlap_mean, quantiles, read_csv, summarise
 
@@ -45,6 +47,7 @@ def test_sampler_thread_keeps_its_cadence_and_stops() -> None:
     assert host.calls == calls and sampler.stop() is sampler.trace  # stopped, and stop() again is harmless
 
 
+@pytest.mark.slow
 def test_sampler_keeps_sampling_while_every_core_is_saturated() -> None:
     # Its figures matter most when the CPU is the bottleneck: with four busy processes per core (8 DataLoader
     # workers on 2 cores) a niced sampler thread went without the CPU for over a second at a time.

@@ -30,6 +30,7 @@ def short_lived() -> Iterator[subprocess.Popen[bytes]]:
     proc.wait()
 
 
+@pytest.mark.slow
 def test_watch_stops_when_the_watched_process_exits(short_lived: subprocess.Popen[bytes]) -> None:
     cores, _ = watch.usable_here()
     start = time.monotonic()
