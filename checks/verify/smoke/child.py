@@ -44,22 +44,11 @@ from checks.verify.contract import (
     SweepEvent,
     event_line,
 )
-from checks.verify.smoke import candidates, ddp, extras
+from checks.verify.smoke import candidates, ddp, extras, resume
 from checks.verify.smoke.budget import Budget
-from checks.verify.smoke.ckpt import (
-    Recording,
-    Replay,
-    compare,
-    deterministic,
-    load,
-    rng_state,
-    same_batches,
-    save_atomic,
-    set_rng_state,
-)
 from checks.verify.smoke.data import StagedDataError
 from checks.verify.smoke.figures import breakdown
-from checks.verify.smoke.loop import Batches, Feed, Interrupted, Pending, Trainer, finished, resolve, run_steps
+from checks.verify.smoke.loop import Feed, Interrupted, Pending, Trainer, finished, resolve, run_steps
 from checks.verify.smoke.setup import Build, UsageError, build
 
 MIN_MEASURED = rule.MIN_MEASURED
@@ -338,62 +327,9 @@ class Smoke:
         }
 
     def round_trip(self) -> dict[str, Any]:
-        """Save, run on, reload into a fresh model, replay the same batches, compare the losses; then compare the
-        batches the reloaded loader yields with the kept ones (the data resume, judged on its own)."""
         b, spec = self.b, self.spec.checkpoint
         assert b is not None and spec is not None
-        last = self.result["steps"][-1]["loss"] if self.result["steps"] else None
-        payload = {
-            "format": 1,
-            "model": b.trainer.model.state_dict(),
-            "optimizer": b.trainer.optimizer.state_dict(),
-            "scaler": b.trainer.scaler.state_dict() if b.trainer.scaler is not None else None,
-            "step": len(self.result["warmup"]) + len(self.result["steps"]),
-            "epoch": b.feed.epoch,
-            "loss": last,
-            "rng": rng_state(),
-            "sampler": b.feed.position(),
-        }
-        if b.cuda:
-            torch.cuda.synchronize()
-        distributed = self.spec.ddp is not None
-        if distributed:  # rank 0 saves every rank's RNG state; each rank restores its own
-            payload["rng_per_rank"] = ddp.gather(payload["rng"])
-        saved = save_atomic(payload, Path(spec.dir)) if ddp.rank() == 0 else None
-        saved = ddp.share(saved) if distributed else saved
-        assert saved is not None
-        copied = self.spec.ddp is not None and self.spec.ddp.nodes > 1  # other hosts cannot read rank 0's disk
-        saved = ddp.copy_file(saved, Path(spec.dir)) if copied else saved
-        del payload
-        with deterministic():
-            recording = Recording(b.feed)
-            on = [r.loss for r in self.leg(b.trainer, recording, spec.resume_steps)]
-            b.feed.close()
-            try:
-                restored, load_s = load(saved.path, b.device)
-                fresh = b.fresh_trainer(restored)
-                set_rng_state(restored["rng_per_rank"][ddp.rank()] if "rng_per_rank" in restored else restored["rng"])
-                pos = restored["sampler"]
-                feed = b.feed_factory(b.batch_size, epoch=pos["epoch"], start=pos["batch"])
-            except Exception:
-                # The phases after this one (compile A/B, DDP legs) train on: give them an open feed, or their
-                # failure would read "feed closed" (seen on a GPU when set_rng_state raised here).
-                b.feed = b.feed_factory(b.batch_size)
-                raise
-            replay = Replay(feed, recording.kept)
-            again = [r.loss for r in self.leg(fresh, replay, spec.resume_steps)]
-        b.trainer, b.feed = fresh, feed  # later phases go on from the resumed state (one model in memory)
-        ddp.barrier()  # every rank has loaded it
-        if ddp.rank() == 0 or copied:  # rank 0's file, or this rank's own copy
-            os.unlink(saved.path)
-        verdict = compare(on, again, spec.rtol)
-        data = same_batches(recording.kept, replay.drawn, (recording.indices, replay.indices))
-        data["workers"] = int(b.loader.get("num_workers") or 0)
-        cost = {"save_s": saved.seconds, "bytes": saved.bytes, "dir": spec.dir, "load_s": load_s}
-        return cost | verdict | {"data": data}
-
-    def leg(self, trainer: Trainer, feed: Batches, count: int) -> list[Any]:
-        return resolve(trainer.clock, run_steps(trainer, feed, count, trainer.clock.mark(), lambda i: None))
+        return resume.round_trip(b, spec, self.spec.ddp, self.result)
 
     def sweep(self) -> dict[str, Any]:
         b, s = self.b, self.spec.sweep
