@@ -244,9 +244,25 @@ def _starved(s: Signals, cfg: VerifyConfig, waits: str) -> tuple[str, str] | Non
             else ""
         )
         fix += "move decoding/augmentation off the CPU or do it once ahead of time (invoke stage-data), or rent more cores per GPU"
-        small = f"; others {_pct(others)}, too little to explain the wait" if others and others >= 0.01 else ""
-        return f"{waits}; the training processes keep {_pct(mine)} of {cores} busy meanwhile{small}", fix
+        return (
+            f"{waits}; the training processes keep {_pct(mine)} of {cores} busy meanwhile{_others(s, cfg, mine, others)}",
+            fix,
+        )
     return None
+
+
+def _others(s: Signals, cfg: VerifyConfig, mine: float, others: float | None) -> str:
+    """What other processes' CPU during the waits means when they are not the cause: too little to matter, or
+    a real share that slows the loop while even every core would not end the wait (``_neighbour_explains``)."""
+    if not others or others < 0.01:
+        return ""
+    if others < cfg.contended_min_share:
+        return f"; others {_pct(others)}, too little to explain the wait"
+    needs = 1 / max(1e-9, 1 - s.shares["data_wait"])
+    return (
+        f"; others take {_pct(others)} too, but every core would not end the wait: the loop needs data {needs:,.1f}x"
+        f" as fast as it comes, and the training processes could get at most {1 / max(mine, 1e-9):,.1f}x the CPU"
+    )
 
 
 def _neighbour_explains(s: Signals, cfg: VerifyConfig, mine: float, others: float) -> bool:

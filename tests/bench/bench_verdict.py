@@ -58,6 +58,16 @@ def verify(cfg: PreflightConfig, dataset: str, model: str, workers: int, steps: 
     return judged.report.measurements | {"wall_s": wall}
 
 
+def cpu_in_waits(m: dict[str, Any]) -> str:
+    """ "ours / the box's" % of the usable cores while the loop waited for data (the data verdict's evidence)."""
+    for v in m["diagnosis"]["verdicts"]:
+        ev = v.get("evidence") or {}
+        if v["id"] in ("data-bound", "cpu-starved") and ev.get("cpu_during_wait") is not None:
+            box = ev.get("machine_cpu_during_wait")
+            return f"{100 * ev['cpu_during_wait']:.0f} / {'-' if box is None else f'{100 * box:.0f}'}"
+    return "-"
+
+
 def row(name: str, kind: str, dataset: str, model: str, workers: int, size: int, env: dict[str, str]) -> str:
     os.environ.update(env)
     ds, md = (f"{PLUGINS}:{dataset}" if dataset else ""), (f"{PLUGINS}:{model}" if model else "")
@@ -84,7 +94,7 @@ def row(name: str, kind: str, dataset: str, model: str, workers: int, size: int,
     return (
         f"| {name} ({kind}) | {a} | {timed['seconds']:.0f} | {measured} ({stop['reason']}) | {cuts} | {shares} "
         f"| {b} | {long['wall_s']:.0f} | {long['step_time']['steps']} | {shares_long} "
-        f"| {'yes' if a == b else '**no**'} | {100 * diff:.1f} |"
+        f"| {'yes' if a == b else '**no**'} | {100 * diff:.1f} | {cpu_in_waits(short)} -> {cpu_in_waits(long)} |"
     )
 
 
@@ -108,13 +118,15 @@ def main() -> None:
             "same verdict as the long run's.",
             "",
             "| pipeline | short: verdict | time to verdict, s | steps (stop) | cut | shares | long: verdict | "
-            "long: wall s | long: steps | long: shares | same verdict | largest share gap, points |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "long: wall s | long: steps | long: shares | same verdict | largest share gap, points | "
+            "CPU in the waits, % of the cores, ours / the box's: short -> long |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",
             "`cpu-starved` is `data-bound` refined by the sampler: while the loop waits, the training processes use",
-            "90% of the usable cores or more (docs/verify.md#verdicts). Where only that refinement differs between",
-            "the two runs, the shares agree and the CPU reading, which other jobs on the box move, decided it.",
+            "90% of the usable cores, or a quarter of that while the whole box is 90% busy (docs/verify.md#verdicts).",
+            "Where only that refinement differs between the two runs, the shares agree and the last column shows",
+            "which reading moved: the box's, which other jobs on a shared box move between two runs.",
             "",
             f"Machine: {cpu_machine_line()}; load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
             "(a 2-core box shared with other jobs: step times, and so the shares, move with its load).",

@@ -287,6 +287,13 @@ def test_a_small_neighbour_on_saturated_cores_is_not_the_cause() -> None:
     # Ours alone would need more than all the cores (0.85 / 0.7 > 1): the neighbour does not explain the wait.
     both = signals(shares=shares(data_wait=0.3), workers=2, cpu_during_wait=0.85, machine_cpu_during_wait=0.99)
     assert "other processes" not in diagnose(both, CFG)[0].summary
+    # A loaded box (ours 27%, others 73%) under a loop that waits 99.7% of the step: the others are named as
+    # taking their share, not as "too little"; and why they are not the cause (bench_verdict's 2-worker photos).
+    loaded = signals(shares=shares(data_wait=0.997), workers=2, cpu_during_wait=0.27, machine_cpu_during_wait=1.0)
+    v = diagnose(loaded, CFG)[0]
+    assert v.id == "cpu-starved" and "too little" not in v.summary, v.summary
+    assert "others take 73% too, but every core would not end the wait: the loop needs data 333.3x" in v.summary
+    assert "could get at most 3.7x the CPU" in v.summary
 
 
 def test_a_window_wide_neighbour_needs_a_measurable_share_to_be_a_caveat() -> None:
