@@ -121,6 +121,9 @@ def cluster(root: Path, nofile: dict[str, int] | None = None) -> Iterator[Cluste
 
     def start(argv: list[str], log: str, limit: int | None = None) -> None:
         def lower() -> None:
+            # No core files: a task that aborts (a gloo peer whose node was killed) would leave one in the
+            # checkout, where srun starts it, since slurmd raises its soft limits to the hard ones.
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             if limit is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))  # slurmd raises its soft limit to the hard
 

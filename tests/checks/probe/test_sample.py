@@ -4,6 +4,7 @@ process readers against real processes."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -139,6 +140,25 @@ def test_host_reader_measures_a_process_tree_and_its_descendants() -> None:
     assert rows[-1]["workers"] == 1.0  # the burning grandchild is counted as a worker
     assert busy and max(busy) > 0.5, (busy, share)  # it keeps a core busy
     assert {"cpu_pct", "cpu_max_core_pct", "iowait_pct", "core0_pct"} <= set(rows[-1])
+
+
+def test_a_child_started_between_full_rescans_is_counted_at_the_next_read() -> None:
+    """DataLoader workers start with their iterator: the reader must not wait for its 2 s re-list of the tree."""
+    later = "import subprocess, sys, time\ntime.sleep(0.4)\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\ntime.sleep(30)"
+    proc = subprocess.Popen([sys.executable, "-c", later])
+    try:
+        reader = HostReader(pid=proc.pid, usable=2.0)
+        assert reader.read()["workers"] == 0.0  # the full re-list, before the child exists
+        deadline = time.monotonic() + 20
+        while process_tree(proc.pid) == {proc.pid} and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(process_tree(proc.pid)) == 2, "the child did not start"
+        assert reader.read()["workers"] == 1.0  # well within the 2 s before the next full re-list
+    finally:
+        for pid in process_tree(proc.pid) - {proc.pid}:
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
 
 
 def test_torch_and_nvml_uuids_match_by_the_one_rule_whatever_their_case_and_prefix() -> None:
