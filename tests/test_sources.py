@@ -3,8 +3,8 @@
 Code, templates and docs cite a threshold's or fact's source as ``docs/sources.md#<entry>`` (``sources.md#<entry>``
 from inside docs/). This test reads the entries (``### <entry>`` headings of docs/sources.md) and fails on a
 citation of a missing entry, on a link inside docs/sources.md to a missing entry, and on a citation of the design
-notes that are not in the repository (``ref/<file>.md``, ``shared/reference``, ``ref §N``, or one of those notes'
-file names).
+notes that are not in the repository (by a path into their folders, a section mark into them, or one of their file
+names: ``OUTSIDE`` spells each way, split so that this file does not cite them itself).
 """
 
 from __future__ import annotations

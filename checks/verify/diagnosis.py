@@ -258,16 +258,21 @@ def _others(s: Signals, cfg: VerifyConfig, mine: float, others: float | None) ->
         return ""
     if others < cfg.contended_min_share:
         return f"; others {_pct(others)}, too little to explain the wait"
-    needs = 1 / max(1e-9, 1 - s.shares["data_wait"])
+    needs = 1 / _unwaited(s)
     return (
         f"; others take {_pct(others)} too, but every core would not end the wait: the loop needs data {needs:,.1f}x"
         f" as fast as it comes, and the training processes could get at most {1 / max(mine, 1e-9):,.1f}x the CPU"
     )
 
 
+def _unwaited(s: Signals) -> float:
+    """The share of the step the loop does not wait for data: the loop needs data 1 / this times as fast."""
+    return max(1e-9, 1 - s.shares["data_wait"])
+
+
 def _neighbour_explains(s: Signals, cfg: VerifyConfig, mine: float, others: float) -> bool:
     """Others take a measurable part of the cores, and without them ours would cover what the loop needs."""
-    need = mine / max(1e-9, 1 - s.shares["data_wait"])
+    need = mine / _unwaited(s)
     return others >= cfg.contended_min_share and need <= 1.0
 
 

@@ -2,8 +2,9 @@
 
 Phases: setup -> FLOP count -> warm-up -> measure -> kernel profile (GPU) -> memory -> checkpoint round trip ->
 compile A/B (asked) -> batch sweep (asked) -> the loader alone (when the loop waited for data). Each phase adds to
-the result as it finishes, so Ctrl-C (SIGINT from the parent) or an error still leaves a partial result with everything measured so far. Progress goes to the
-events file as JSON lines; the result file is written once, atomically, at the end.
+the result as it finishes, so Ctrl-C (SIGINT from the parent) or an error still leaves a partial result with
+everything measured so far. Progress goes to the events file as JSON lines; the result file is written once,
+atomically, at the end.
 
 With ``spec.stop`` (one process) the measured steps end by the stop rule of ``checks/verify/stop.py`` (stable
 shares, the whole command's budget, the cap), and the extras after them run on what the budget leaves; what it
