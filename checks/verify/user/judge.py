@@ -481,8 +481,22 @@ def plan_for(usable_cores: float, json_path: str, csv: Path, png: Path, price: f
     )
 
 
-def measured_fix(advice: dict[str, Any], rule_fix: str) -> str:
-    """The verdict's fix: the measured change, or that none measured faster (then the rule's own fix)."""
+@dataclasses.dataclass(frozen=True)
+class Starved:
+    """A cpu-starved verdict's CPU while the loop waited: the training tree's and the whole box's share of the
+    usable cores, and how many those are."""
+
+    mine: float
+    machine: float | None
+    cores: float
+
+
+def measured_fix(advice: dict[str, Any], rule_fix: str, starved: Starved | None = None) -> str:
+    """The verdict's fix: the measured change, or that none measured faster (then the rule's own fix).
+
+    ``starved`` (a cpu-starved verdict's CPU during the waits) changes why every setting measured slower: the
+    cores are already full, so more workers split them; the hand-off's cost is not what was shown.
+    """
     faster = advice.get("faster")
     if faster:
         base, step = advice["baseline_mean_step_s"], faster["mean_step_s"]
@@ -495,6 +509,15 @@ def measured_fix(advice: dict[str, Any], rule_fix: str) -> str:
         return rule_fix
     shown = "; ".join(f"{_args(r['overrides'])}: {r['speedup']:.2f}x" for r in tried)
     gain = f"{advice['min_gain']:.0%}"
+    if all(r["speedup"] < 1 for r in tried) and starved is not None:  # the cores are full: more workers split them
+        busy = max(starved.machine if starved.machine is not None else 0.0, starved.mine)
+        return (
+            f"keep the DataLoader as it is: every setting tried measured slower on your command ({shown}); the "
+            f"{starved.cores:g} usable cores are already {busy:.0%} busy while the loop waits ({starved.mine:.0%} "
+            "your training processes), so more workers only split the same CPU: make each sample cheaper to "
+            "produce (decode once ahead with invoke stage-data, smaller images, lighter augmentation), or rent "
+            "more CPU cores per GPU"
+        )
     if all(r["speedup"] < 1 for r in tried):  # the rule's "more workers" is what was just measured slower
         base = advice["baseline_mean_step_s"] * 1000
         return (
@@ -516,4 +539,12 @@ def apply_advice(verdicts: list[Verdict], advice: dict[str, Any]) -> list[Verdic
         return verdicts
     top = verdicts[0]
     evidence = {**top.evidence, "command_advice": advice}
-    return [dataclasses.replace(top, fix=measured_fix(advice, top.fix), evidence=evidence), *verdicts[1:]]
+    ev = top.evidence
+    starved = None
+    if top.id == "cpu-starved" and ev.get("cpu_during_wait") is not None and ev.get("usable_cores"):
+        machine = ev.get("machine_cpu_during_wait")
+        starved = Starved(
+            float(ev["cpu_during_wait"]), None if machine is None else float(machine), float(ev["usable_cores"])
+        )
+    fix = measured_fix(advice, top.fix, starved)
+    return [dataclasses.replace(top, fix=fix, evidence=evidence), *verdicts[1:]]

@@ -267,8 +267,9 @@ def _measured_steps(tmp: Path, at_least: int, timeout: float) -> bool:
     """Wait until the first rank on a host (its events file under the host's TMPDIR) logged measured steps."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for events in tmp.rglob("events.0.jsonl"):
-            with contextlib.suppress(OSError, ValueError):  # a line half written
+        # A folder can vanish while the walk is in it (a probe's temporary working directory): look again.
+        with contextlib.suppress(OSError, ValueError):  # and a line half written
+            for events in tmp.rglob("events.0.jsonl"):
                 lines = [json.loads(x) for x in events.read_text().splitlines() if x.endswith("}")]
                 if any(e.get("phase") == "measure" and e.get("i", 0) >= at_least for e in lines):
                     return True

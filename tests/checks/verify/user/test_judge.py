@@ -93,6 +93,24 @@ def test_settings_measured_slower_are_not_advised_again() -> None:
     assert j.measured_fix({"faster": None, "candidates": []}, rule) == rule  # nothing timed: the rule alone
 
 
+def test_settings_measured_slower_on_saturated_cores_say_the_cores_are_full() -> None:
+    """A cpu-starved verdict: more workers measured slower because the cores are already busy, not because the
+    hand-off costs more than it saves (the data-bound wording above); the fix names the cores' figures."""
+    from checks.verify.diagnosis import Verdict
+
+    rule = "move decoding/augmentation off the CPU or do it once ahead of time (invoke stage-data)"
+    ev = {"cpu_during_wait": 0.84, "machine_cpu_during_wait": 0.91, "usable_cores": 2.0}
+    starved = Verdict("cpu-starved", "critical", "high", "the loop waits for data 61% of each step", rule, 0.61, ev)
+    (top,) = j.apply_advice([starved], _advice(0.62, 0.55))
+    assert top.fix.startswith("keep the DataLoader as it is: every setting tried measured slower"), top.fix
+    assert "the 2 usable cores are already 91% busy while the loop waits (84% your training processes)" in top.fix
+    assert "more workers only split the same CPU" in top.fix and "costs more than it saves" not in top.fix
+    assert top.evidence["command_advice"]["candidates"][0]["speedup"] == 0.62
+    # The same measurements under a data-bound verdict keep the hand-off's explanation.
+    (bound,) = j.apply_advice([Verdict("data-bound", "warn", "medium", "waits", rule, 0.3, ev)], _advice(0.62, 0.55))
+    assert "costs more than it saves" in bound.fix and "split the same CPU" not in bound.fix
+
+
 def test_the_rank_the_others_wait_for_is_the_straggler() -> None:
     from checks.config import make_config
     from checks.verify.distributed import straggler
