@@ -124,12 +124,15 @@ def test_stable_shares_stop_the_measured_steps_early(tmp_path: Path, monkeypatch
 
 
 @pytest.mark.slow
-@pytest.mark.measures
 def test_a_slow_step_model_gets_its_verdict_within_the_budget_and_names_the_cut(tmp_path: Path) -> None:
     """As a user runs it: 0.5 s steps, up to 30 measured, a 25 s budget for the whole command (the gate's torch
     probe, the child's start, the warm-up, the checkpoint round trip and the report included). The stop rule
     cannot end it first (critical_min_steps 60), so the budget does: fewer steps, said so with the flag; and
-    the warm-up of 8 steps ends once it has used a sixth of the time left (rule.WARMUP_SHARE), also named."""
+    the warm-up of 8 steps ends once it has used a sixth of the time left (rule.WARMUP_SHARE), also named.
+
+    Not ``measures``: its steps sleep, so it needs the box's time, not its cores, and it shares them with the other
+    tests (it held the box alone for 21 s a run). Beside 2 and 4 busy-loop processes it passed 5 of 5 (22.7-25.8 s
+    wall): the budget takes a loaded box's slower start out of the warm-up and the measured steps, as it should."""
     env = {
         "INVOKE_PREFLIGHT_VERIFY_STEPS": "30",
         "INVOKE_PREFLIGHT_VERIFY_WARMUP": "8",
