@@ -9,8 +9,10 @@ rendezvous. Each host runs its own ranks (``node run``); rank 0's result, with e
 here as a one-box run is.
 
 A host that cannot be reached or readied is one line and exit 2 before anything runs. A host whose ranks fail
-stops the others (SIGTERM to their node, which stops its ranks); the report names the rank. Ctrl-C stops every
-host's ranks after their step and judges the partial run (exit 130).
+stops the others (SIGTERM to their node, which stops its ranks); the report names the rank. A failure that only
+says a peer went away (``LOST_PEER``) is a symptom: the other hosts get ``PEER_GRACE_S`` to report the cause
+before they are stopped, and a host stopped here is never named as the cause. Ctrl-C stops every host's ranks
+after their step and judges the partial run (exit 130).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
@@ -37,6 +40,11 @@ from provision.hosts import HostSpec
 
 Say = Callable[[str], None]
 LOST_PEER = ("connection closed", "connection reset", "broken pipe", "peer", "timed out")
+# A rank that raised closes its process group before its host's launcher has seen it exit and written why; a rank
+# on another host that only lost its peer can be reported first (seen on the 2-core box under load: the cause
+# on h2 was stopped and came back as "killed"). Tool-defined: a rank's exit and its host's report take a few
+# seconds at most; a host that is hung, not failing, is stopped this much later.
+PEER_GRACE_S = 10.0
 
 
 @dataclasses.dataclass
@@ -109,16 +117,19 @@ def _failed(got: dict[str, Any]) -> bool:
 
 def run_nodes(
     hosts: list[Host], payloads: list[bytes], timeout: float, say: Say
-) -> tuple[list[dict[str, Any]], list[int], bool]:
+) -> tuple[list[dict[str, Any]], list[int], bool, set[int]]:
     """Run every host's ranks; when one host fails, stop the others; Ctrl-C stops all of them after their step.
 
-    Returns each host's run, the order in which they ended, and whether Ctrl-C cut the run short."""
+    Returns each host's run, the order in which they ended, whether Ctrl-C cut the run short, and the hosts
+    stopped here because another failed (their own failure is then the stop, not a cause)."""
     pool = ThreadPoolExecutor(max_workers=len(hosts))
     futures: dict[Future[dict[str, Any]], int] = {
         pool.submit(_run_node, h, p, timeout): i for i, (h, p) in enumerate(zip(hosts, payloads, strict=True))
     }
     order: list[int] = []
+    stopped: set[int] = set()
     interrupted = stopping = False
+    grace: tuple[float, int] | None = None  # (until, host): a lost peer seen, waiting for the cause to be reported
     try:
         pending = set(futures)
         while pending:
@@ -133,14 +144,24 @@ def run_nodes(
                 continue
             for f in done:
                 order.append(futures[f])
-                if not stopping and (f.exception() or _failed(f.result())) and pending:
-                    stopping = True
-                    say(f"verify: {hosts[futures[f]].spec.name} failed: stopping the other hosts' ranks")
-                    _stop_all([hosts[futures[g]] for g in pending])
+                failed = f.exception() is not None or _failed(f.result())
+                if stopping or not failed or not pending:
+                    continue
+                if f.exception() is None and _lost_peer(f.result()):
+                    grace = grace or (time.monotonic() + PEER_GRACE_S, futures[f])
+                    continue
+                grace, stopping = None, True
+                stopped |= {futures[g] for g in pending}
+                say(f"verify: {hosts[futures[f]].spec.name} failed: stopping the other hosts' ranks")
+                _stop_all([hosts[futures[g]] for g in pending])
+            if grace is not None and not stopping and pending and time.monotonic() > grace[0]:
+                stopping, stopped = True, stopped | {futures[g] for g in pending}
+                say(f"verify: {hosts[grace[1]].spec.name} lost its peer: stopping the other hosts' ranks")
+                _stop_all([hosts[futures[g]] for g in pending])
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     runs = [f.result() if not f.exception() else {"error": str(f.exception())} for f in futures]
-    return runs, order, interrupted
+    return runs, order, interrupted, stopped
 
 
 def _stop_all(hosts: list[Host]) -> None:
@@ -149,13 +170,15 @@ def _stop_all(hosts: list[Host]) -> None:
     stop_all([h.ready for h in hosts])
 
 
-def combine(hosts: list[Host], runs: list[dict[str, Any]], order: list[int], interrupted: bool) -> ChildRun:
+def combine(
+    hosts: list[Host], runs: list[dict[str, Any]], order: list[int], interrupted: bool, stopped: set[int] | None = None
+) -> ChildRun:
     """Rank 0's result with every host's ranks; a failure is the first host's to fail for its own reason (a
-    rank that only lost its peer on another host comes after)."""
+    rank that only lost its peer on another host comes after, and a host stopped here is never the cause)."""
     base = dict(runs[0].get("result") or {})
     ranks = [r for got in runs for r in ((got.get("result") or {}).get("ranks") or [])]
     failing = [i for i in order if _failed(runs[i])]
-    own = [i for i in failing if not any(w in _why(runs[i]).lower() for w in LOST_PEER)]
+    own = [i for i in failing if i not in (stopped or set()) and not _lost_peer(runs[i])]
     culprit = next(iter(own or failing), None)
     run = ChildRun(result=None, interrupted=interrupted, seconds=max((g.get("seconds") or 0.0) for g in runs))
     if culprit is not None and not interrupted:
@@ -178,6 +201,11 @@ def combine(hosts: list[Host], runs: list[dict[str, Any]], order: list[int], int
 
 def _why(got: dict[str, Any]) -> str:
     return str((got.get("result") or {}).get("error") or got.get("error") or "")
+
+
+def _lost_peer(got: dict[str, Any]) -> bool:
+    """The host's ranks failed only because a rank elsewhere went away (gloo's or NCCL's words for it)."""
+    return any(w in _why(got).lower() for w in LOST_PEER)
 
 
 def _where(hosts: list[Host], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -219,8 +247,10 @@ def verify_hosts(request: Any, hosts: list[HostSpec], source: str, root: Path, s
         ]
         say(f"verify: {world} ranks ({backend}) on {len(readied)} hosts, rendezvous {addr}:{port}")
         payloads = [node_spec(p.spec.to_json(), h, block, n, cfg.verify) for h, n in zip(readied, nodes, strict=True)]
-        runs, order, interrupted = run_nodes(readied, payloads, cfg.verify.timeout_s + INTERRUPT_GRACE_S + 60, say)
-        child = combine(readied, runs, order, interrupted)
+        runs, order, interrupted, stopped = run_nodes(
+            readied, payloads, cfg.verify.timeout_s + INTERRUPT_GRACE_S + 60, say
+        )
+        child = combine(readied, runs, order, interrupted, stopped)
         outcome = v.Outcome(child, Trace(), None, "the sampler follows this machine only: not run with --hosts")
         v.raise_usage(outcome)
         p = dataclasses.replace(p, spec=dataclasses.replace(p.spec, ddp=DdpSpec.from_json(block)))
