@@ -154,8 +154,7 @@ def test_the_same_model_as_two_ranks_on_one_box_is_not_comm_bound(ctl: Controlle
     # exchange of the same bytes, so gloo's fixed cost per step over loopback (~40 ms on the 2 shared cores) stays
     # well under share_warn and the verdict does not hang on a busy box's few milliseconds (at 2 x BATCH: 7% on an
     # idle box, 12.7-13.4% on a busy one).
-    # Two measured steps: what is compared is the exchange, timed in the DDP windows after them.
-    proc, report = ctl.verify("--nproc", "2", "--steps", "2", "--model", "userplugin:wide_linear", batch=4 * BATCH)
+    proc, report = ctl.verify("--nproc", "2", "--model", "userplugin:wide_linear", batch=4 * BATCH)
     assert report, proc.stderr[-3000:]
     ddp = report["measurements"]["ddp"]
     assert abs(ddp["grad_bytes"] / (4 * PARAMS) - 1) < 0.05 and "hosts" not in ddp
@@ -168,7 +167,7 @@ def test_the_same_model_as_two_ranks_on_one_box_is_not_comm_bound(ctl: Controlle
 @pytest.fixture(scope="module")
 def across(ctl: Controller) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], float]:
     start = time.monotonic()
-    proc, report = ctl.verify("--hosts", "h1,h2", "--steps", "2", "--model", "userplugin:wide_linear")
+    proc, report = ctl.verify("--hosts", "h1,h2", "--model", "userplugin:wide_linear")
     return proc, report, time.monotonic() - start
 
 
