@@ -49,7 +49,7 @@ from checks.verify.smoke import candidates, ddp, extras, resume
 from checks.verify.smoke.budget import Budget
 from checks.verify.smoke.data import StagedDataError
 from checks.verify.smoke.figures import breakdown
-from checks.verify.smoke.loop import Feed, Interrupted, Pending, Trainer, finished, resolve, run_steps
+from checks.verify.smoke.loop import Feed, Interrupted, Pending, Trainer, finished, resolve, run_steps, train
 from checks.verify.smoke.setup import Build, UsageError, build
 
 MIN_MEASURED = rule.MIN_MEASURED
@@ -309,7 +309,7 @@ class Smoke:
             self.emit(OomProbeEvent(batch))
             try:
                 feed = b.feed_factory(batch)
-                resolve(b.trainer.clock, run_steps(b.trainer, feed, 2, b.trainer.clock.mark(), lambda i: None))
+                train(b.trainer, feed, 2)
                 feed.close()
                 return True
             except Exception as err:

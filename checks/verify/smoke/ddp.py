@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from checks.verify.contract import DdpSpec
-from checks.verify.smoke.loop import Batches, Trainer, resolve, run_steps
+from checks.verify.smoke.loop import Batches, Trainer, train
 
 
 def start(ddp: DdpSpec) -> None:
@@ -117,8 +117,8 @@ def solo(trainer: Trainer, feed: Batches, steps: int) -> dict[str, Any] | None:
     if rank() == 0:
         model: Any = trainer.model
         bare = dataclasses.replace(trainer, model=model.module)
-        resolve(bare.clock, run_steps(bare, feed, 1, bare.clock.mark(), lambda i: None))
-        records = resolve(bare.clock, run_steps(bare, feed, steps, bare.clock.mark(), lambda i: None))
+        train(bare, feed, 1)
+        records = train(bare, feed, steps)
         result = {"steps": steps, "median_s": statistics.median(r.total for r in records)}
     barrier()
     return result

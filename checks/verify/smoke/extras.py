@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from checks.verify.smoke.figures import union_length
-from checks.verify.smoke.loop import Feed, Trainer, resolve, run_steps
+from checks.verify.smoke.loop import Feed, Trainer, train
 
 SHORT_KERNEL_NS = 10_000  # HTA's "short kernels": launches cost 5-20 µs on the host (docs/sources.md#hta)
 
@@ -76,7 +76,7 @@ def kernel_stats(trainer: Trainer, feed: Feed, steps: int) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        records = resolve(trainer.clock, run_steps(trainer, feed, steps, trainer.clock.mark(), lambda i: None))
+        records = train(trainer, feed, steps)
     kernels = [
         (e.start_ns(), e.end_ns())
         for e in prof.profiler.kineto_results.events()
@@ -119,8 +119,8 @@ def largest_fit(fits: Callable[[int], bool], failed: int, probes: int = 3) -> in
 
 
 def _throughput(trainer: Trainer, feed: Feed, warmup: int, steps: int) -> dict[str, Any]:
-    resolve(trainer.clock, run_steps(trainer, feed, warmup, trainer.clock.mark(), lambda i: None))
-    records = resolve(trainer.clock, run_steps(trainer, feed, steps, trainer.clock.mark(), lambda i: None))
+    train(trainer, feed, warmup)
+    records = train(trainer, feed, steps)
     median = statistics.median(r.total for r in records)
     samples = feed.batches.batch_size * trainer.accum
     return {"median_step_s": median, "samples_per_s": samples / median if median > 0 else None}
@@ -182,9 +182,9 @@ def compile_ab(trainer: Trainer, feed: Feed, steps: int) -> dict[str, Any]:
     compiled = dataclasses.replace(trainer, model=typing.cast(torch.nn.Module, torch.compile(trainer.model, mode=mode)))
     start = time.monotonic()
     try:
-        resolve(compiled.clock, run_steps(compiled, feed, 3, compiled.clock.mark(), lambda i: None))
+        train(compiled, feed, 3)
         warm_s = time.monotonic() - start
-        records = resolve(compiled.clock, run_steps(compiled, feed, steps, compiled.clock.mark(), lambda i: None))
+        records = train(compiled, feed, steps)
     except Exception as exc:  # noqa: BLE001 - "some models might not compile" (tuning guide): report, go on
         return {"mode": mode, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
     return {

@@ -315,6 +315,11 @@ def resolve(clock: Clock, pending: list[Pending]) -> list[StepRecord]:
     return _records(clock, pending)
 
 
+def train(trainer: Trainer, feed: Batches, count: int) -> list[StepRecord]:
+    """``count`` steps from a fresh mark, resolved: the extra phases' legs (no progress events, no stop rule)."""
+    return resolve(trainer.clock, run_steps(trainer, feed, count, trainer.clock.mark(), lambda i: None))
+
+
 def finished(clock: Clock, pending: list[Pending]) -> list[StepRecord]:
     """The records of the steps the device has finished, oldest first, without waiting for the others."""
     count = 0

@@ -28,7 +28,7 @@ from checks.verify.smoke.ckpt import (
     save_atomic,
     set_rng_state,
 )
-from checks.verify.smoke.loop import Batches, Trainer, resolve, run_steps
+from checks.verify.smoke.loop import train
 from checks.verify.smoke.setup import Build
 
 
@@ -59,7 +59,7 @@ def round_trip(b: Build, spec: CheckpointSpec, dist: DdpSpec | None, result: dic
     del payload
     with deterministic():
         recording = Recording(b.feed)
-        on = [r.loss for r in _leg(b.trainer, recording, spec.resume_steps)]
+        on = [r.loss for r in train(b.trainer, recording, spec.resume_steps)]
         b.feed.close()
         try:
             restored, load_s = load(saved.path, b.device)
@@ -73,7 +73,7 @@ def round_trip(b: Build, spec: CheckpointSpec, dist: DdpSpec | None, result: dic
             b.feed = b.feed_factory(b.batch_size)
             raise
         replay = Replay(feed, recording.kept)
-        again = [r.loss for r in _leg(fresh, replay, spec.resume_steps)]
+        again = [r.loss for r in train(fresh, replay, spec.resume_steps)]
     b.trainer, b.feed = fresh, feed  # later phases go on from the resumed state (one model in memory)
     ddp.barrier()  # every rank has loaded it
     if ddp.rank() == 0 or copied:  # rank 0's file, or this rank's own copy
@@ -83,7 +83,3 @@ def round_trip(b: Build, spec: CheckpointSpec, dist: DdpSpec | None, result: dic
     data["workers"] = int(b.loader.get("num_workers") or 0)
     cost = {"save_s": saved.seconds, "bytes": saved.bytes, "dir": spec.dir, "load_s": load_s}
     return cost | verdict | {"data": data}
-
-
-def _leg(trainer: Trainer, feed: Batches, count: int) -> list[Any]:
-    return resolve(trainer.clock, run_steps(trainer, feed, count, trainer.clock.mark(), lambda i: None))
