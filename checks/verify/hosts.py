@@ -130,8 +130,16 @@ def run_nodes(
     stopped: set[int] = set()
     interrupted = stopping = False
     grace: tuple[float, int] | None = None  # (until, host): a lost peer seen, waiting for the cause to be reported
+    pending = set(futures)
+
+    def stop_pending(line: str) -> None:
+        nonlocal stopping
+        stopping = True
+        stopped.update(futures[g] for g in pending)
+        say(line)
+        _stop_all([hosts[futures[g]] for g in pending])
+
     try:
-        pending = set(futures)
         while pending:
             try:
                 done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
@@ -150,14 +158,9 @@ def run_nodes(
                 if f.exception() is None and _lost_peer(f.result()):
                     grace = grace or (time.monotonic() + PEER_GRACE_S, futures[f])
                     continue
-                grace, stopping = None, True
-                stopped |= {futures[g] for g in pending}
-                say(f"verify: {hosts[futures[f]].spec.name} failed: stopping the other hosts' ranks")
-                _stop_all([hosts[futures[g]] for g in pending])
+                stop_pending(f"verify: {hosts[futures[f]].spec.name} failed: stopping the other hosts' ranks")
             if grace is not None and not stopping and pending and time.monotonic() > grace[0]:
-                stopping, stopped = True, stopped | {futures[g] for g in pending}
-                say(f"verify: {hosts[grace[1]].spec.name} lost its peer: stopping the other hosts' ranks")
-                _stop_all([hosts[futures[g]] for g in pending])
+                stop_pending(f"verify: {hosts[grace[1]].spec.name} lost its peer: stopping the other hosts' ranks")
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     runs = [f.result() if not f.exception() else {"error": str(f.exception())} for f in futures]

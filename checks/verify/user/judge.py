@@ -509,16 +509,16 @@ def measured_fix(advice: dict[str, Any], rule_fix: str, starved: Starved | None 
         return rule_fix
     shown = "; ".join(f"{_args(r['overrides'])}: {r['speedup']:.2f}x" for r in tried)
     gain = f"{advice['min_gain']:.0%}"
-    if all(r["speedup"] < 1 for r in tried) and starved is not None:  # the cores are full: more workers split them
-        busy = max(starved.machine if starved.machine is not None else 0.0, starved.mine)
-        return (
-            f"keep the DataLoader as it is: every setting tried measured slower on your command ({shown}); the "
-            f"{starved.cores:g} usable cores are already {busy:.0%} busy while the loop waits ({starved.mine:.0%} "
-            "your training processes), so more workers only split the same CPU: make each sample cheaper to "
-            "produce (decode once ahead with invoke stage-data, smaller images, lighter augmentation), or rent "
-            "more CPU cores per GPU"
-        )
     if all(r["speedup"] < 1 for r in tried):  # the rule's "more workers" is what was just measured slower
+        if starved is not None:  # the cores are full: more workers split them
+            busy = max(starved.machine if starved.machine is not None else 0.0, starved.mine)
+            return (
+                f"keep the DataLoader as it is: every setting tried measured slower on your command ({shown}); the "
+                f"{starved.cores:g} usable cores are already {busy:.0%} busy while the loop waits "
+                f"({starved.mine:.0%} your training processes), so more workers only split the same CPU: make each "
+                "sample cheaper to produce (decode once ahead with invoke stage-data, smaller images, lighter "
+                "augmentation), or rent more CPU cores per GPU"
+            )
         base = advice["baseline_mean_step_s"] * 1000
         return (
             f"keep the DataLoader as it is: every setting tried measured slower on your command ({shown}), so "
@@ -538,7 +538,6 @@ def apply_advice(verdicts: list[Verdict], advice: dict[str, Any]) -> list[Verdic
     if not verdicts or verdicts[0].id not in ("data-bound", "cpu-starved"):
         return verdicts
     top = verdicts[0]
-    evidence = {**top.evidence, "command_advice": advice}
     ev = top.evidence
     starved = None
     if top.id == "cpu-starved" and ev.get("cpu_during_wait") is not None and ev.get("usable_cores"):
@@ -547,4 +546,4 @@ def apply_advice(verdicts: list[Verdict], advice: dict[str, Any]) -> list[Verdic
             float(ev["cpu_during_wait"]), None if machine is None else float(machine), float(ev["usable_cores"])
         )
     fix = measured_fix(advice, top.fix, starved)
-    return [dataclasses.replace(top, fix=fix, evidence=evidence), *verdicts[1:]]
+    return [dataclasses.replace(top, fix=fix, evidence={**ev, "command_advice": advice}), *verdicts[1:]]
