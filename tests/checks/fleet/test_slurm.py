@@ -90,7 +90,9 @@ def test_srun_verify_trains_one_ddp_run_across_both_nodes(slurm: Cluster, tmp_pa
     verify = f'echo SLURM_JOB_ID $SLURM_JOB_ID; exec "{sys.executable}" -m invoke verify --json "{tmp_path}/verify-$SLURMD_NODENAME.json"'
     env = slurm.env(MASTER_ADDR="127.0.0.1", **_quick(tmp_path), INVOKE_PREFLIGHT_VERIFY_STEPS="4",
                     INVOKE_PREFLIGHT_VERIFY_WARMUP="2", INVOKE_PREFLIGHT_VERIFY_DDP_WINDOWS="1",
-                    INVOKE_PREFLIGHT_VERIFY_DDP_WINDOW_STEPS="2", INVOKE_PREFLIGHT_VERIFY_DDP_SOLO_STEPS="2")  # fmt: skip
+                    INVOKE_PREFLIGHT_VERIFY_DDP_WINDOW_STEPS="2", INVOKE_PREFLIGHT_VERIFY_DDP_SOLO_STEPS="2",
+                    # What is asserted is the run's shape, not its data: small images, no loader probe.
+                    INVOKE_PREFLIGHT_VERIFY_IMAGE_SIZE="16", INVOKE_PREFLIGHT_VERIFY_LOADER_PROBE_S="0")  # fmt: skip
     try:
         done = subprocess.run(["srun", "-N2", "--ntasks-per-node=1", "bash", "-c", verify], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=300)  # fmt: skip
