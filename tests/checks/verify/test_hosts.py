@@ -140,9 +140,13 @@ def ctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
         (home / ".ssh" / "config").write_text(built.ssh_config())
         (home / "plugins").mkdir()
         (home / "plugins" / "userplugin.py").write_text(PLUGIN)
-        # The hosts' Python finds the user's module on its path, as it would where the user installed it.
+        # The hosts' Python finds the user's module on its path, as it would where the user installed it. The hosts
+        # share this box's 2 cores, which real hosts do not: their ranks' OpenMP threads wait passively, as the
+        # suite's own children do (tests/conftest.py).
         python = home / "python-with-plugins"
-        python.write_text(f'#!/bin/sh\nPYTHONPATH={home / "plugins"} exec {python_for_hosts()} "$@"\n')
+        python.write_text(
+            f'#!/bin/sh\nOMP_WAIT_POLICY=PASSIVE PYTHONPATH={home / "plugins"} exec {python_for_hosts()} "$@"\n'
+        )
         python.chmod(0o755)
         (home / "run.yaml").write_text(CONFIG.format(python=python))
         yield Controller(built, home)
