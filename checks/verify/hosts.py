@@ -174,14 +174,14 @@ def _stop_all(hosts: list[Host]) -> None:
 
 
 def combine(
-    hosts: list[Host], runs: list[dict[str, Any]], order: list[int], interrupted: bool, stopped: set[int] | None = None
+    hosts: list[Host], runs: list[dict[str, Any]], order: list[int], interrupted: bool, stopped: set[int]
 ) -> ChildRun:
     """Rank 0's result with every host's ranks; a failure is the first host's to fail for its own reason (a
     rank that only lost its peer on another host comes after, and a host stopped here is never the cause)."""
     base = dict(runs[0].get("result") or {})
     ranks = [r for got in runs for r in ((got.get("result") or {}).get("ranks") or [])]
     failing = [i for i in order if _failed(runs[i])]
-    own = [i for i in failing if i not in (stopped or set()) and not _lost_peer(runs[i])]
+    own = [i for i in failing if i not in stopped and not _lost_peer(runs[i])]
     culprit = next(iter(own or failing), None)
     run = ChildRun(result=None, interrupted=interrupted, seconds=max((g.get("seconds") or 0.0) for g in runs))
     if culprit is not None and not interrupted:
