@@ -66,17 +66,18 @@ class Cluster:
             jobs = self.run("squeue", "-h", "-o", "%i", timeout=10).stdout.split()
             if jobs:
                 self.run("scancel", "--full", "--signal=KILL", *jobs, timeout=10)
-            deadline = time.monotonic() + wait_s
-            while jobs and time.monotonic() < deadline:
-                time.sleep(0.3)
-                jobs = self.run("squeue", "-h", "-o", "%i", timeout=10).stdout.split()
+                self._gone(wait_s)
 
     def wait_job(self, job_id: str, timeout: float) -> bool:
         """Wait until ``job_id`` has left the queue; False on timeout. (``sbatch --wait`` polls at intervals that
         grow to 10 s: it noticed a job done at 29 s only at 42 s.)"""
+        return self._gone(timeout, "-j", job_id)
+
+    def _gone(self, timeout: float, *which: str) -> bool:
+        """Poll squeue every 0.3 s until it lists none of ``which`` (every job when empty); False on timeout."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not self.run("squeue", "-h", "-j", job_id, "-o", "%T", timeout=10).stdout.strip():
+            if not self.run("squeue", "-h", "-o", "%i", *which, timeout=10).stdout.strip():
                 return True
             time.sleep(0.3)
         return False
