@@ -87,8 +87,9 @@ def bench_device(torch: Any, device: str, s: dict[str, Any]) -> dict[str, Any]:
     return {"h2d_gb_s": h2d, "d2h_gb_s": d2h, "d2d_gb_s": d2d, "matmul_tflops": tflops, "matmul_dtype": dtype}
 
 
-def _uuid(torch: Any, index: int) -> str | None:
-    """The device UUID (torch >= 2.1): CUDA's index order is not NVML's unless CUDA_DEVICE_ORDER=PCI_BUS_ID."""
+def device_uuid(torch: Any, index: int) -> str | None:
+    """The device UUID (torch >= 2.1): CUDA's index order is not NVML's unless CUDA_DEVICE_ORDER=PCI_BUS_ID, so
+    the UUID joins CUDA's index to NVML's (p2p_bench.py uses it too)."""
     try:
         uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
     except Exception:  # noqa: BLE001
@@ -107,7 +108,7 @@ def main(settings: dict[str, Any]) -> dict[str, Any]:
         return {"skipped": "CUDA is not available to torch (see cuda-compat)"}
     rows = []
     for i in range(torch.cuda.device_count()):
-        row: dict[str, Any] = {"index": i, "uuid": _uuid(torch, i)}
+        row: dict[str, Any] = {"index": i, "uuid": device_uuid(torch, i)}
         try:
             torch.cuda.set_device(i)
             row.update(bench_device(torch, f"cuda:{i}", settings))

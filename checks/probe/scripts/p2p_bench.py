@@ -1,5 +1,5 @@
 """Child process: device-to-device copy bandwidth for every ordered GPU pair, one JSON line out. Imports no project
-code; run by checks/probe/torch.py (``run_p2p``).
+code but its sibling script gpu_bench.py (the UUID rule); run by checks/probe/collective.py (``run_p2p``).
 
 argv[1] is a JSON object: mib (copy size), warmup, repeats, and "device" ("cuda", or "cpu" so the timing loop runs
 without a GPU: two host buffers stand in for two GPUs). Like nvbandwidth's device_to_device_memcpy_write_ce
@@ -17,6 +17,9 @@ import statistics
 import sys
 import time
 from typing import Any
+
+# The sibling script (this folder is sys.path[0] when Python runs a script from it): one UUID rule for both.
+from gpu_bench import device_uuid
 
 MIB = 1024**2
 
@@ -73,18 +76,9 @@ def main(settings: dict[str, Any]) -> dict[str, Any]:
     count = torch.cuda.device_count() if cuda else int(settings.get("cpu_devices", 2))
     if count < 2:
         return {"skipped": f"{count} GPU visible to torch: no pair to measure"}
-    uuids = [_uuid(torch, i) for i in range(count)] if cuda else []
+    uuids = [device_uuid(torch, i) for i in range(count)] if cuda else []
     pairs = [_row(torch, i, j, settings, cuda) for i in range(count) for j in range(count) if i != j]
     return {"pairs": pairs, "uuids": uuids, "mib": int(settings["mib"])}
-
-
-def _uuid(torch: Any, index: int) -> str | None:
-    """The device UUID (torch >= 2.1): joins CUDA's index to NVML's."""
-    try:
-        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-    except Exception:  # noqa: BLE001
-        return None
-    return str(uuid) if uuid is not None else None
 
 
 if __name__ == "__main__":
