@@ -28,9 +28,7 @@ hand-written file stays readable); unknown fields are an error naming the field.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import types
 import typing
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,69 +38,17 @@ from checks import TOOL_NAME, TOOL_VERSION
 from checks.errors import SnapshotError
 from checks.facts import MachineFacts
 from checks.fileio import write_atomic
+from checks.typedjson import TypedJsonError, dump, load
 
 SNAPSHOT_SCHEMA = 1
 
 
-def to_jsonable(value: Any) -> Any:
-    """Turn a facts record (nested dataclasses, tuples) into plain JSON types."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    return value
-
-
-def _build(tp: Any, data: Any, where: str) -> Any:
-    """Rebuild a value of type ``tp`` from JSON data, naming ``where`` on mismatch."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if data is None:
-            return None
-        return _build(args[0], data, where)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(data, dict):
-            raise SnapshotError(f"{where}: expected an object, got {type(data).__name__}")
-        return _build_record(tp, data, where)
-    if origin is tuple:
-        if not isinstance(data, list):
-            raise SnapshotError(f"{where}: expected a list, got {type(data).__name__}")
-        items = typing.get_args(tp)
-        if len(items) == 2 and items[1] is Ellipsis:
-            return tuple(_build(items[0], v, f"{where}[{i}]") for i, v in enumerate(data))
-        if len(items) != len(data):
-            raise SnapshotError(f"{where}: expected {len(items)} items, got {len(data)}")
-        return tuple(_build(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(items, data, strict=True)))
-    if origin is dict:
-        if not isinstance(data, dict):
-            raise SnapshotError(f"{where}: expected an object, got {type(data).__name__}")
-        return {str(k): str(v) for k, v in data.items()}
-    if tp is float and isinstance(data, int) and not isinstance(data, bool):
-        return float(data)
-    if not isinstance(data, tp) or (tp is int and isinstance(data, bool)):
-        raise SnapshotError(f"{where}: expected {tp.__name__}, got {type(data).__name__} {data!r}")
-    return data
-
-
-def _build_record(cls: Any, data: dict[str, Any], where: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise SnapshotError(f"{where}: unknown field {unknown[0]!r}", hint=f"known: {', '.join(sorted(names))}")
-    kwargs = {k: _build(hints[k], v, f"{where}.{k}") for k, v in data.items()}
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:  # a required field is missing
-        raise SnapshotError(f"{where}: {exc}") from None
-
-
 def machine_from_dict(data: dict[str, Any], where: str = "machine") -> MachineFacts:
-    """Rebuild ``MachineFacts`` from the ``machine`` object of a snapshot."""
-    return typing.cast(MachineFacts, _build(MachineFacts, data, where))
+    """Rebuild ``MachineFacts`` from the ``machine`` object of a snapshot (``checks.typedjson``, the one typed reader)."""
+    try:
+        return typing.cast(MachineFacts, load(MachineFacts, data, where))
+    except TypedJsonError as exc:
+        raise SnapshotError(str(exc), hint=f"known: {', '.join(exc.known)}" if exc.known else None) from None
 
 
 def dump_snapshot(facts: MachineFacts, *, recorded: bool, description: str = "") -> dict[str, Any]:
@@ -113,7 +59,7 @@ def dump_snapshot(facts: MachineFacts, *, recorded: bool, description: str = "")
         "recorded": recorded,
         "description": description,
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": to_jsonable(facts),
+        "machine": dump(facts),
     }
 
 

@@ -422,7 +422,7 @@ def _snapshot_with(recorded: Path, change: str) -> dict[str, Any]:
     ("change", "needles"),
     [
         ("future-format", ("format 99", "newer than this tool")),
-        ("unknown-field", ("machine.host", "unknown field 'gpus_per_node'")),
+        ("unknown-field", ("machine.host", "unknown key 'gpus_per_node'")),
         ("wrong-type", ("machine.host.cpu_logical", "expected int")),
         ("bootstrap-report", ("is this a bootstrap report instead?",)),
     ],

@@ -14,7 +14,7 @@ from checks.machine.disk import disk_measurements
 from checks.machine.network import net_measurements
 from checks.machine.resources import loader_advice
 from checks.machine.topology import topology_measurements
-from checks.snapshot import to_jsonable
+from checks.typedjson import dump
 
 
 def inventory(m: MachineFacts) -> dict[str, Any]:
@@ -75,7 +75,7 @@ def measurements(facts: MachineFacts, cfg: PreflightConfig, notes: list[str]) ->
     """The report's ``measurements``: DataLoader advice, benchmarks, PCIe under load, the host's figures."""
     out: dict[str, Any] = {"dataloader": loader_advice(facts, cfg).as_dict()}
     if facts.bench is not None and facts.bench.gpus:
-        out["gpu_bench"] = to_jsonable(facts.bench.gpus)
+        out["gpu_bench"] = dump(facts.bench.gpus)
     links = {
         f"gpu{g.index}": {"gen": g.pcie_gen_loaded, "width": g.pcie_width_loaded}
         for g in facts.nvml.gpus

@@ -1,6 +1,6 @@
 """The records that cross verify's process boundary, and the measurements its JSON report is built from.
 
-Standard library only (no torch, no numpy): the parent (``checks.verify.plan``, ``report``, the launcher) and the
+Standard library only (no torch, no numpy; the one typed JSON reader, ``checks.typedjson``, is too): the parent (``checks.verify.plan``, ``report``, the launcher) and the
 training child (``checks.verify.smoke.child``) import the same records, and so can any other producer of a run
 (a user's own training command instrumented at interpreter start-up, ranks started by torchrun or Slurm): a
 producer that writes these records is judged by the same report.
@@ -50,11 +50,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar, Union
+from typing import Any, ClassVar, TypeVar
+
+from checks.typedjson import TypedJsonError, dump, dump_fields, load_record
 
 JsonObject = dict[str, Any]  # figures kept as the producer wrote them (their keys: where they are measured)
 R = TypeVar("R", bound="Record")
@@ -65,90 +66,21 @@ class ContractError(ValueError):
 
 
 class Record:
-    """A frozen dataclass that converts to and from its JSON object (see the module docstring)."""
+    """A frozen dataclass that converts to and from its JSON object (see the module docstring), with
+    ``checks.typedjson``: the one typed reader and writer, shared with machine snapshots."""
 
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset()
 
     def to_json(self) -> JsonObject:
-        out: JsonObject = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = getattr(self, f.name)
-            if value is None and f.name in self.OMIT_NONE:
-                continue
-            out[f.name] = _dump(value)
-        return out
+        return dump_fields(self)
 
     @classmethod
     def from_json(cls: type[R], data: Any, where: str = "") -> R:
-        where = where or cls.__name__
-        if not isinstance(data, Mapping):
-            raise ContractError(f"{where}: expected a JSON object, got {type(data).__name__}")
-        hints = _hints(cls)
-        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ContractError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(names))})")
-        kwargs = {k: _load(hints[k], v, f"{where}.{k}") for k, v in data.items()}
         try:
-            return cls(**kwargs)
-        except TypeError as exc:  # a required key is missing
-            raise ContractError(f"{where}: {exc}") from None
-
-
-def _dump(value: Any) -> Any:
-    if isinstance(value, Record):
-        return value.to_json()
-    if isinstance(value, (tuple, list)):
-        return [_dump(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _dump(v) for k, v in value.items()}
-    return value
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
-
-
-def _load(hint: Any, value: Any, where: str) -> Any:
-    """``value`` as the type ``hint`` names: records, tuples, dicts, optionals and scalars (ints pass as floats)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        rest = [a for a in args if a is not type(None)]
-        return _load(rest[0] if len(rest) == 1 else Any, value, where)
-    if hint is Any:
-        return value
-    if isinstance(hint, type) and issubclass(hint, Record):
-        return hint.from_json(value, where)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ContractError(f"{where}: expected a list, got {type(value).__name__}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_load(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
-        if len(args) != len(value):
-            raise ContractError(f"{where}: expected {len(args)} items, got {len(value)}")
-        return tuple(_load(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise ContractError(f"{where}: expected a JSON object, got {type(value).__name__}")
-        return {k: _load(args[1], v, f"{where}.{k}") for k, v in value.items()}
-    return _scalar(hint, value, where)
-
-
-def _scalar(hint: Any, value: Any, where: str) -> Any:
-    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if hint is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if hint in (str, bool) and isinstance(value, hint):
-        return value
-    raise ContractError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}"[:300])
+            return typing.cast(R, load_record(cls, data, where or cls.__name__))
+        except TypedJsonError as exc:
+            known = f" (known: {', '.join(exc.known)})" if exc.known else ""
+            raise ContractError(f"{exc}{known}") from None
 
 
 # --- the run spec: parent -> child ------------------------------------------------------------------------------
@@ -664,7 +596,7 @@ class ChildRun:
 
     def to_json(self) -> JsonObject:
         """The run without its events (``smoke/node.py`` prints this for the controller of --hosts)."""
-        out = {f.name: _dump(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "events"}
+        out = {f.name: dump(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "events"}
         out["result"] = None if self.result is None else self.result.to_json()
         return out
 
@@ -846,9 +778,9 @@ class Measurements:
             "loader_alone": self.loader_alone,
             "timeline": self.timeline,
         }
-        out |= {k: _dump(v) for k, v in measured.items() if v}
+        out |= {k: dump(v) for k, v in measured.items() if v}
         if self.loader_candidates is not None:
-            out |= {"loader_candidates": _dump(list(self.loader_candidates)), "advice": self.advice}
+            out |= {"loader_candidates": dump(list(self.loader_candidates)), "advice": self.advice}
         if self.data_cost:
             out["data_cost"] = self.data_cost
         if self.time_to_verdict is not None:

@@ -7,8 +7,10 @@ import pytest
 
 from checks.errors import ExitStatus, SnapshotError
 from checks.facts import BenchFacts, GpuBench, GpuProcess, RemappedRows
+from checks.machine.resources import cpu_governor
+from checks.result import Status
 from checks.snapshot import SNAPSHOT_SCHEMA, dump_snapshot, load_snapshot, write_snapshot
-from tests.factories import gpu, machine
+from tests.factories import config, gpu, machine
 
 
 def _facts():
@@ -16,7 +18,13 @@ def _facts():
     return machine(
         gpus=(g, gpu(1)),
         bench=BenchFacts(gpus=(GpuBench(index=0, h2d_gb_s=55.1),)),
-        host={"env": {"CUDA_VISIBLE_DEVICES": "0"}, "cuda_compat_paths": ("/x/compat",)},
+        host={
+            "env": {"CUDA_VISIBLE_DEVICES": "0"},
+            "cuda_compat_paths": ("/x/compat",),
+            # a dict of counts, not of strings: the snapshot reader once turned every dict value into a string,
+            # and bootstrap --machine's cpu-governor check crashed on summing them
+            "cpu_governors": {"performance": 12, "powersave": 4},
+        },
     )
 
 
@@ -28,6 +36,19 @@ def test_round_trip_preserves_every_fact(tmp_path: Path) -> None:
     assert header["snapshot"] == SNAPSHOT_SCHEMA and header["recorded"] is True
     assert header["description"] == "two H100"
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_replayed_box_is_judged_like_the_recorded_one(tmp_path: Path) -> None:
+    path = tmp_path / "box.json"
+    write_snapshot(path, dump_snapshot(_facts(), recorded=True))
+    facts, _ = load_snapshot(path)
+    (live,) = cpu_governor(_facts(), config())
+    (replayed,) = cpu_governor(facts, config())
+    assert (
+        replayed == live
+        and replayed.status is Status.WARN
+        and "4 of 16 CPUs on the powersave governor" in replayed.summary
+    ), replayed
 
 
 def _write(tmp_path: Path, doc: object) -> Path:
@@ -70,7 +91,7 @@ def test_a_report_is_not_a_snapshot(tmp_path: Path) -> None:
 def test_unknown_field_is_named(tmp_path: Path) -> None:
     doc = _doc()
     doc["machine"]["nvml"]["gpus"][0]["power_limt_mw"] = 1
-    with pytest.raises(SnapshotError, match=r"gpus\[0\]: unknown field 'power_limt_mw'"):
+    with pytest.raises(SnapshotError, match=r"gpus\[0\]: unknown key 'power_limt_mw'"):
         load_snapshot(_write(tmp_path, doc))
 
 

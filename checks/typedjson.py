@@ -1,0 +1,118 @@
+"""Typed JSON: frozen dataclasses to plain JSON and back. Standard library only (verify's training child imports it).
+
+One reader and one writer for every typed document the tool reads back: machine snapshots (``checks.snapshot``)
+and the records that cross verify's process boundary (``checks.verify.contract``).
+
+- ``dump(value)``: dataclasses to objects (a field named in the class's ``OMIT_NONE`` is left out when None; a
+  nested value with its own ``to_json`` is written by it), tuples to lists, dict keys to strings.
+- ``load(hint, value, where)``: ``value`` rebuilt as the type ``hint`` names: dataclasses (a missing field takes
+  its default; an unknown key is an error), tuples (fixed length or ``tuple[T, ...]``), ``dict[str, T]`` (each
+  value as ``T``), optionals, ``Any`` (as it is), and scalars (an int passes as a float; a bool never passes as an
+  int). A mismatch raises ``TypedJsonError`` whose message starts with the path to the bad value
+  (``machine.host.cpu_governors.powersave: expected int, got '8'``); callers turn it into their own error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Union
+
+
+class TypedJsonError(ValueError):
+    """A JSON value that is not of the type asked for; the message names the path to it. For an unknown key,
+    ``known`` lists the keys the record has (the caller says them where its reader looks: a hint, a log line)."""
+
+    def __init__(self, message: str, known: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.known = known
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def dump_fields(record: Any) -> dict[str, Any]:
+    """A dataclass instance as a JSON object (``OMIT_NONE`` fields left out when None)."""
+    omit: frozenset[str] = getattr(record, "OMIT_NONE", frozenset())
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if value is None and f.name in omit:
+            continue
+        out[f.name] = dump(value)
+    return out
+
+
+def dump(value: Any) -> Any:
+    """``value`` in plain JSON types (see the module docstring)."""
+    own = getattr(value, "to_json", None)
+    if callable(own) and not isinstance(value, type):
+        return own()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dump_fields(value)
+    if isinstance(value, (list, tuple)):
+        return [dump(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): dump(v) for k, v in value.items()}
+    return value
+
+
+def load_record(cls: type, data: Any, where: str) -> Any:
+    """A dataclass ``cls`` from its JSON object."""
+    if not isinstance(data, Mapping):
+        raise TypedJsonError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    hints = _hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise TypedJsonError(f"{where}: unknown key {unknown[0]!r}", known=tuple(sorted(names)))
+    kwargs = {k: load(hints[k], v, f"{where}.{k}") for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a required key is missing
+        raise TypedJsonError(f"{where}: {exc}") from None
+
+
+def load(hint: Any, value: Any, where: str) -> Any:
+    """``value`` as the type ``hint`` names (see the module docstring)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        rest = [a for a in args if a is not type(None)]
+        return load(rest[0] if len(rest) == 1 else Any, value, where)
+    if hint is Any:
+        return value
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return load_record(hint, value, where)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise TypedJsonError(f"{where}: expected a list, got {type(value).__name__}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(load(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise TypedJsonError(f"{where}: expected {len(args)} items, got {len(value)}")
+        return tuple(load(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise TypedJsonError(f"{where}: expected a JSON object, got {type(value).__name__}")
+        return {str(k): load(args[1], v, f"{where}.{k}") for k, v in value.items()}
+    return _scalar(hint, value, where)
+
+
+def _scalar(hint: Any, value: Any, where: str) -> Any:
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if hint not in (int, float) and isinstance(hint, type) and isinstance(value, hint):
+        return value
+    raise TypedJsonError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}"[:300])
