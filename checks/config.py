@@ -8,7 +8,6 @@ invoke.yaml files, ``INVOKE_PREFLIGHT_*`` variables and ``-f FILE``; ``validate`
 from __future__ import annotations
 
 import copy
-import dataclasses
 import difflib
 import functools
 import typing
@@ -19,6 +18,7 @@ from typing import Any
 import yaml
 
 from checks.errors import PreflightError
+from checks.typedjson import TypedJsonError, load
 
 DEFAULTS_FILE = Path(__file__).resolve().parent.parent / "templates" / "defaults.yaml"
 
@@ -453,29 +453,16 @@ def validate_files(paths: list[Path], top_level: tuple[str, ...] = (), own: bool
             raise PreflightError(f"in {path}: {str(exc).removeprefix('gpu-preflight: ')}") from None
 
 
-def _build(cls: Any, data: dict[str, Any]) -> Any:
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        tp, value = hints[f.name], data[f.name]
-        if dataclasses.is_dataclass(tp):
-            kwargs[f.name] = _build(tp, value)
-        elif tp is float:
-            kwargs[f.name] = float(value)
-        elif typing.get_origin(tp) is tuple:
-            kwargs[f.name] = tuple(value)
-        else:
-            kwargs[f.name] = value
-    return cls(**kwargs)
-
-
 def make_config(merged: Any = None) -> PreflightConfig:
     """Validate a merged ``preflight`` mapping (None: the defaults alone) and return its typed view."""
     defaults = load_defaults()
     data = plain(merged) if merged is not None else defaults
     validate(data, defaults)
     full = _merge(defaults, data)
-    return typing.cast(PreflightConfig, _build(PreflightConfig, full))
+    try:  # validated against the defaults above; typedjson holds the defaults to the dataclasses' own types
+        return typing.cast(PreflightConfig, load(PreflightConfig, full, "preflight"))
+    except TypedJsonError as exc:  # a default that does not fit its field: ours to fix, not the user's
+        raise AssertionError(f"templates/defaults.yaml does not fit checks/config.py: {exc}") from None
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
