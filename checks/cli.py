@@ -190,14 +190,23 @@ def check_env_overrides(environ: Mapping[str, str], defaults: dict[str, Any]) ->
 _SUFFIXES = ("yaml", "yml", "json")  # Invoke also reads invoke.py: code, not data, so it is not validated
 
 
-def missing_runtime_file(path: str | None) -> PreflightError | None:
-    """The error for a runtime configuration file (``-f`` or ``INVOKE_RUNTIME_CONFIG``) that does not exist."""
-    if not path or Path(os.path.expanduser(path)).exists():
+def runtime_file_problem(path: str | None) -> PreflightError | None:
+    """The error for a runtime configuration file (``-f`` or ``INVOKE_RUNTIME_CONFIG``) that does not exist, or
+    whose name Invoke cannot read (it picks the parser by the suffix, and raises a traceback for any other)."""
+    if not path:
         return None
-    return PreflightError(
-        f"configuration file {Path(os.path.expanduser(path))} does not exist",
-        hint="fix the path given with -f / --config / INVOKE_RUNTIME_CONFIG",
-    )
+    file = Path(os.path.expanduser(path))
+    if not file.exists():
+        return PreflightError(
+            f"configuration file {file} does not exist",
+            hint="fix the path given with -f / --config / INVOKE_RUNTIME_CONFIG",
+        )
+    if file.suffix.lstrip(".") not in (*_SUFFIXES, "py"):
+        return PreflightError(
+            f"configuration file {file} has no .yaml, .yml or .json suffix, which Invoke needs to read it",
+            hint=f"give it one, as in {file.stem}.yaml",
+        )
+    return None
 
 
 LOOKALIKE_NAMES = ("invoke", "preflight", "gpu-preflight", ".invoke", ".preflight")
@@ -280,7 +289,7 @@ class CheckedConfig(Config):
     def load_runtime(self, merge: bool = True) -> None:
         """Refuse a runtime file that does not exist and validate the one that does, then load it."""
         path = self.checked_runtime
-        if error := missing_runtime_file(path):
+        if error := runtime_file_problem(path):
             raise error
         if path:
             validate_files([Path(os.path.expanduser(path))], INVOKE_KEYS)

@@ -159,6 +159,18 @@ def test_a_missing_runtime_file_is_refused(
     assert seen == []
 
 
+def test_a_runtime_file_invoke_cannot_parse_by_its_name_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Invoke picks its parser by the suffix and raises UnknownFileType (a traceback) for any other: a process
+    # substitution (-f <(...)) or a notes.txt is refused in one line, with the name to give it.
+    text = tmp_path / "settings.txt"
+    text.write_text("preflight: {}\n")
+    line = one_line(*run(["-f", str(text), "train"], capsys, tmp_path)[::2])
+    assert f"{text} has no .yaml, .yml or .json suffix" in line and "as in settings.yaml" in line, line
+    assert seen == []
+
+
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
