@@ -1,10 +1,28 @@
-"""Atomic file writes: a temporary sibling, fsynced, renamed into place. A reader never sees half a file."""
+"""Files the user names: read as text with one-line errors (``read_text``), and written atomically (a temporary
+sibling, fsynced, renamed into place: a reader never sees half a file)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+
+from checks.errors import PreflightError
+
+
+def read_text(
+    path: Path, what: str, missing_hint: str | None = None, error: type[PreflightError] = PreflightError
+) -> str:
+    """The UTF-8 text of a file the user named, or one line naming it (``what``: "lock file") and what went wrong:
+    missing (with ``missing_hint``), not text, or not readable (a folder, no permission)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{what} {path} does not exist", hint=missing_hint) from None
+    except UnicodeDecodeError:
+        raise error(f"{what} {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise error(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
 
 
 def write_atomic(path: Path, text: str, mode: int | None = None) -> None:

@@ -37,7 +37,7 @@ from typing import Any
 from checks import TOOL_NAME, TOOL_VERSION
 from checks.errors import SnapshotError
 from checks.facts import MachineFacts
-from checks.fileio import write_atomic
+from checks.fileio import read_text, write_atomic
 from checks.typedjson import TypedJsonError, dump, load
 
 SNAPSHOT_SCHEMA = 1
@@ -65,16 +65,7 @@ def dump_snapshot(facts: MachineFacts, *, recorded: bool, description: str = "")
 
 def load_snapshot(path: Path) -> tuple[MachineFacts, dict[str, Any]]:
     """Read a snapshot file; return the facts and the document's header fields."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SnapshotError(
-            f"machine snapshot {path} does not exist", hint="record one with `invoke snapshot --out FILE`"
-        ) from None
-    except UnicodeDecodeError:
-        raise SnapshotError(f"machine snapshot {path} is not UTF-8 text") from None
-    except OSError as exc:
-        raise SnapshotError(f"machine snapshot {path} cannot be read: {exc.strerror}") from None
+    text = read_text(path, "machine snapshot", "record one with `invoke snapshot --out FILE`", SnapshotError)
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from checks.errors import PreflightError
+from checks.fileio import read_text
 from checks.hostlist import expand_nodelist  # the one expander; re-exported for callers of this module
 
 NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?$")
@@ -88,12 +89,7 @@ def _options(spec: HostSpec, fields: list[str], where: str) -> HostSpec:
 
 def read_hosts_file(path: Path) -> list[HostSpec]:
     """Read a hosts file: ``host [slots=N] [python=PATH] [addr=ADDRESS]`` per line, ``#`` comments."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise PreflightError(f"hosts file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PreflightError(f"hosts file {path} cannot be read: {exc}") from None
+    lines = read_text(path, "hosts file").splitlines()
     specs = []
     for number, line in enumerate(lines, 1):
         fields = line.split("#", 1)[0].split()

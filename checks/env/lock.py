@@ -29,7 +29,7 @@ from packaging.version import InvalidVersion, Version
 from checks.config import PreflightConfig
 from checks.errors import PreflightError
 from checks.facts import MachineFacts
-from checks.fileio import write_atomic
+from checks.fileio import read_text, write_atomic
 from checks.machine.measurements import environment
 from checks.machine.torchbuilds import PYTORCH_WHEEL_INDEX, driver_cuda, parse_cuda
 from checks.probe import LocalProbe
@@ -124,14 +124,7 @@ def _valid(text: str) -> bool:
 
 def read_lock(path: Path) -> Lock:
     """Parse a lock file; a line that is not an exact pin or an index option is an error with line and column."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PreflightError(
-            f"lock file {path} does not exist", hint="write one with `invoke lock --out FILE`"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PreflightError(f"lock file {path} cannot be read: {exc}") from None
+    text = read_text(path, "lock file", "write one with `invoke lock --out FILE`")
     pins, options, made_on = [], [], None
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split(" #", 1)[0].strip()

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from checks.fileio import write_atomic
+from checks.errors import ExitStatus, PreflightError, SnapshotError
+from checks.fileio import read_text, write_atomic
 
 
 def test_new_file_gets_0644_and_an_existing_file_keeps_its_mode(tmp_path: Path) -> None:
@@ -30,3 +31,21 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path, mon
         write_atomic(path, "half")
     assert path.read_text() == "complete old report"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+
+
+def test_a_file_the_user_named_is_read_or_refused_in_one_line_naming_it(tmp_path: Path) -> None:
+    good = tmp_path / "hosts"
+    good.write_text("h1 slots=2\n")
+    assert read_text(good, "hosts file") == "h1 slots=2\n"
+    binary = tmp_path / "lock.bin"
+    binary.write_bytes(b"\xff\xfe\x00torch")
+    cases = [
+        (tmp_path / "nope", SnapshotError, "machine snapshot {} does not exist (record one)"),
+        (binary, PreflightError, "machine snapshot {} is not UTF-8 text"),
+        (tmp_path, PreflightError, "machine snapshot {} cannot be read: Is a directory"),
+    ]
+    for path, error, words in cases:
+        with pytest.raises(error) as info:
+            read_text(path, "machine snapshot", "record one", error)
+        assert info.value.message == "gpu-preflight: " + words.format(path), info.value.message
+        assert info.value.code == ExitStatus.USAGE
