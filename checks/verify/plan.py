@@ -116,8 +116,13 @@ def effective(cfg: VerifyConfig, opts: Options) -> VerifyConfig:
             f"preflight.verify.measure_budget_s is {out.measure_budget_s:g}",
             hint="seconds for the measured steps (0: always measure verify.steps)",
         )
-    if opts.batch_size < 0 or out.price_per_hour < 0:
-        raise PreflightError("verify: --batch-size and --price-per-hour cannot be negative")
+    if opts.batch_size < 0:
+        raise PreflightError(f"verify: --batch-size cannot be negative, got {opts.batch_size}")
+    if out.price_per_hour < 0:
+        raise PreflightError(
+            f"verify: the price per hour cannot be negative, got {out.price_per_hour:g}",
+            hint="--price-per-hour or preflight.verify.price_per_hour: what the box costs an hour (0: no price)",
+        )
     return out
 
 

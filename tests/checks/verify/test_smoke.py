@@ -403,8 +403,11 @@ def test_cost_per_epoch_and_per_lost_share() -> None:
 def test_flags_are_validated_before_anything_runs(tmp_path: Path) -> None:
     with pytest.raises(PreflightError, match="device must be one of auto, cuda, cpu"):
         effective(CFG, Options(device="tpu"))
-    with pytest.raises(PreflightError, match="cannot be negative"):
+    with pytest.raises(PreflightError, match="the price per hour cannot be negative, got -1") as info:
         effective(CFG, Options(price_per_hour=-1))
+    assert "--price-per-hour or preflight.verify.price_per_hour" in str(info.value)
+    with pytest.raises(PreflightError, match="--batch-size cannot be negative, got -2"):
+        effective(CFG, Options(batch_size=-2))
     assert effective(CFG, Options(steps=7, ckpt_every=3)).steps == 7
 
 
