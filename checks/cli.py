@@ -81,9 +81,25 @@ def _unknown(token: str, context: ParserContext | None, tasks: Iterable[str]) ->
     close = _closest(token, tasks)
     if close or not task:
         return PreflightError(f"no task named {token!r}", hint=_hint(None, close))
-    return PreflightError(
-        f"unexpected argument {token!r} after {task}", hint="on/off flags take no value; " + _help(task)
-    )
+    return PreflightError(f"unexpected argument {token!r} after {task}", hint=_positional_hint(task, token, context))
+
+
+# A word after a task that takes none: what the user most likely meant. The tasks that run the user's own command
+# take it after `--`; the others name their main input with a flag (each is checked against the task's flags).
+_AFTER_DASHES = ("verify", "sbatch")
+_SWITCH_WORDS = ("true", "false", "yes", "no", "on", "off", "0", "1")
+INPUT_FLAGS = {"stage-data": "--source", "bootstrap": "--hosts", "watch": "--pid", "plan": "--model"}
+
+
+def _positional_hint(task: str, token: str, context: ParserContext | None) -> str:
+    flags = context.flag_names() if context is not None else ()
+    if token.lower() in _SWITCH_WORDS:  # --ab yes
+        return "on/off flags take no value; " + _help(task)
+    if task in _AFTER_DASHES:
+        return f"your own command goes after --: invoke {task} -- {token} ...; " + _help(task)
+    if (flag := INPUT_FLAGS.get(task)) and flag in flags:
+        return f"did you mean {flag} {token}? " + _help(task)
+    return "on/off flags take no value; " + _help(task)
 
 
 def usage_error(exc: Exception, tasks: Iterable[str]) -> PreflightError | None:

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 import tasks
+from checks import cli
 from tests.fakes.cli import REPO, Here, Run, assert_usage_error, by_id, child_env, default_sigint, invoke, pid_gone
 
 pytestmark = pytest.mark.slow
@@ -606,8 +607,13 @@ def test_unknown_flag_is_a_one_line_usage_error(
         (("verify", "--price-per-hour", "cheap"), ("verify --price-per-hour takes a number, not 'cheap'",)),
         (("bootstrap", "--json"), ("bootstrap --json needs a value",)),
         (("alloc-conf", "--dry-run=yes"), ("unexpected argument 'yes' after alloc-conf", "on/off flags take no value")),
+        (("verify", "--ab", "yes"), ("unexpected argument 'yes' after verify", "on/off flags take no value")),
+        # a word where a task takes none: the user's command goes after --, a task's input has its flag
+        (("verify", "python", "train.py"), ("unexpected argument 'python'", "goes after --: invoke verify -- python")),
+        (("stage-data", "/data/imagenet"), ("unexpected argument '/data/imagenet'", "did you mean --source /data/")),
+        (("bootstrap", "h1,h2"), ("unexpected argument 'h1,h2' after bootstrap", "did you mean --hosts h1,h2?")),
     ],
-    ids=["int", "int-equals", "float", "missing", "value-for-switch"],
+    ids=["int", "int-equals", "float", "missing", "value-for-switch", "yes-after-switch", "command", "source", "hosts"],
 )
 def test_bad_flag_value_is_a_one_line_usage_error(
     here: Here, home: Path, args: tuple[str, ...], needles: tuple[str, ...]
@@ -615,6 +621,12 @@ def test_bad_flag_value_is_a_one_line_usage_error(
     run = here(home, *args)
     assert_usage_error(run, *needles, f"invoke --help {args[0]}")
     assert rc_bytes(home) == {".bashrc": None, ".profile": None}
+
+
+@pytest.mark.parametrize("task", sorted(cli.INPUT_FLAGS))
+def test_every_input_flag_hint_names_a_flag_its_task_has(here: Here, home: Path, task: str) -> None:
+    # The table is by hand; a renamed flag would drop its hint to the generic one, and this says so.
+    assert_usage_error(here(home, task, "word"), f"did you mean {cli.INPUT_FLAGS[task]} word?")
 
 
 def test_unknown_task_names_the_closest_task(home: Path) -> None:
