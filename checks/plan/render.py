@@ -29,7 +29,9 @@ def _gb(value: float) -> str:
 def _row(o: Option, time: dict[str, float] | None) -> str:
     mark = "*" if o.this_box else " "
     fit = (f"{o.gpus} x {o.sharding}" if o.gpus > 1 else "1 GPU") if o.fits else "no"
-    cells = [f"{mark}{o.spec.model:<16}", f"{o.spec.memory_gb:>5g}", f"{fit:<12}", f"{_gb(o.memory.total):>10}"]
+    # usable: what the plan fills on one card (its NVML total; this box: its free memory), in the GB of the per-GPU
+    # column. Not the name's size: NVIDIA's "80GB" is GiB (85.9 GB), so 83 GB per GPU can fit an "80GB" card.
+    cells = [f"{mark}{o.spec.model:<16}", f"{o.usable / GB:>9,.1f}", f"{fit:<12}", f"{_gb(o.memory.total):>10}"]
     cells.append(f"{o.largest_batch:>9}" if o.fits else f"{'-':>9}")
     if time:
         cells.append(f"{time['step_s']:>8.3f}")
@@ -60,14 +62,14 @@ def render_plan(p: PlanResult) -> str:
         terms = ", ".join(f"{k.replace('_', ' ')} {_gb(v)}" for k in TERMS if (v := getattr(o.memory, k)))
         how = f"{o.gpus} x {o.sharding}" if o.gpus > 1 else "1 GPU"
         lines.append(f"  per GPU on {o.spec.model} ({how}): {terms}; total {_gb(o.memory.total)}")
-    head = f"  {'card':<16}  {'GB':>5}  {'fits':<12}  {'per GPU':>10}  {'max batch':>9}"
+    head = f"  {'card':<17}  {'usable GB':>9}  {'fits':<12}  {'per GPU':>10}  {'max batch':>9}"
     if p.times:
         unit = "epoch $" if any("epoch_cost" in t for t in p.times.values()) else "$ / 1M"
         head += f"  {'step s':>8}  {'epoch h':>8}  {unit:>10}"
     lines += ["", head]
     lines += ["  " + _row(o, p.times.get(o.spec.model)) for o in p.options]
+    lines.append("  usable GB: what one card holds, in the per-GPU column's GB (10^9 bytes); a card's \"80GB\" is GiB")
     if p.box:
-        # The card column is the datasheet's size, which NVIDIA gives in GiB ("24 GB" RTX 4090: 24 GiB = 25.8 GB)
         lines.append(f"  * this box ({p.box[0]}): its free memory, {_gb(p.box[1])} ({p.box[1] / 2**30:,.1f} GiB)")
     lines.append("")
     lines.append(summary(p))
