@@ -120,13 +120,31 @@ def diff(a: Side, b: Side) -> Diff:
             continue  # a file that predates the environment section: listed under not_compared
         if va is not None and vb is not None and version(va) is not None and version(va) == version(vb):
             continue  # "2.1" and "2.1.0" are the same version (PEP 440)
-        out.append(cuda_stack(key, va, vb, b, fit) if key in _STACK else rank(key, va, vb))
+        if key in _STACK:
+            out.append(cuda_stack(key, va, vb, b, fit))
+        elif other := _other_model(key, a, b):
+            out.append(Difference("info", key, va, vb, other))
+        else:
+            out.append(rank(key, va, vb))
     out += fit + arch_fit(a, b)
     out.sort(key=lambda d: RANKS.index(d.rank))
     not_compared = [f"A ({a.label}): {m}" for m in a.missing] + [f"B ({b.label}): {m}" for m in b.missing]
     if ("cross_socket_pairs" in a.fields) != ("cross_socket_pairs" in b.fields):
         not_compared.append("NUMA placement: only one side records GPU topology (2+ GPUs, snapshots from issue 10 on)")
     return Diff(a.label, b.label, tuple(out), tuple(not_compared))
+
+
+def _other_model(key: str, a: Side, b: Side) -> str | None:
+    """A per-GPU figure that is the card's own (power limit, clock ceiling, link) where the two sides hold different
+    GPU models at that index: not a slower setting of the same card, so not ranked slow (an H200's 1,980 MHz
+    ceiling is not a slowdown from a 4090's 3,105)."""
+    gpu, _, leaf = key.partition(".")
+    if not (gpu.startswith("gpu") and leaf in _SLOW):
+        return None
+    name_a, name_b = a.fields.get(f"{gpu}.name"), b.fields.get(f"{gpu}.name")
+    if name_a is None or name_b is None or name_a == name_b:
+        return None
+    return f"another GPU model ({name_a} vs {name_b}): not comparable; bootstrap judges each card by its datasheet"
 
 
 def _one_sided_ok(key: str, a: Side, b: Side) -> bool:

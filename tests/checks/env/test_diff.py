@@ -97,6 +97,19 @@ def test_different_gpu_counts_compare_what_exists() -> None:
     assert any("predates" in m for m in d.not_compared)  # B is an old snapshot without the env section
 
 
+def test_another_gpu_model_s_own_figures_are_not_ranked_slow() -> None:
+    # An RTX 4090 box against an H200: the H200's lower clock ceiling is not a slowdown of the same card. The same
+    # card with a lower ceiling still is (the "clocks" case above).
+    capped, _ = load_snapshot(FIXTURES / "rtx4090-power-capped.json")
+    d = diff(from_facts(capped, "A"), from_facts(base(), "B"))
+    by = {x.field: x for x in d.differences}
+    assert by["gpu0.name"].rank == "info"
+    for field in ("gpu0.sm_clock_max_mhz", "gpu0.power_limit_w"):
+        assert by[field].rank == "info", by[field]
+        assert "another GPU model (NVIDIA GeForce RTX 4090 vs NVIDIA H200)" in by[field].reason, by[field]
+    assert not any(x.rank == "slow" and x.field.startswith("gpu0.") for x in d.differences), d.differences
+
+
 def _report(tmp_path: Path, name: str, measurements: dict[str, Any]) -> Path:
     path = tmp_path / name
     path.write_text(
