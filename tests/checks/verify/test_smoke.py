@@ -535,3 +535,6 @@ def test_a_device_the_box_lacks_is_not_pointed_at_the_model_docs() -> None:
     device = refused("--device cuda, but torch cannot use CUDA here (see bootstrap's torch-build and cuda-compat)")
     assert "docs/verify.md" not in str(device) and "run without --device cuda" in str(device)
     assert "--model/--dataset convention" in str(refused("--model mod:fn: no such module"))
+    # staged data with fewer samples than one batch: the batch size is what to change, not the user's code
+    few = refused("the dataset holds 26 samples: fewer than one batch of 32")
+    assert "pass a smaller --batch-size (it is per rank)" in str(few) and "docs/verify.md" not in str(few)
