@@ -148,6 +148,8 @@ def checkpoint_dir(opts: Options, cfg: VerifyConfig, stack: ExitStack) -> tuple[
     if not wanted:
         return stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-preflight-ckpt-")), True
     path = Path(wanted).expanduser()
+    made = [p for p in (path, *path.parents) if not p.exists()]  # the folders this run creates, deepest first
+    stack.callback(_remove_empty, made)  # the run's own files are gone by then: leave the tree as it was
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".gpu-preflight-write-test.{os.getpid()}"
@@ -158,6 +160,15 @@ def checkpoint_dir(opts: Options, cfg: VerifyConfig, stack: ExitStack) -> tuple[
             f"checkpoint directory {path} is not writable: {exc.strerror or exc}", hint="pick another --ckpt-dir"
         ) from None
     return str(path), False
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) while they are empty: what a run created and left nothing in."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (something else wrote there), or already gone
+            return
 
 
 def outputs(json: str, plot: str, cfg: VerifyConfig, task: str = "verify") -> tuple[str, Path, Path]:

@@ -420,6 +420,23 @@ def test_an_unwritable_checkpoint_directory_is_refused(tmp_path: Path) -> None:
         checkpoint_dir(Options(ckpt_dir=str(blocker / "sub")), CFG, stack)
 
 
+def test_a_checkpoint_directory_verify_created_is_gone_after_it_unless_something_stayed(tmp_path: Path) -> None:
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        made, temporary = checkpoint_dir(Options(ckpt_dir=str(tmp_path / "ckpt" / "run1")), CFG, stack)
+        assert made == str(tmp_path / "ckpt" / "run1") and not temporary and Path(made).is_dir()
+    assert list(tmp_path.iterdir()) == []  # both folders it made, and nothing above them
+    with ExitStack() as stack:
+        made, _ = checkpoint_dir(Options(ckpt_dir=str(tmp_path / "ckpt" / "run2")), CFG, stack)
+        (Path(made) / "keep.pt").write_bytes(b"x")  # something else wrote there meanwhile: left alone
+    assert (tmp_path / "ckpt" / "run2" / "keep.pt").exists()
+    (tmp_path / "mine").mkdir()
+    with ExitStack() as stack:
+        checkpoint_dir(Options(ckpt_dir=str(tmp_path / "mine")), CFG, stack)
+    assert (tmp_path / "mine").is_dir()  # the user's own folder stays, empty or not
+
+
 def test_outputs_go_beside_the_json_or_into_the_report_dir(tmp_path: Path) -> None:
     json_path, csv, png = outputs(str(tmp_path / "a" / "r.json"), "", CFG)
     assert (json_path, csv.name, png.name) == (str(tmp_path / "a" / "r.json"), "r.samples.csv", "r.png")
