@@ -44,7 +44,7 @@ SNAPSHOT_SCHEMA = 1
 
 
 def machine_from_dict(data: dict[str, Any], where: str = "machine") -> MachineFacts:
-    """Rebuild ``MachineFacts`` from the ``machine`` object of a snapshot (``checks.typedjson``, the one typed reader)."""
+    """Rebuild ``MachineFacts`` from the ``machine`` object of a snapshot (with ``checks.typedjson``)."""
     try:
         return typing.cast(MachineFacts, load(MachineFacts, data, where))
     except TypedJsonError as exc:

@@ -38,6 +38,9 @@ _SLOW = {
     "shm_mib": "a smaller /dev/shm limits DataLoader workers and NCCL's shared memory (docs/sources.md#dev-shm)",
     "local_cpus": "fewer CPUs on this GPU's NUMA node: its DataLoader workers and pinned copies beyond them cross the socket",
 }
+# The per-GPU fields of _SLOW that belong to the card itself, so compare only between like cards (local_cpus is
+# the host's: it compares across models too).
+_CARD_OWN = frozenset({"power_limit_w", "pcie", "sm_clock_max_mhz"})
 # Fields where more is slower (B having fewer is info).
 _SLOW_MORE = {
     "cross_socket_pairs": "more GPU pairs cross the sockets without NVLink (path SYS): their P2P and all-reduce "
@@ -139,7 +142,7 @@ def _other_model(key: str, a: Side, b: Side) -> str | None:
     GPU models at that index: not a slower setting of the same card, so not ranked slow (an H200's 1,980 MHz
     ceiling is not a slowdown from a 4090's 3,105)."""
     gpu, _, leaf = key.partition(".")
-    if not (gpu.startswith("gpu") and leaf in _SLOW):
+    if not (gpu.startswith("gpu") and leaf in _CARD_OWN):
         return None
     name_a, name_b = a.fields.get(f"{gpu}.name"), b.fields.get(f"{gpu}.name")
     if name_a is None or name_b is None or name_a == name_b:

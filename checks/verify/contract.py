@@ -1,7 +1,8 @@
 """The records that cross verify's process boundary, and the measurements its JSON report is built from.
 
-Standard library only (no torch, no numpy; the one typed JSON reader, ``checks.typedjson``, is too): the parent (``checks.verify.plan``, ``report``, the launcher) and the
-training child (``checks.verify.smoke.child``) import the same records, and so can any other producer of a run
+Standard library only (no torch, no numpy; ``checks.typedjson``, the one typed JSON reader, is too): the parent
+(``checks.verify.plan``, ``report``, the launcher) and the training child (``checks.verify.smoke.child``) import
+the same records, and so can any other producer of a run
 (a user's own training command instrumented at interpreter start-up, ranks started by torchrun or Slurm): a
 producer that writes these records is judged by the same report.
 
@@ -523,12 +524,13 @@ class ChildResult(Record):
     """What one training process measured (``result.json``); every field has a default (a partial result)."""
 
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
-        {"error_kind", "phase", "ddp", "kernels", "memory", "checkpoint", "oom", "ab", "sweep"}
+        {"error_kind", "error_hint", "phase", "ddp", "kernels", "memory", "checkpoint", "oom", "ab", "sweep"}
         | {"loader_alone", "data_cost", "flops_per_step", "flops_note", "stop"}
     )
     interrupted: bool = False
     error: str | None = None
     error_kind: str | None = None  # "usage" (exit 2 in the parent) | "crash"
+    error_hint: str | None = None  # with a usage error: its fix, as the code that raised it says it
     phase: str | None = None  # the last phase begun
     timeline: dict[str, tuple[float, float]] = field(default_factory=dict)  # phase -> (start, end), monotonic s
     warmup: tuple[Step, ...] = ()

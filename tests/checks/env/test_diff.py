@@ -108,6 +108,12 @@ def test_another_gpu_model_s_own_figures_are_not_ranked_slow() -> None:
         assert by[field].rank == "info", by[field]
         assert "another GPU model (NVIDIA GeForce RTX 4090 vs NVIDIA H200)" in by[field].reason, by[field]
     assert not any(x.rank == "slow" and x.field.startswith("gpu0.") for x in d.differences), d.differences
+    # the host's side of a GPU (its NUMA node's CPUs) still compares across models
+    a, b = from_facts(capped, "A"), from_facts(base(), "B")
+    a = dataclasses.replace(a, fields={**a.fields, "gpu0.local_cpus": 64})
+    b = dataclasses.replace(b, fields={**b.fields, "gpu0.local_cpus": 32})
+    local = next(x for x in diff(a, b).differences if x.field == "gpu0.local_cpus")
+    assert local.rank == "slow" and "another GPU model" not in local.reason, local
 
 
 def _report(tmp_path: Path, name: str, measurements: dict[str, Any]) -> Path:
