@@ -132,6 +132,18 @@ def test_verify_on_staged_images_prices_the_epoch(here: Here, home: Path, tmp_pa
     assert m["run"]["data"]["reader"].endswith("StagedImages")  # stage-data's template (or the built-in reader)
 
 
+def test_staged_data_smaller_than_one_batch_exits_2_with_the_childs_own_fix(
+    here: Here, home: Path, tmp_path: Path
+) -> None:
+    # The training child finds it (the dataset's length against the batch); its fix travels back with the error.
+    data = stage_images(tmp_path / "staged", n=10)
+    run, _ = verify(here, home, tmp_path, "--data", str(data), "--batch-size", "16")
+    assert run.code == 2 and "Traceback" not in run.err, run.why()
+    line = run.err.strip().splitlines()[-1]  # after the child's progress lines: one error line
+    assert line.startswith("gpu-preflight: the dataset holds 10 samples: fewer than one batch of 16"), run.why()
+    assert "pass a smaller --batch-size (it is per rank)" in line and "docs/verify.md" not in line, line
+
+
 def test_staged_data_is_read_by_workers_when_they_are_asked_for(here: Here, home: Path, tmp_path: Path) -> None:
     data = stage_images(tmp_path / "staged")  # without --workers: read in the training process (test above)
     run, report = verify(here, home, tmp_path, "--data", str(data), "--workers", "2")

@@ -368,8 +368,8 @@ def raise_usage(o: Outcome) -> None:
         text = str(r.error)
         if text.startswith("--device"):  # the device, not the user's code: its own hint is in the message
             raise PreflightError(text, hint="run without --device cuda (the CPU), or on a box where bootstrap passes")
-        if text.startswith("the dataset holds"):  # too few samples for one batch: the batch size, not the code
-            raise PreflightError(text, hint="pass a smaller --batch-size (it is per rank), or give it more samples")
+        if r.error_hint:  # the child's own fix for it (staged data: a dataset smaller than one batch, say)
+            raise PreflightError(text, hint=r.error_hint)
         raise PreflightError(text, hint="see the --model/--dataset convention in docs/verify.md")
 
 

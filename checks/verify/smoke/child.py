@@ -374,7 +374,7 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         smoke.result["interrupted"] = True
     except (UsageError, StagedDataError) as exc:
-        smoke.result.update(error=str(exc), error_kind="usage")
+        smoke.result.update(error=str(exc), error_kind="usage", error_hint=getattr(exc, "hint", "") or None)
     except Exception as exc:  # noqa: BLE001 - the parent reports it; the partial result still counts
         where = traceback.extract_tb(exc.__traceback__)[-1]
         text = f"{type(exc).__name__}: {str(exc).splitlines()[0][:400] if str(exc) else ''}"

@@ -46,6 +46,9 @@ class StagedDataError(ValueError):
         self.hint = hint
 
 
+FEWER_THAN_A_BATCH = "pass a smaller --batch-size (it is per rank), or give it more samples"
+
+
 def synthetic_spec(kind: str, image_size: int, classes: int, seq_len: int) -> DataSpec:
     """Describe synthetic data of the given shape."""
     if kind == "images":
@@ -343,7 +346,9 @@ class EpochBatches:
 
     def __init__(self, samples: int, batch_size: int, seed: int, epoch: int = 0, start: int = 0) -> None:
         if samples < batch_size:
-            raise StagedDataError(f"the dataset holds {samples} samples: fewer than one batch of {batch_size}")
+            raise StagedDataError(
+                f"the dataset holds {samples} samples: fewer than one batch of {batch_size}", hint=FEWER_THAN_A_BATCH
+            )
         self.samples, self.batch_size, self.seed = samples, batch_size, seed
         self.epoch, self.start = epoch, start
 

@@ -19,7 +19,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader, DistributedSampler
 
-from checks.verify.smoke.data import EpochBatches, StagedDataError
+from checks.verify.smoke.data import FEWER_THAN_A_BATCH, EpochBatches, StagedDataError
 
 
 class HostClock:
@@ -152,7 +152,8 @@ class ShardedBatches:
         self.epoch = epoch
         if len(self) == 0:
             raise StagedDataError(
-                f"the dataset holds {samples} samples: fewer than one batch of {batch_size} for each of {world} ranks"
+                f"the dataset holds {samples} samples: fewer than one batch of {batch_size} for each of {world} ranks",
+                hint=FEWER_THAN_A_BATCH,
             )
 
     @property

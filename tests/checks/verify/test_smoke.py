@@ -28,6 +28,7 @@ from checks.verify.contract import DeviceEvent, OomProbeEvent, PhaseEvent, Step,
 from checks.verify.cost import cost, describe
 from checks.verify.plan import Options, checkpoint_dir, cpu_machine, effective, gate, outputs, plan, progress
 from checks.verify.smoke.data import (
+    FEWER_THAN_A_BATCH,
     EpochBatches,
     StagedDataError,
     StagedImages,
@@ -172,8 +173,9 @@ def test_batch_order_resumes_exactly_from_a_saved_position() -> None:
 
 
 def test_a_dataset_smaller_than_one_batch_is_refused() -> None:
-    with pytest.raises(StagedDataError, match="fewer than one batch"):
+    with pytest.raises(StagedDataError, match="fewer than one batch") as caught:
         EpochBatches(5, 8, seed=0)
+    assert caught.value.hint == FEWER_THAN_A_BATCH
 
 
 def record(wait: float, fwd: float = 0.03, ckpt_loss: float = 1.0) -> Step:
@@ -543,8 +545,8 @@ def test_a_device_the_box_lacks_is_not_pointed_at_the_model_docs() -> None:
     from checks.verify.plan import Outcome, raise_usage
     from checks.verify.sampler import Trace
 
-    def refused(error: str) -> PreflightError:
-        child = ChildRun(result=ChildResult(error=error, error_kind="usage"))
+    def refused(error: str, hint: str | None = None) -> PreflightError:
+        child = ChildRun(result=ChildResult(error=error, error_kind="usage", error_hint=hint))
         with pytest.raises(PreflightError) as caught:
             raise_usage(Outcome(child, Trace([], 0.1), None, None))
         return caught.value
@@ -552,6 +554,6 @@ def test_a_device_the_box_lacks_is_not_pointed_at_the_model_docs() -> None:
     device = refused("--device cuda, but torch cannot use CUDA here (see bootstrap's torch-build and cuda-compat)")
     assert "docs/verify.md" not in str(device) and "run without --device cuda" in str(device)
     assert "--model/--dataset convention" in str(refused("--model mod:fn: no such module"))
-    # staged data with fewer samples than one batch: the batch size is what to change, not the user's code
-    few = refused("the dataset holds 26 samples: fewer than one batch of 32")
+    # a usage error that brings its own fix (staged data with fewer samples than one batch) gets that fix
+    few = refused("the dataset holds 26 samples: fewer than one batch of 32", FEWER_THAN_A_BATCH)
     assert "pass a smaller --batch-size (it is per rank)" in str(few) and "docs/verify.md" not in str(few)
