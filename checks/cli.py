@@ -92,13 +92,12 @@ INPUT_FLAGS = {"stage-data": "--source", "bootstrap": "--hosts", "watch": "--pid
 
 
 def _positional_hint(task: str, token: str, context: ParserContext | None) -> str:
-    flags = context.flag_names() if context is not None else ()
-    if token.lower() in _SWITCH_WORDS:  # --ab yes
-        return "on/off flags take no value; " + _help(task)
-    if task in _AFTER_DASHES:
-        return f"your own command goes after --: invoke {task} -- {token} ...; " + _help(task)
-    if (flag := INPUT_FLAGS.get(task)) and flag in flags:
-        return f"did you mean {flag} {token}? " + _help(task)
+    if token.lower() not in _SWITCH_WORDS:  # `--ab yes`: a value given to a switch, in any task
+        if task in _AFTER_DASHES:
+            return f"your own command goes after --: invoke {task} -- {token} ...; " + _help(task)
+        flag = INPUT_FLAGS.get(task)
+        if flag and context is not None and flag in context.flag_names():
+            return f"did you mean {flag} {token}? " + _help(task)
     return "on/off flags take no value; " + _help(task)
 
 
