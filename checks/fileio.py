@@ -25,6 +25,28 @@ def read_text(
         raise error(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
 
 
+def make_folders(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; return those this call made, deepest first, for
+    ``remove_empty`` once the run is done. The ``OSError`` of a folder that cannot be made (a file in the way, a
+    read-only filesystem) is raised after removing any it made on the way."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        remove_empty(made)
+        raise
+    return made
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) while they are empty: what a run made and left nothing in."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (the run's output, or another run's), or already gone
+            return
+
+
 def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
     """Write ``text`` to ``path`` atomically; ``mode`` defaults to the existing file's, else 0o644."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from checks.fileio import make_folders, remove_empty
 from datasets.errors import UsageError
 from datasets.finalize import fsync_dir
 from datasets.journal import Journal
@@ -21,9 +22,8 @@ def made_folders(dest: Path) -> Iterator[None]:
     """Create the folder of ``dest`` and its missing parents; remove those still empty when the run ends (a failed
     run); one that cannot be made is a usage error (exit 2)."""
     folder = dest.parent
-    made = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        made = make_folders(folder)
     except OSError as exc:  # a file in the way, a read-only or vanished filesystem
         blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
         why = f"{blocker} is a file" if blocker else f"{exc.filename or folder}: {exc.strerror or exc}"
@@ -33,11 +33,7 @@ def made_folders(dest: Path) -> Iterator[None]:
     try:
         yield
     finally:
-        for path in made:  # deepest first
-            try:
-                path.rmdir()
-            except OSError:
-                break  # not empty: the dataset, or another run's
+        remove_empty(made)  # one that is not empty holds the dataset, or another run's
 
 
 def drop_if_empty(work: Path) -> None:

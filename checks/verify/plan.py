@@ -20,6 +20,7 @@ from typing import Any
 from checks.config import PreflightConfig, VerifyConfig
 from checks.errors import PreflightError
 from checks.facts import AllocFacts, BenchFacts, MachineFacts
+from checks.fileio import make_folders, remove_empty
 from checks.machine.bootstrap import AllocEnv, allocator_env
 from checks.machine.resources import loader_advice
 from checks.machine.runner import run_checks
@@ -148,10 +149,9 @@ def checkpoint_dir(opts: Options, cfg: VerifyConfig, stack: ExitStack) -> tuple[
     if not wanted:
         return stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-preflight-ckpt-")), True
     path = Path(wanted).expanduser()
-    made = [p for p in (path, *path.parents) if not p.exists()]  # the folders this run creates, deepest first
-    stack.callback(_remove_empty, made)  # the run's own files are gone by then: leave the tree as it was
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        made = make_folders(path)
+        stack.callback(remove_empty, made)  # the run's own files are gone by then: leave the tree as it was
         probe = path / f".gpu-preflight-write-test.{os.getpid()}"
         probe.write_bytes(b"x")
         probe.unlink()
@@ -160,15 +160,6 @@ def checkpoint_dir(opts: Options, cfg: VerifyConfig, stack: ExitStack) -> tuple[
             f"checkpoint directory {path} is not writable: {exc.strerror or exc}", hint="pick another --ckpt-dir"
         ) from None
     return str(path), False
-
-
-def _remove_empty(folders: list[Path]) -> None:
-    """Remove ``folders`` (deepest first) while they are empty: what a run created and left nothing in."""
-    for folder in folders:
-        try:
-            folder.rmdir()
-        except OSError:  # not empty (something else wrote there), or already gone
-            return
 
 
 def outputs(json: str, plot: str, cfg: VerifyConfig, task: str = "verify") -> tuple[str, Path, Path]:

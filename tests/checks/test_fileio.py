@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from checks.errors import ExitStatus, PreflightError, SnapshotError
-from checks.fileio import read_text, write_atomic
+from checks.fileio import make_folders, read_text, remove_empty, write_atomic
 
 
 def test_new_file_gets_0644_and_an_existing_file_keeps_its_mode(tmp_path: Path) -> None:
@@ -49,3 +49,15 @@ def test_a_file_the_user_named_is_read_or_refused_in_one_line_naming_it(tmp_path
             read_text(path, "machine snapshot", "record one", error)
         assert info.value.message == "gpu-preflight: " + words.format(path), info.value.message
         assert info.value.code == ExitStatus.USAGE
+
+
+def test_the_folders_a_run_makes_are_removed_while_empty_and_kept_once_used(tmp_path: Path) -> None:
+    made = make_folders(tmp_path / "a" / "b" / "c")
+    assert made == [tmp_path / "a" / "b" / "c", tmp_path / "a" / "b", tmp_path / "a"]  # deepest first, only new
+    (tmp_path / "a" / "b" / "kept").write_text("x")  # the run's output (or another run's) in the middle one
+    remove_empty(made)
+    assert not (tmp_path / "a" / "b" / "c").exists() and (tmp_path / "a" / "b" / "kept").exists()
+    assert make_folders(tmp_path / "a" / "b") == []  # nothing new: nothing of the user's is ever removed
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError):  # a file in the way: mkdir's own error, for the caller to word
+        make_folders(tmp_path / "file" / "sub")
