@@ -39,7 +39,7 @@ The flow, and the record at each hop::
   ``enqueue_ratio``), ``Mfu``, ``Files``, and under several processes ``DdpFigures`` (``ddp``: ``RankRow`` per
   rank, ``CommFigures`` for the no_sync A/B); the sampler, cost, upgrade and diagnosis blocks are JSON objects
   built by ``checks.verify.sampler.summarise``, ``cost.cost``, ``diagnosis.upgrade_bound`` and
-  ``report._diagnosis``.
+  ``report.diagnosis_rows``.
 
 Every record has ``to_json()`` and ``from_json()`` (which rejects an unknown key or a value of the wrong type,
 naming the record and the key); keys in a record's ``OMIT_NONE`` are left out of its JSON when None, as the

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -41,6 +41,34 @@ from checks.verify.smoke.figures import StepFigures, breakdown, enqueue_ratio, f
 
 # cant-tell is a warn: a run that could not be judged has not cleared the box, so the call to action is its fix.
 TIME_VERDICT_STATUS = {"compute-bound": "ok"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the judge reads besides the run's own figures: the box, the settings the run was given, where the
+    files go. ``setting(plan)`` for the built-in loop; ``checks.verify.user.run`` builds one for a command from
+    the same facts (no spec, no plan: the command is the run)."""
+
+    usable_cores: float
+    files: Files
+    price_per_hour: float = 0.0
+    loader: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the DataLoader settings asked
+    ckpt_every: int = 1  # the built-in loop's save interval (a command's saves are counted as they happen)
+    epoch_samples: int | None = None  # staged data's samples: the epoch that ``verify-cost`` prices
+    own_code: bool = False  # the step runs the user's model or data (their code, their copies)
+
+
+def setting(p: Plan) -> Setting:
+    """The built-in loop's ``Setting``."""
+    return Setting(
+        usable_cores=p.usable_cores,
+        files=Files(p.json_path, str(p.csv_path), str(p.png_path)),
+        price_per_hour=p.price_per_hour,
+        loader=p.loader,
+        ckpt_every=p.ckpt_every,
+        epoch_samples=p.data.samples if p.data and p.data.source == "staged" else None,
+        own_code=bool(p.spec.model or p.spec.dataset),
+    )
 
 
 class Judgement(NamedTuple):
@@ -75,7 +103,7 @@ def mfu(r: ChildResult, median_s: float) -> Mfu:
 
 
 def signals(
-    p: Plan, o: Outcome, cfg: VerifyConfig, figures: StepFigures, gate: Sequence[Result] | None = None
+    p: Setting, o: Outcome, cfg: VerifyConfig, figures: StepFigures, gate: Sequence[Result] | None = None
 ) -> Signals:
     """Assemble what the verdict rules read from the child's result, the trace of the measured window and the
     gate's rows (bootstrap's fast checks; None where they did not run)."""
@@ -117,7 +145,7 @@ def signals(
         data_cost=phase_ok(r.data_cost),
         ddp=distributed.figures(r),
         gate=None if gate is None else tuple(gate),
-        own_code=bool(p.spec.model or p.spec.dataset),
+        own_code=p.own_code,
     )
 
 
@@ -136,7 +164,7 @@ def _median(values: list[float], scale: float) -> float | None:
     return statistics.median(values) / scale if values else None
 
 
-def step_block(p: Plan, r: ChildResult) -> StepFigures | None:
+def step_block(p: Setting, r: ChildResult) -> StepFigures | None:
     """Step figures with the checkpoint amortised in; None when no step was measured."""
     if not r.steps:
         return None
@@ -172,7 +200,7 @@ def _steps(r: ChildResult, figs: StepFigures) -> StepBlock:
 
 
 @dataclass(frozen=True)
-class _Judged:
+class VerdictRows:
     """The verdict rows and the figures they come with."""
 
     rows: list[Result]
@@ -185,31 +213,32 @@ def judge(p: Plan, o: Outcome, cfg: VerifyConfig, gate: Sequence[Result] | None 
     """Results, measurements and verdicts of one run (complete, partial or failed); ``gate``: bootstrap's rows
     as verify ran them (the straggler verdict quotes its GPU's), None where they did not run."""
     r = o.child.result or ChildResult()
-    figs = step_block(p, r)
+    ctx = setting(p)
+    figs = step_block(ctx, r)
     results = [*loop_results(p, o, cfg, figs), _loss(r, cfg), checkpoint_result(p, r), data_resume_result(r)]
     s: Signals | None = None
     if figs is not None:
-        s = signals(p, o, cfg, figs, gate)
+        s = signals(ctx, o, cfg, figs, gate)
     elif r.oom:
         s = Signals(0, r.device.type if r.device else "cpu", {}, 0.0, oom=r.oom.to_json())
     verdicts = diagnose(s, cfg) if s is not None else []
-    judged = _diagnosis(verdicts, figs, r, s)
-    sampler_row, sampler = _sampler(p, o)
-    cost_row, priced = _cost(p, r, figs)
+    judged = diagnosis_rows(verdicts, figs, r, s)
+    sampler_row, sampler = sampler_block(ctx, o)
+    cost_row, priced = cost_block(ctx, r, figs)
     results += [*judged.rows, sampler_row, cost_row, compile_result(r, figs), sweep_result(r)]
     ddp = distributed.figures(r)
     if ddp is not None:
         results.append(distributed.ddp_result(ddp))
-    return Judgement(results, _measurements(p, o, r, figs, s, judged, sampler, priced, ddp), verdicts)
+    return Judgement(results, _measurements(ctx, o, r, figs, s, judged, sampler, priced, ddp), verdicts)
 
 
 def _measurements(
-    p: Plan,
+    p: Setting,
     o: Outcome,
     r: ChildResult,
     figs: StepFigures | None,
     s: Signals | None,
-    judged: _Judged,
+    judged: VerdictRows,
     sampler: dict[str, Any],
     priced: dict[str, Any] | None,
     ddp: DdpFigures | None,
@@ -224,7 +253,7 @@ def _measurements(
         dataloader=dict(r.loader or p.loader),
         diagnosis=judged.diagnosis,
         sampler=sampler,
-        files=Files(p.json_path, str(p.csv_path), str(p.png_path)),
+        files=p.files,
         steps=None if figs is None else _steps(r, figs),
         upgrade=judged.upgrade,
         mfu=judged.mfu,
@@ -283,7 +312,7 @@ def _loss(r: ChildResult, cfg: VerifyConfig) -> Result:
     )
 
 
-def _diagnosis(verdicts: list[Verdict], figs: StepFigures | None, r: ChildResult, s: Signals | None) -> _Judged:
+def diagnosis_rows(verdicts: list[Verdict], figs: StepFigures | None, r: ChildResult, s: Signals | None) -> VerdictRows:
     """The ``diagnosis``, ``upgrade-estimate`` and ``verify-mfu`` rows, with ``diagnosis``, ``upgrade``, ``mfu``."""
     if not verdicts:
         reason = (
@@ -299,7 +328,7 @@ def _diagnosis(verdicts: list[Verdict], figs: StepFigures | None, r: ChildResult
             skip("upgrade-estimate", reason),
             skip("verify-mfu", reason),
         ]
-        return _Judged(rows, {"verdict": "cant-tell", "verdicts": []})
+        return VerdictRows(rows, {"verdict": "cant-tell", "verdicts": []})
     top = verdicts[0]
     diagnosis = {"verdict": top.id, "verdicts": [v.as_dict() for v in verdicts]}
     summary = f"{top.id} ({top.severity}, {top.confidence} confidence): {top.summary}"
@@ -311,10 +340,10 @@ def _diagnosis(verdicts: list[Verdict], figs: StepFigures | None, r: ChildResult
     )
     if figs is None or s is None:
         rows = [first, skip("upgrade-estimate", "no measured step"), skip("verify-mfu", "no measured step")]
-        return _Judged(rows, diagnosis)
+        return VerdictRows(rows, diagnosis)
     up = upgrade_bound(s)
     m = mfu(r, figs.median_s)
-    return _Judged([first, _upgrade(s, up), _mfu(m)], diagnosis, up, m)
+    return VerdictRows([first, _upgrade(s, up), _mfu(m)], diagnosis, up, m)
 
 
 def _upgrade(s: Signals, up: dict[str, Any]) -> Result:
@@ -337,13 +366,13 @@ def _mfu(m: Mfu) -> Result:
     return ok("verify-mfu", f"MFU {100 * m.value:.1f}% ({m.note})", value=round(m.value, 4))
 
 
-def _sampler(p: Plan, o: Outcome) -> tuple[Result, dict[str, Any]]:
+def sampler_block(p: Setting, o: Outcome) -> tuple[Result, dict[str, Any]]:
     """The ``verify-sampler`` row and ``measurements.sampler`` (the measured window's summary)."""
     t: Trace = o.trace
     window = o.child.result.timeline.get("measure") if o.child.result else None
     summary = summarise(t.within(*window) if window else t, o.gpu_index, p.usable_cores)
     summary["overhead"] = summarise(t, None, p.usable_cores)["overhead"]  # the whole run's
-    block = summary | {"csv": str(p.csv_path), "window": "measure" if window else "run", "rows": len(t.rows)}
+    block = summary | {"csv": p.files.csv, "window": "measure" if window else "run", "rows": len(t.rows)}
     over = summary["overhead"]
     gpu = (
         "no GPU columns: " + (o.gpu_error or "no GPU")
@@ -358,13 +387,13 @@ def _sampler(p: Plan, o: Outcome) -> tuple[Result, dict[str, Any]]:
     return row, block
 
 
-def _cost(p: Plan, r: ChildResult, figs: StepFigures | None) -> tuple[Result, dict[str, Any] | None]:
+def cost_block(p: Setting, r: ChildResult, figs: StepFigures | None) -> tuple[Result, dict[str, Any] | None]:
     """The ``verify-cost`` row and ``measurements.cost`` (None without a price or a measured step)."""
     if not p.price_per_hour:
         return skip("verify-cost", "no price: pass --price-per-hour (or set preflight.verify.price_per_hour)"), None
     if figs is None:
         return skip("verify-cost", "no measured step to price"), None
     user = r.data.samples if r.data is not None and r.data.kind == "user" else None
-    epoch = (p.data.samples if p.data and p.data.source == "staged" else None) or user
+    epoch = p.epoch_samples or user
     c = cost(p.price_per_hour, figs.step_s, r.samples_per_step, figs.shares, epoch, r.tokens_per_sample)
     return ok("verify-cost", describe(c), value=c.get("per_epoch", c["per_million_samples"])), c

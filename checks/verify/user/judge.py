@@ -14,7 +14,6 @@ import dataclasses
 import shlex
 import statistics
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from checks.config import VerifyConfig
@@ -28,17 +27,16 @@ from checks.verify.contract import (
     DataInfo,
     DdpFigures,
     Device,
-    Files,
     Measurements,
     RankRow,
     RunFacts,
-    RunSpec,
     Step,
     StepBlock,
     StepTime,
 )
 from checks.verify.diagnosis import Verdict, diagnose
-from checks.verify.plan import Outcome, Plan
+from checks.verify.plan import Outcome
+from checks.verify.report import Setting
 from checks.verify.sampler import Trace
 from checks.verify.smoke.figures import StepFigures, breakdown, enqueue_ratio, loss_trend, step_figures
 from checks.verify.user.launch import CommandRun
@@ -185,19 +183,10 @@ def _child_result(lead: Rank, figs: RankFigures | None) -> ChildResult:
     )
 
 
-def run_spec(warmup: int, steps: int, cwd: str) -> RunSpec:
-    """The plan's spec for a command run: nothing for a child to build (the command is the run)."""
-    return RunSpec(
-        device="auto", precision="auto", model_size="auto", data=None, dataset="", model="", user_path=cwd,
-        batch_size=0, batch_size_cpu=0, batch_size_gpu=0, accum=1, warmup=warmup, steps=steps, lr=0.0, seed=0,
-        loader={}, profile_steps=0,
-    )  # fmt: skip
-
-
 def judge(
     run: CommandRun,
     trace: Trace,
-    plan: Plan,
+    setting: Setting,
     cfg: VerifyConfig,
     rule_warmup: int,
     rule_steps: int,
@@ -227,7 +216,7 @@ def judge(
             samples_per_s_with_checkpoints=with_ckpt * world if with_ckpt else with_ckpt,
         )
         figs = dataclasses.replace(figs, fig=whole)
-        s = verify_report.signals(plan, outcome, cfg, figs.fig, gate)
+        s = verify_report.signals(setting, outcome, cfg, figs.fig, gate)
         s = dataclasses.replace(s, checkpoint=figs.checkpoint, ddp=ddp, own_code=True)
         results.append(_loop(lead, figs))
     else:
@@ -239,9 +228,9 @@ def judge(
                     for v in verdicts]  # fmt: skip
     if advice is not None:
         verdicts = apply_advice(verdicts, advice)
-    judged = verify_report._diagnosis(verdicts, figs.fig if figs else None, child, s)
-    sampler_row, sampler = verify_report._sampler(plan, outcome)
-    cost_row, priced = verify_report._cost(plan, child, figs.fig if figs else None)
+    judged = verify_report.diagnosis_rows(verdicts, figs.fig if figs else None, child, s)
+    sampler_row, sampler = verify_report.sampler_block(setting, outcome)
+    cost_row, priced = verify_report.cost_block(setting, child, figs.fig if figs else None)
     results += [*judged.rows, sampler_row, cost_row]
     m = Measurements(
         run=RunFacts(
@@ -252,7 +241,7 @@ def judge(
         dataloader=dict((lead.loader if lead else None) or {}),
         diagnosis=judged.diagnosis,
         sampler=sampler,
-        files=Files(plan.json_path, str(plan.csv_path), str(plan.png_path)),
+        files=setting.files,
         steps=None if figs is None or lead is None else _step_block(lead, figs),
         upgrade=judged.upgrade,
         mfu=judged.mfu,
@@ -463,22 +452,6 @@ def _loss(lead: Rank | None, cfg: VerifyConfig) -> Result:
     if t["decreasing"] or not cfg.loss_must_decrease:
         return ok("verify-loss", summary, value=t["last"])
     return warn("verify-loss", summary + ": not going down yet", "check the learning rate and labels", value=t["last"])
-
-
-def plan_for(usable_cores: float, json_path: str, csv: Path, png: Path, price: float) -> Plan:
-    """The parts of verify's plan that its judging code reads (no smoke spec: the user's command is the run)."""
-    return Plan(
-        spec=run_spec(0, 0, ""),
-        data=None,
-        loader={},
-        usable_cores=usable_cores,
-        json_path=json_path,
-        csv_path=csv,
-        png_path=png,
-        ckpt_every=1,
-        ckpt_temporary=False,
-        price_per_hour=price,
-    )
 
 
 @dataclasses.dataclass(frozen=True)

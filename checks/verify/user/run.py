@@ -23,7 +23,8 @@ from checks.probe.sample import GpuReader, HostReader
 from checks.result import Report, Result, ok
 from checks.verify import plan as v
 from checks.verify import stop as stopper
-from checks.verify.contract import PHASES, Cut, StopFacts, StopSpec
+from checks.verify.contract import PHASES, Cut, Files, StopFacts, StopSpec
+from checks.verify.report import Setting
 from checks.verify.run import Judged, budget_s
 from checks.verify.sampler import Sampler, Trace
 from checks.verify.user import advice
@@ -102,7 +103,8 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
         cores, host = facts.host.usable_cores, facts.host.hostname
     else:
         cores, host = usable_here()
-    plan = j.plan_for(cores, json_path, csv, png, request.price_per_hour or cfg.verify.price_per_hour)
+    price = request.price_per_hour or cfg.verify.price_per_hour
+    setting = Setting(cores, Files(json_path, str(csv), str(png)), price, own_code=True)
     run, trace, gpu, gpu_error = _gather(request, stop, cwd, cores, say)
     if run.ended == "no-torch":
         raise PreflightError(
@@ -112,7 +114,7 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
     cuts: list[Cut] = []
     advice = _advice(request, run, stop, cwd, cores, say, started + budget - stopper.TAIL_S, cuts)
     results, measurements, verdicts = j.judge(
-        run, trace, plan, cfg.verify, stop.warmup, stop.steps, stop.seconds, gate_rows, gpu, gpu_error, advice
+        run, trace, setting, cfg.verify, stop.warmup, stop.steps, stop.seconds, gate_rows, gpu, gpu_error, advice
     )
     steps = [s for r in j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)[:1] for s in r.steps]
     title = f"invoke verify -- {request.command[0]}: {verdicts[0].id if verdicts else 'cant-tell'}"
