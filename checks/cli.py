@@ -49,6 +49,7 @@ from invoke.parser import Argument, Parser, ParserContext, to_flag
 
 from checks.config import load_defaults, validate_files
 from checks.errors import PreflightError
+from checks.hostlist import has_password, password_error
 
 # --- task flags ---------------------------------------------------------------------------------------------
 
@@ -72,6 +73,8 @@ def _hint(task: str | None, closest: str | None) -> str:
 
 def _unknown(token: str, context: ParserContext | None, tasks: Iterable[str]) -> PreflightError:
     task = context.name if context is not None else None
+    if has_password(token):  # a host with its password (the --hosts flag forgotten): refused, never echoed
+        return password_error(token)
     if token.startswith("-"):
         flags = [f for f in context.flag_names() if f.startswith("--")] if context is not None else []
         if task:

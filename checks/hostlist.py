@@ -5,6 +5,9 @@ the launch context (``checks.probe.launch``) and the ``srun --exclude=`` list of
 form is Slurm's hostlist expression (docs/sources.md#slurm-hostlist): comma-separated names, each with at most
 one bracket of comma-separated numbers and ranges whose zero padding is kept. Command line equivalent:
 ``scontrol show hostnames 'gpu-[001-003,007],cpu1'``.
+
+A host string with a password (``user:password@host``) is refused here too, by :func:`password_error`, with the
+password masked: ``--hosts``, a hosts file and a stray word on the command line all echo host strings back.
 """
 
 from __future__ import annotations
@@ -15,6 +18,26 @@ from collections.abc import Iterable
 from checks.errors import PreflightError
 
 _TRAILING_NUMBER = re.compile(r"^(.*?)(\d+)$")
+# user:password@host, with or without a scheme (ssh://): the password runs from the user's ':' to the last '@', so
+# it may hold ':' and '@' itself.
+_CREDENTIALS = re.compile(r"^([a-z][a-z0-9+.-]*://)?([^:@/\s]*):(.*)@([^@]*)$", re.IGNORECASE | re.DOTALL)
+NO_PASSWORDS = "use an SSH key: an ssh-agent, or IdentityFile in ~/.ssh/config for the host"
+
+
+def has_password(text: str) -> bool:
+    """Whether ``text`` is ``user:password@host`` (``ssh://`` too)."""
+    return _CREDENTIALS.match(text) is not None
+
+
+def without_password(text: str) -> str:
+    """``text`` with the password of a ``user:password@host`` written ``***``; any other text as it is."""
+    found = _CREDENTIALS.match(text)
+    return f"{found.group(1) or ''}{found.group(2)}:***@{found.group(4)}" if found else text
+
+
+def password_error(text: str, where: str = "") -> PreflightError:
+    """The refusal of a host given with a password: it names the host, never the password."""
+    return PreflightError(f"bad host {without_password(text)!r}{where}: passwords are not supported", hint=NO_PASSWORDS)
 
 
 def _split_top(text: str) -> list[str]:

@@ -1,7 +1,7 @@
 """Which hosts to bootstrap: ``--hosts h1,h2``, a hosts file, or ``SLURM_JOB_NODELIST``.
 
 Host strings are ``[user@]host[:port]`` (``host`` may be an alias from ``~/.ssh/config``, or an IPv6 address
-in brackets). A hosts file has one host per line in that form, optionally followed by DeepSpeed's ``slots=N``
+in brackets); a password (``user:password@host``) is refused, and never printed. A hosts file has one host per line in that form, optionally followed by DeepSpeed's ``slots=N``
 and gpu-preflight's ``python=PATH`` (the remote Python) and ``addr=ADDRESS`` (where the other hosts reach this
 one); ``#`` starts a comment. Anything else is refused before any connection is made: a host string never
 reaches a shell, and its characters are restricted so that it cannot mean anything to one.
@@ -16,12 +16,18 @@ from pathlib import Path
 
 from checks.errors import PreflightError
 from checks.fileio import read_text
-from checks.hostlist import expand_nodelist  # the one expander; re-exported for callers of this module
+from checks.hostlist import (
+    NO_PASSWORDS,
+    expand_nodelist,  # the one expander; re-exported for callers of this module
+    has_password,
+    password_error,
+)
 
 NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?$")
 IPV6 = re.compile(r"^\[([0-9A-Fa-f:.]+)\]$")
 USER = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]*$")
 PATH_TEXT = re.compile(r"^[A-Za-z0-9_./+~-]+$")
+_PASSWORD_KEYS = ("password", "passwd", "pass", "pw")
 ALLOWED = "letters, digits, '.', '-' and '_' (user@host:port; IPv6 in [brackets])"
 
 
@@ -44,6 +50,8 @@ def _bad(text: str, why: str, where: str = "") -> PreflightError:
 
 def parse_host(text: str, where: str = "") -> HostSpec:
     """Parse ``[user@]host[:port]``; raise PreflightError (exit 2) for anything a shell could misread."""
+    if has_password(text):
+        raise password_error(text, where)
     user, _, rest = text.rpartition("@") if "@" in text else ("", "", text)
     if user and not USER.match(user):
         raise _bad(text, "the user name has characters that are not allowed", where)
@@ -77,8 +85,10 @@ def _options(spec: HostSpec, fields: list[str], where: str) -> HostSpec:
     values: dict[str, object] = {}
     for field in fields:
         key, sep, value = field.partition("=")
+        if key.lower() in _PASSWORD_KEYS:
+            raise PreflightError(f"{where}: passwords are not supported", hint=NO_PASSWORDS)
         if not sep or key not in ("slots", "python", "addr"):
-            raise PreflightError(f"{where}: unknown field {field!r}", hint="fields: slots=N python=PATH addr=ADDRESS")
+            raise PreflightError(f"{where}: unknown field {key!r}", hint="fields: slots=N python=PATH addr=ADDRESS")
         if key == "slots" and not value.isdigit():
             raise PreflightError(f"{where}: slots must be a number, got {value!r}")
         if key in ("python", "addr") and not PATH_TEXT.match(value):

@@ -10,6 +10,7 @@ import pytest
 
 from checks.errors import ExitStatus, PreflightError
 from provision.hosts import HostSpec, expand_nodelist, parse_host, parse_host_list, read_hosts_file, select_hosts
+from tests.fakes.cli import assert_usage_error, invoke
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -172,3 +173,54 @@ def test_cli_refuses_machine_with_hosts(tmp_path: Path) -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "cannot be combined" in proc.stderr
+
+
+# --- passwords: refused, never printed ----------------------------------------------------------------------
+
+SECRET = "s3cr:et@pw"  # a password may hold ':' and '@' too
+
+
+@pytest.mark.parametrize(
+    "text", [f"bob:{SECRET}@gpu1", f"bob:{SECRET}@gpu1:2222", f"ssh://bob:{SECRET}@gpu1", "bob:@gpu1"]
+)
+def test_a_password_in_a_host_string_is_refused_without_echoing_it(text: str) -> None:
+    with pytest.raises(PreflightError) as info:
+        parse_host_list(f"gpu0,{text}")
+    message = str(info.value)
+    assert info.value.code == ExitStatus.USAGE and "passwords are not supported" in message
+    assert "SSH key" in message and "ssh-agent" in message and "~/.ssh/config" in message
+    assert "s3cr" not in message and "et@pw" not in message
+
+
+def test_a_password_in_a_hosts_file_is_refused_without_echoing_it(tmp_path: Path) -> None:
+    path = tmp_path / "hostfile"
+    path.write_text(f"gpu0 slots=2\nbob:{SECRET}@gpu1 slots=2\ngpu2 password={SECRET}\n")
+    with pytest.raises(PreflightError, match="passwords are not supported") as info:
+        read_hosts_file(path)
+    assert f"{path}:2" in str(info.value) and "s3cr" not in str(info.value)
+    path.write_text(f"gpu2 password={SECRET}\n")  # a field of its own
+    with pytest.raises(PreflightError, match="passwords are not supported") as info:
+        read_hosts_file(path)
+    assert f"{path}:1" in str(info.value) and "s3cr" not in str(info.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("bootstrap", "--hosts", f"bob:{SECRET}@gpu1"),
+        ("verify", "--hosts", f"gpu0,bob:{SECRET}@gpu1"),
+        ("bootstrap", "--hosts-file", "HOSTFILE"),
+        ("verify", "--hosts-file", "HOSTFILE"),
+        ("bootstrap", f"bob:{SECRET}@gpu1"),  # --hosts forgotten: the positional-word hint
+        (f"bob:{SECRET}@gpu1",),  # not a task
+    ],
+    ids=["bootstrap", "verify", "bootstrap-file", "verify-file", "no-flag", "no-task"],
+)
+def test_the_cli_refuses_a_password_in_one_line_that_never_holds_it(tmp_path: Path, argv: tuple[str, ...]) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(f"gpu0\nbob:{SECRET}@gpu1\n")
+    run = invoke(tmp_path, *(str(hostfile) if word == "HOSTFILE" else word for word in argv), timeout=60)
+    line = assert_usage_error(run)
+    assert "s3cr" not in run.out + run.err and "et@pw" not in run.out + run.err, run.why()
+    assert "passwords are not supported" in line, line
