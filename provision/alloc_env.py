@@ -3,11 +3,13 @@
 The setting lives in a marked block; re-running with the same value changes nothing, a new value replaces
 the block, ``remove`` takes it out again and gives back the file byte for byte: a file the block created is
 deleted again, unless something else was added to it since. Files are rewritten atomically (temporary sibling,
-then rename) and keep their permissions.
+then rename) and keep their permissions; all of them or none: a file that cannot be written (a read-only HOME)
+puts back those written before it and is one line naming it, with the fix.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import os
@@ -17,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from checks.config import AllocConfig, PreflightConfig
+from checks.errors import PreflightError
 from checks.facts import AllocFacts, MachineFacts
-from checks.fileio import write_atomic
+from checks.fileio import make_folders, remove_empty, write_atomic
 from checks.probe import Probe
 
 BEGIN = "# >>> gpu-preflight: allocator settings >>>"
@@ -33,6 +36,9 @@ _BLOCK = re.compile(
 # this line existed lack it: removing them leaves the file, possibly empty, as those versions did.
 CREATED = "# created by gpu-preflight: the file did not exist before; the undo deletes it unless you added to it"
 _CREATED = re.compile("^" + re.escape(CREATED.split(":")[0]), re.MULTILINE)
+
+
+_FIX_FILES = "list files you can write in preflight.alloc_conf.rc_files"
 
 
 def _version(text: str | None) -> tuple[int, int]:
@@ -90,8 +96,10 @@ class Change:
 def _read(path: Path) -> str | None:
     try:
         return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a missing file, or a file where one of its folders would be
         return None
+    except OSError as exc:
+        raise PreflightError(f"cannot read {path}: {exc.strerror or exc}", hint=_FIX_FILES) from None
 
 
 def plan_apply(path: Path, value: str, variables: tuple[str, ...]) -> Change:
@@ -137,21 +145,44 @@ def write(change: Change) -> None:
         write_atomic(change.path, change.after)
 
 
+def reverted(change: Change) -> Change:
+    """The change that puts the file back as it was before ``change``."""
+    return Change(change.path, change.after, change.before or "", delete=change.before is None)
+
+
+def write_all(changes: list[Change], fix: str) -> None:
+    """Make every change or none: when a file cannot be written (a read-only HOME, a file where a folder would go),
+    put back those written before it, remove the folders made for them, and raise one line naming the file."""
+    done: list[Change] = []
+    made: list[Path] = []
+    for change in changes:
+        try:
+            made = (make_folders(change.path.parent) if not change.delete else []) + made
+            write(change)
+        except OSError as exc:
+            for back in reversed(done):
+                with contextlib.suppress(OSError):  # it was writable a moment ago; nothing more to try
+                    write(reverted(back))
+            remove_empty(made)
+            raise PreflightError(
+                f"cannot write {change.path}: {exc.strerror or exc}; nothing was changed", hint=fix
+            ) from None
+        done.append(change)
+
+
 def ensure_alloc_conf(paths: list[Path], value: str, variables: tuple[str, ...], dry_run: bool = False) -> list[Change]:
-    """Make every file carry the block for ``value``; return the changes (made unless ``dry_run``)."""
+    """Make every file carry the block for ``value``; return the changes (made unless ``dry_run``, all or none)."""
     changes = [c for c in (plan_apply(p, value, variables) for p in paths) if c.changed]
     if not dry_run:
-        for change in changes:
-            write(change)
+        write_all(changes, f"{_FIX_FILES}, or put `{export_line(value, variables)}` where your jobs start")
     return changes
 
 
 def ensure_alloc_conf_removed(paths: list[Path], dry_run: bool = False) -> list[Change]:
-    """Take the block out of every file; return the changes (made unless ``dry_run``)."""
+    """Take the block out of every file; return the changes (made unless ``dry_run``, all or none)."""
     changes = [c for c in (plan_remove(p) for p in paths) if c.changed]
     if not dry_run:
-        for change in changes:
-            write(change)
+        write_all(changes, "make it writable and run `invoke alloc-conf --undo` again")
     return changes
 
 

@@ -13,6 +13,8 @@ import json
 import os
 import pty
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -354,6 +356,35 @@ def test_undo_restores_a_file_without_final_newline(home: Path) -> None:
     assert invoke(home, "alloc-conf", "--undo").code == 0
     assert (home / ".bashrc").read_bytes() == original
     assert not (home / ".profile").exists()
+
+
+def read_only_run(home: Path, *args: str) -> Run:
+    """``invoke ARGS`` with ``home`` bind-mounted read-only in a private mount namespace (root ignores file modes,
+    not a read-only mount); skipped where ``unshare -m`` is not allowed."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a private mount namespace")
+    mount = f"mount --bind {home} {home} && mount -o remount,bind,ro {home}"
+    script = f"{mount} && exec {shlex.join([sys.executable, '-m', 'invoke', *args])}"
+    start = time.monotonic()
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                          cwd=REPO, env=child_env(home), capture_output=True, text=True, timeout=120)  # fmt: skip
+    if proc.returncode != 0 and "Operation not permitted" in proc.stderr:
+        pytest.skip(f"mount namespaces are not allowed here: {proc.stderr.strip()}")
+    return Run(tuple(args), proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+
+
+def test_alloc_conf_in_a_read_only_home_is_one_line_naming_the_file(home: Path) -> None:
+    (home / ".bashrc").write_text(USER_BASHRC, encoding="utf-8")
+    before = sorted(home.iterdir())
+    line = assert_usage_error(read_only_run(home, "alloc-conf"), f"cannot write {home / '.bashrc'}", "rc_files")
+    assert "Read-only file system" in line and "export PYTORCH_CUDA_ALLOC_CONF=" in line, line
+    assert sorted(home.iterdir()) == before and (home / ".bashrc").read_text(encoding="utf-8") == USER_BASHRC
+    from provision.alloc_env import ensure_alloc_conf  # the undo in a read-only HOME: a block to take out first
+
+    ensure_alloc_conf([home / ".bashrc"], "expandable_segments:True", ("PYTORCH_CUDA_ALLOC_CONF",))
+    with_block = rc_bytes(home)
+    line = assert_usage_error(read_only_run(home, "alloc-conf", "--undo"), f"cannot write {home / '.bashrc'}")
+    assert "--undo" in line and rc_bytes(home) == with_block, line
 
 
 # --- 3. --json PATH ----------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from checks.errors import ExitStatus, PreflightError
 from checks.facts import HostFacts, MachineFacts, NvmlFacts, TorchFacts
 from provision.alloc_env import (
     BEGIN,
@@ -22,6 +23,7 @@ from provision.alloc_env import (
 )
 
 BOTH = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+USER_TEXT = "# the user's own\nexport EDITOR=vim\n"
 
 
 @pytest.mark.parametrize(
@@ -177,3 +179,21 @@ def test_the_current_shell_line_sets_the_value_when_pasted(tmp_path: Path) -> No
                          env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert out.split() == [value, value]
     assert current_shell([], value, BOTH) == ""  # nothing written: nothing to say
+
+
+def test_a_file_that_cannot_be_written_leaves_every_file_as_it_was(tmp_path: Path) -> None:
+    """A write that fails part-way puts back the files written before it, and names the file with the fix."""
+    (tmp_path / "blocker").write_text("a file where a folder would go\n")  # root cannot write through it either
+    first, second, third = tmp_path / ".bashrc", tmp_path / "new" / ".profile", tmp_path / "blocker" / ".zshrc"
+    first.write_text(USER_TEXT)
+    with pytest.raises(PreflightError) as info:
+        ensure_alloc_conf([first, second, third], "expandable_segments:True", BOTH)
+    assert str(info.value).startswith(f"gpu-preflight: cannot write {third}: ") and "nothing was changed" in str(
+        info.value
+    )
+    assert "rc_files" in str(info.value) and "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in str(
+        info.value
+    )
+    assert info.value.code == ExitStatus.USAGE
+    assert first.read_text() == USER_TEXT and not (tmp_path / "new").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".bashrc", "blocker"]  # no temporary siblings
