@@ -33,7 +33,9 @@ Its configuration is a :class:`CheckedConfig`, which validates each source just 
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
+import io
 import os
 import re
 import sys
@@ -386,13 +388,19 @@ class PreflightProgram(Program):
 
     def print_task_help(self, name: str) -> None:
         """Invoke's task help, with ``NUM`` after the flags that take a number with a fraction (Invoke writes a
-        placeholder for ``INT`` and ``STRING`` only, so ``--price-per-hour`` looked like a switch)."""
+        placeholder for ``INT`` and ``STRING`` only, so ``--price-per-hour`` looked like a switch), and for a task
+        that runs a command the ``-- COMMAND`` form under Invoke's usage line (which has no place for it)."""
         ctx = self.parser.contexts[name]
         self.numbers = {n for flag, arg in ctx.flags.items() if arg.kind is float for n in ctx.names_for(flag)}
+        text = io.StringIO()
         try:
-            super().print_task_help(name)
+            with contextlib.redirect_stdout(text):
+                super().print_task_help(name)
         finally:
             self.numbers = set()
+        usage, _, rest = text.getvalue().partition("\n")
+        dashes = f"\n       invoke {name} [flags] -- COMMAND ...  (your own command, run and judged)"
+        sys.stdout.write(usage + (dashes if command_field(self.collection[name]) else "") + "\n" + rest)
 
     def print_columns(self, tuples: Sequence[tuple[str, str | None]]) -> None:
         super().print_columns([(with_placeholder(names, self.numbers), text) for names, text in tuples])
@@ -405,16 +413,30 @@ class PreflightProgram(Program):
         return words[words.index("--") + 1 :] if "--" in words else []
 
     def give_command(self) -> None:
-        """Put the words after ``--`` in the command field of each task to run; refuse them for a task without one."""
+        """Put the words after ``--`` in the command field of each task to run; refuse them for a task without one,
+        and a ``--`` with nothing after it for a task with one (it would run the built-in loop without a word)."""
         words = self.command()
-        for context in self.tasks if words else ():
-            field = getattr(self.collection[context.name], "command_field", None)
+        for context in self.tasks if "--" in self.argv[1:] else ():
+            field = command_field(self.collection[context.name])
+            if field is not None and not words:
+                hint = f"e.g. invoke {context.name} -- python train.py"
+                raise PreflightError(f"{context.name}: {NOTHING_AFTER_DASHES}", hint=hint)
+            if not words:
+                continue
             if field is None:
-                takers = [n for n in self.collection.task_names if getattr(self.collection[n], "command_field", None)]
+                takers = [n for n in self.collection.task_names if command_field(self.collection[n])]
                 runs = " or ".join(f"`invoke {n} [flags] -- COMMAND`" for n in takers) or "no task"
                 hint = f"only {runs} runs a command; " + _help(context.name)
                 raise PreflightError(f"{context.name} takes no command after --", hint=hint)
             context.add_arg(Argument(name=field, default=tuple(words)))
+
+
+NOTHING_AFTER_DASHES = "nothing after --: put your training command after it, or drop -- to run the built-in loop"
+
+
+def command_field(task: Any) -> str | None:
+    """The flags field that receives the words after ``--`` (``checks.flags.command``), or None for a task without."""
+    return getattr(task, "command_field", None)
 
 
 def take_over(namespace: Collection) -> None:

@@ -829,6 +829,24 @@ def test_other_tasks_refuse_a_command_after_two_dashes(here: Here, home: Path, t
     assert run.out == "" and rc_bytes(home) == {".bashrc": None, ".profile": None}  # the task never started
 
 
+@pytest.mark.parametrize("task", ["verify", "sbatch"])
+def test_two_dashes_with_no_command_after_them_are_refused(home: Path, task: str) -> None:
+    """``invoke verify --`` with the command forgotten ran the built-in loop without a word."""
+    run = invoke(home, task, "--steps", "3", "--") if task == "verify" else invoke(home, task, "--")
+    assert_usage_error(run, "nothing after --: put your training command after it, or drop -- to run the built-in loop")
+    assert run.out == "" and rc_bytes(home) == {".bashrc": None, ".profile": None}  # the task never started
+
+
+@pytest.mark.parametrize("argv", [("verify", "--help"), ("--help", "verify"), ("sbatch", "-h")])
+def test_the_help_of_a_task_that_runs_a_command_shows_the_dashes_form(home: Path, argv: tuple[str, ...]) -> None:
+    run = invoke(home, *argv)
+    assert run.code == 0 and run.err == "", run.why()
+    usage = run.out.split("Docstring:")[0]
+    assert re.match(r"Usage: inv\S* \[--core-opts\] \w+ ", usage), run.out
+    assert f"invoke {argv[0] if argv[0] != '--help' else argv[1]} [flags] -- COMMAND ..." in usage, run.out
+    assert "COMMAND" not in invoke(home, "bootstrap", "--help").out.split("Docstring:")[0]
+
+
 # --- 8. invoke --list ---------------------------------------------------------------------------------------
 
 
