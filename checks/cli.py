@@ -44,11 +44,13 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import invoke
 import invoke.main
 from invoke import Collection, Config, Program
 from invoke.exceptions import ParseError
 from invoke.parser import Argument, Parser, ParserContext, to_flag
 
+from checks import TOOL_NAME, TOOL_VERSION
 from checks.config import load_defaults, validate_files
 from checks.errors import PreflightError
 from checks.hostlist import has_password, password_error
@@ -336,6 +338,7 @@ class PreflightProgram(Program):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("config_class", CheckedConfig)
+        kwargs.setdefault("version", VERSION)
         super().__init__(*args, **kwargs)
         self.numbers: set[str] = set()  # the float flags of the task whose help is being printed
 
@@ -357,8 +360,9 @@ class PreflightProgram(Program):
         return args + self.task_args() if self.namespace is not None else args
 
     def task_list_opener(self, extra: str = "") -> str:
-        """``invoke --list``'s heading as Invoke writes it for a collection it found (not "Subcommands")."""
-        return "Available tasks" + (f" ({extra})" if extra else "")
+        """``invoke --list``'s heading as Invoke writes it for a collection it found (not "Subcommands"), with
+        gpu-preflight's version: ``invoke --version`` is Invoke's own, answered before tasks.py is loaded."""
+        return f"Available tasks ({'; '.join(filter(None, [extra, f'{TOOL_NAME} {TOOL_VERSION}']))})"
 
     def parse_collection(self) -> None:
         """Invoke's step, and the project file of a collection given to the program (Invoke skips it then)."""
@@ -439,6 +443,11 @@ def command_field(task: Any) -> str | None:
     return getattr(task, "command_field", None)
 
 
+# what --version prints: gpu-preflight's own version (pyproject.toml's, which a test holds checks.TOOL_VERSION to),
+# and Invoke's, which parses the command line
+VERSION = f"{TOOL_VERSION} (Invoke {invoke.__version__})"
+
+
 def take_over(namespace: Collection) -> None:
     """When Invoke's own program is loading tasks.py, run its command line with :class:`PreflightProgram` and exit.
 
@@ -449,6 +458,6 @@ def take_over(namespace: Collection) -> None:
     stock = invoke.main.program
     if not stock.argv or hasattr(stock, "collection"):
         return
-    names = {"name": stock.name, "binary": stock.binary, "binary_names": stock.binary_names}
-    PreflightProgram(namespace=namespace, version=stock.version, **names).run(stock.argv)
+    names = {"name": TOOL_NAME, "binary": stock.binary, "binary_names": stock.binary_names}
+    PreflightProgram(namespace=namespace, **names).run(stock.argv)
     raise SystemExit(0)

@@ -847,6 +847,16 @@ def test_the_help_of_a_task_that_runs_a_command_shows_the_dashes_form(home: Path
     assert "COMMAND" not in invoke(home, "bootstrap", "--help").out.split("Docstring:")[0]
 
 
+def test_the_task_list_names_gpu_preflights_version_from_its_pyproject(home: Path) -> None:
+    """``invoke --version`` is Invoke's own (Invoke answers it before it loads tasks.py): ``invoke --list``, which
+    the project's program answers, names gpu-preflight's version, the one in pyproject.toml."""
+    toml = pytest.importorskip("tomllib")
+    ours = toml.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    run = invoke(home, "--list")
+    assert run.code == 0 and run.err == "", run.why()
+    assert run.out.splitlines()[0] == f"Available tasks (gpu-preflight {ours}):", run.out
+
+
 # --- 8. invoke --list ---------------------------------------------------------------------------------------
 
 

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import invoke
 import invoke.main
 import pytest
 from invoke import Collection, Context, Program, task
 from invoke.exceptions import ParseError
 
-from checks import cli, flags
+from checks import TOOL_VERSION, cli, flags
 from checks.config import load_defaults
 from checks.errors import PreflightError
 from checks.flags import flag
@@ -308,6 +309,19 @@ def test_take_over_runs_the_command_line_of_invokes_program_loading_tasks_py(
     seen.clear()
     cli.take_over(ns)
     assert seen == []
+
+
+def test_the_program_that_takes_over_prints_gpu_preflights_version(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was built with the version of Invoke's own program; Invoke answers a plain ``invoke --version`` itself."""
+    stock = Program(name="Invoke", binary="inv[oke]", binary_names=["invoke", "inv"], version=invoke.__version__)
+    monkeypatch.setattr(invoke.main, "program", stock)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    stock.argv = ["invoke", "--version"]
+    with pytest.raises(SystemExit):
+        cli.take_over(Collection(train))
+    assert capsys.readouterr().out == f"gpu-preflight {TOOL_VERSION} (Invoke {invoke.__version__})\n"
 
 
 def test_a_plain_exception_of_the_library_is_its_line_and_its_code(
