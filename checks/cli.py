@@ -341,6 +341,7 @@ class PreflightProgram(Program):
         kwargs.setdefault("version", VERSION)
         super().__init__(*args, **kwargs)
         self.numbers: set[str] = set()  # the float flags of the task whose help is being printed
+        self.config_error: PreflightError | None = None  # a configuration file's mistake, raised once a task runs
 
     def run(self, argv: list[str] | None = None, exit: bool = True) -> None:
         """Invoke's run; a ``PreflightError`` from any step is its one line on stderr and its exit code."""
@@ -365,11 +366,24 @@ class PreflightProgram(Program):
         return f"Available tasks ({'; '.join(filter(None, [extra, f'{TOOL_NAME} {TOOL_VERSION}']))})"
 
     def parse_collection(self) -> None:
-        """Invoke's step, and the project file of a collection given to the program (Invoke skips it then)."""
+        """Invoke's step, and the project file of a collection given to the program (Invoke skips it then).
+
+        A mistake in a configuration file waits for :meth:`update_config`, the step after ``--list`` and ``--help``
+        have been answered: they keep working, so the task names and flags stay readable."""
         super().parse_collection()
         if self.namespace is not None and self.collection.loaded_from:
             self.config.set_project_location(self.collection.loaded_from)
-            self.config.load_project()
+            try:
+                self.config.load_project()
+            except PreflightError as error:
+                self.config_error = error
+
+    def update_config(self, merge: bool = True) -> None:
+        """Invoke's step (the runtime file, the flags' overrides), once a task is to run: a configuration file's
+        mistake held back by :meth:`parse_collection` stops it here."""
+        if self.config_error is not None:
+            raise self.config_error
+        super().update_config(merge=merge)
 
     def parse_tasks(self) -> None:
         """Invoke's step with its parse errors as usage errors; then hand the command after ``--`` to its task."""

@@ -857,6 +857,60 @@ def test_the_task_list_names_gpu_preflights_version_from_its_pyproject(home: Pat
     assert run.out.splitlines()[0] == f"Available tasks (gpu-preflight {ours}):", run.out
 
 
+CHECKOUT_PARTS = ("tasks.py", "pyproject.toml", "checks", "provision", "datasets", "templates")
+
+
+def checkout_copy(tmp_path: Path) -> Path:
+    """The code of the checkout, copied: a test may give it an ``invoke.yaml`` without touching the real one."""
+    copy = tmp_path / "checkout"
+    for part in CHECKOUT_PARTS:
+        source = REPO / part
+        if source.is_dir():
+            shutil.copytree(source, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            copy.mkdir(exist_ok=True)
+            shutil.copy2(source, copy / part)
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("preflight:\n  verfy: {steps: 3}\n", "unknown configuration key preflight.verfy"),
+        ("preflight:\n  verify: {steps: abc}\n", "preflight.verify.steps must be an integer"),
+        ("preflight:\n  verify: [\n", "is not valid YAML"),
+    ],
+    ids=["typo", "type", "yaml"],
+)
+def test_a_mistake_in_the_checkouts_invoke_yaml_leaves_list_and_help_working(
+    tmp_path: Path, home: Path, text: str, needle: str
+) -> None:
+    """docs/configuration.md: a bad key stops every task, while --list and --help keep working."""
+    copy = checkout_copy(tmp_path)
+    (copy / "invoke.yaml").write_text(text, encoding="utf-8")
+
+    def run(*args: str) -> Run:
+        proc = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=copy, env=child_env(home),
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        return Run(args, proc.returncode, proc.stdout, proc.stderr, 0.0)
+
+    listed = run("--list")
+    assert listed.code == 0 and "verify" in listed.out and "Traceback" not in listed.err, listed.why()
+    for argv in (("--help", "verify"), ("verify", "-h")):
+        helped = run(*argv)
+        assert helped.code == 0 and "--steps" in helped.out, helped.why()
+    assert_usage_error(run("snapshot", "--out", str(tmp_path / "s.json")), str(copy / "invoke.yaml"), needle)
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_a_mistake_in_the_users_invoke_yaml_leaves_list_and_help_working(home: Path) -> None:
+    (home / ".invoke.yaml").write_text("preflight:\n  verfy: {steps: 3}\n", encoding="utf-8")
+    listed = invoke(home, "--list")
+    assert listed.code == 0 and "verify" in listed.out, listed.why()
+    assert invoke(home, "--help", "bootstrap").code == 0
+    assert_usage_error(invoke(home, "snapshot", "--out", str(home / "s.json")), "preflight.verfy")
+
+
 # --- 8. invoke --list ---------------------------------------------------------------------------------------
 
 
