@@ -393,13 +393,18 @@ class DataResume(Record):
 
 @dataclass(frozen=True)
 class Checkpoint(Record):
-    """The round trip's cost and verdict; only ``error`` when it failed."""
+    """``measurements.checkpoint``: a save's cost, and for the built-in loop the round trip's verdict (only
+    ``error`` when it failed); for a command, the script's own saves during the measured steps (``every_steps``,
+    ``saves``: a save's ``save_s`` and ``bytes`` are their means)."""
 
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
         {"save_s", "bytes", "dir", "load_s", "reproduced", "uninterrupted", "resumed", "max_rel_diff", "data", "error"}
+        | {"every_steps", "saves"}
     )
     save_s: float | None = None
     bytes: int | None = None
+    every_steps: float | None = None  # a command: its own saves, one every this many measured steps
+    saves: int | None = None  # a command: how many saves the measured steps held
     dir: str | None = None
     load_s: float | None = None
     reproduced: bool | None = None
@@ -712,12 +717,61 @@ class DdpFigures(Record):
     ab: CommFigures | None = None
     hosts: tuple[HostRanks, ...] | None = None
     link_mbit_s: float | None = None
+    judged_rank: int | None = None  # a command: the rank whose breakdown the verdicts read (the straggler's)
 
     def to_json(self) -> JsonObject:
         out = super().to_json()
         if self.hosts is None:
             del out["hosts"], out["link_mbit_s"]
+        if self.judged_rank is None:
+            del out["judged_rank"]
         return out
+
+
+@dataclass(frozen=True)
+class CommandFacts(Record):
+    """``measurements.command`` (verify -- COMMAND): what ran, how it ended, who ended it, what was left."""
+
+    argv: tuple[str, ...]
+    exit_status: int | None
+    ended: str  # stopped, exited, crashed, interrupted, no-step, stalled, no-torch
+    stopped_by_verify: bool
+    ended_by_itself: bool
+    signals: tuple[str, ...]
+    seconds: float
+    steps_seen: dict[str, int]  # every process's optimizer steps, warm-up included, by rank (or pidN)
+    processes_seen: int
+    processes_left: tuple[int, ...]
+    traceback: tuple[str, ...]  # a crash: the last lines of its traceback
+
+
+@dataclass(frozen=True)
+class ProcessFigures(Record):
+    """``measurements.per_rank[]`` (verify -- COMMAND): one training process: its rank (``pidN`` without one),
+    its steps and device, and with a measured step its median, own time, breakdown and rate."""
+
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
+        {"median_s", "own_s", "step_breakdown", "samples_per_s", "micro_batches_per_step"}
+    )
+    rank: int | str
+    pid: int
+    steps: int
+    device: dict[str, Any]
+    median_s: float | None = None
+    own_s: float | None = None
+    step_breakdown: dict[str, float] | None = None
+    samples_per_s: float | None = None
+    micro_batches_per_step: int | None = None
+
+
+@dataclass(frozen=True)
+class CommandStep(Record):
+    """What only a command's steps tell: micro-batches and samples per optimizer step (``samples_per_step`` None
+    when no batch's size could be read), and what its ``forward`` share holds."""
+
+    micro_batches_per_step: int
+    samples_per_step: int | None
+    forward_includes: str
 
 
 @dataclass(frozen=True)
@@ -751,6 +805,10 @@ class Measurements:
     advice: JsonObject | None = None  # checks.verify.advice.loader_advice
     data_cost: JsonObject | None = None
     time_to_verdict: JsonObject | None = None  # checks.verify.stop.time_to_verdict: the budget, the stop, the cuts
+    command: CommandFacts | None = None  # verify -- COMMAND: the command and how it ended
+    command_step: CommandStep | None = None  # verify -- COMMAND: its keys sit at the top, beside the step figures
+    per_rank: tuple[ProcessFigures, ...] | None = None  # verify -- COMMAND under torchrun: every process
+    command_advice: JsonObject | None = None  # verify -- COMMAND: the loader re-runs (checks.verify.user.advice)
 
     def to_json(self) -> JsonObject:
         out: JsonObject = {"run": self.run.to_json(), "dataloader": dict(self.dataloader)}
@@ -787,5 +845,13 @@ class Measurements:
             out["data_cost"] = self.data_cost
         if self.time_to_verdict is not None:
             out["time_to_verdict"] = self.time_to_verdict
+        if self.command is not None:
+            out["command"] = self.command.to_json()
+        if self.command_step is not None:
+            out |= self.command_step.to_json()
+        if self.per_rank is not None:
+            out["per_rank"] = dump(list(self.per_rank))
+        if self.command_advice is not None:
+            out["command_advice"] = self.command_advice
         out["files"] = self.files.to_json()
         return out

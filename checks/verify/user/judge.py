@@ -22,12 +22,16 @@ from checks.verify import distributed
 from checks.verify import report as verify_report
 from checks.verify.contract import (
     PHASES,
+    Checkpoint,
     ChildResult,
     ChildRun,
+    CommandFacts,
+    CommandStep,
     DataInfo,
     DdpFigures,
     Device,
     Measurements,
+    ProcessFigures,
     RankRow,
     RunFacts,
     Step,
@@ -112,7 +116,7 @@ class RankFigures:
     fig: StepFigures
     micro_batches: int
     samples_per_step: int | None
-    checkpoint: dict[str, Any] | None
+    checkpoint: Checkpoint | None
 
 
 def rank_figures(r: Rank) -> RankFigures | None:
@@ -136,12 +140,12 @@ def rank_figures(r: Rank) -> RankFigures | None:
     )
     saves = sum(s["saves"] for s in r.steps)
     checkpoint = (
-        {
-            "save_s": ckpt / saves,
-            "bytes": sum(s["ckpt_bytes"] for s in r.steps) / saves,
-            "every_steps": _every(len(r.steps), saves),
-            "saves": saves,
-        }
+        Checkpoint(
+            save_s=ckpt / saves,
+            bytes=round(sum(s["ckpt_bytes"] for s in r.steps) / saves),
+            every_steps=_every(len(r.steps), saves),
+            saves=saves,
+        )
         if saves
         else None
     )
@@ -149,9 +153,8 @@ def rank_figures(r: Rank) -> RankFigures | None:
     return RankFigures(figs, micro, samples or None, checkpoint)
 
 
-def _every(steps: int, saves: int) -> float | int:
-    every = steps / saves
-    return int(every) if every == int(every) else round(every, 1)
+def _every(steps: int, saves: int) -> float:
+    return round(steps / saves, 1)
 
 
 def _child_result(lead: Rank, figs: RankFigures | None) -> ChildResult:
@@ -195,7 +198,7 @@ def judge(
     gpu_index: int | None = None,
     gpu_error: str | None = None,
     advice: dict[str, Any] | None = None,
-) -> tuple[list[Result], dict[str, Any], list[Verdict]]:
+) -> tuple[list[Result], Measurements, list[Verdict]]:
     """Results, measurements (the report's JSON object) and verdicts of one run of the command."""
     found = ranks(run.events, rule_warmup, rule_steps, rule_seconds)
     lead = pace_setter(found, cfg)
@@ -217,7 +220,8 @@ def judge(
         )
         figs = dataclasses.replace(figs, fig=whole)
         s = verify_report.signals(setting, outcome, cfg, figs.fig, gate)
-        s = dataclasses.replace(s, checkpoint=figs.checkpoint, ddp=ddp, own_code=True)
+        ckpt = figs.checkpoint.to_json() if figs.checkpoint else None
+        s = dataclasses.replace(s, checkpoint=ckpt, ddp=ddp, own_code=True)
         results.append(_loop(lead, figs))
     else:
         results.append(skip("verify-loop", "no measured step"))
@@ -238,7 +242,7 @@ def judge(
             data=child.data, torch=None, threads=None, seconds=round(run.seconds, 2), interrupted=run.interrupted,
             failure=None if run.ended in ("stopped", "exited") else run.ended, error=None,
         ),
-        dataloader=dict((lead.loader if lead else None) or {}),
+        dataloader=dict(((lead.loader or {}).get("settings") if lead else None) or {}),  # the keywords it used
         diagnosis=judged.diagnosis,
         sampler=sampler,
         files=setting.files,
@@ -248,9 +252,27 @@ def judge(
         cost=priced,
         flops_per_step=child.flops_per_step,
         timeline=dict(child.timeline) or None,
-    ).to_json()  # fmt: skip
-    m |= _command_figures(run, found, lead, ddp, figs, advice)
+        checkpoint=figs.checkpoint if figs else None,
+        ddp=_judged_ddp(ddp, lead),
+        command=command_facts(run, found),
+        command_step=None if figs is None else CommandStep(figs.micro_batches, figs.samples_per_step, FORWARD),
+        per_rank=tuple(per_rank(found)) if ddp is not None else None,
+        command_advice=advice,
+    )  # fmt: skip
     return [*(gate or []), *results], m, verdicts
+
+
+FORWARD = (
+    "the forward pass and the loop's own code between the data and backward (loss, .to(device), logging): no hook "
+    "separates them"
+)
+
+
+def _judged_ddp(d: DdpFigures | None, lead: Rank | None) -> DdpFigures | None:
+    """``measurements.ddp`` of a command under torchrun: the ranks' rows, the judged rank's exposed exchange."""
+    if d is None:
+        return None
+    return dataclasses.replace(d, judged_rank=lead.key if lead and isinstance(lead.key, int) else None)
 
 
 def _step_block(lead: Rank, figs: RankFigures) -> StepBlock:
@@ -264,36 +286,6 @@ def _step_block(lead: Rank, figs: RankFigures) -> StepBlock:
         tokens_per_s_with_checkpoints=None,
         enqueue_ratio=enqueue_ratio([step_record(s) for s in lead.steps]),
     )
-
-
-def _command_figures(
-    run: CommandRun,
-    found: Sequence[Rank],
-    lead: Rank | None,
-    d: DdpFigures | None,
-    figs: RankFigures | None,
-    advice: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """What only a command run has: ``command``, the micro-batches and samples per step, the script's own
-    saves, every rank under torchrun, the measured loader advice."""
-    out: dict[str, Any] = {"command": command_facts(run, found)}
-    if figs is not None:
-        out["micro_batches_per_step"] = figs.micro_batches
-        out["samples_per_step"] = figs.samples_per_step
-        out["forward_includes"] = (
-            "the forward pass and the loop's own code between the data and backward (loss, .to(device), logging): "
-            "no hook separates them"
-        )
-        if figs.checkpoint:
-            out["checkpoint"] = figs.checkpoint
-    if d is not None:
-        out["ddp"] = {"world_size": len(found), "per_rank": per_rank(found), "judged_rank": lead.key if lead else None}
-        out["ddp"] |= {"backend": d.backend, "grad_bytes": d.grad_bytes, "comm_exposed_ms": d.comm_exposed_ms}
-        out["ddp"]["comm_share"] = d.comm_share  # the judged rank's, timed by the agent's DDP comm hook
-        out["per_rank"] = out["ddp"]["per_rank"]
-    if advice is not None:
-        out["advice"] = advice
-    return out
 
 
 def pace_setter(found: Sequence[Rank], cfg: VerifyConfig) -> Rank | None:
@@ -343,33 +335,36 @@ def rank_rows(found: Sequence[Rank], lead: Rank | None = None, events: Sequence[
     )  # fmt: skip
 
 
-def per_rank(found: Sequence[Rank]) -> list[dict[str, Any]]:
+def per_rank(found: Sequence[Rank]) -> list[ProcessFigures]:
+    """``measurements.per_rank``: every training process, with its figures where it measured a step."""
     out = []
     for r in found:
         figs = rank_figures(r)
-        row: dict[str, Any] = {"rank": r.key, "pid": r.pid, "steps": len(r.steps), "device": r.device}
+        row = ProcessFigures(r.key, r.pid, len(r.steps), dict(r.device))
         if figs:
-            row |= {"median_s": figs.fig.median_s, "own_s": own_step_s(r), "step_breakdown": figs.fig.shares}
-            row |= {"samples_per_s": figs.fig.samples_per_s, "micro_batches_per_step": figs.micro_batches}
+            row = dataclasses.replace(
+                row, median_s=figs.fig.median_s, own_s=own_step_s(r), step_breakdown=dict(figs.fig.shares),
+                samples_per_s=figs.fig.samples_per_s, micro_batches_per_step=figs.micro_batches,
+            )  # fmt: skip
         out.append(row)
     return out
 
 
-def command_facts(run: CommandRun, found: Sequence[Rank]) -> dict[str, Any]:
+def command_facts(run: CommandRun, found: Sequence[Rank]) -> CommandFacts:
     """``measurements.command``: what ran, how it ended, who ended it."""
-    return {
-        "argv": list(run.argv),
-        "exit_status": run.returncode,
-        "ended": run.ended,
-        "stopped_by_verify": run.stopped_by_verify,
-        "ended_by_itself": run.ended in ("exited", "crashed", "no-torch"),
-        "signals": run.signals,
-        "seconds": round(run.seconds, 2),
-        "steps_seen": {str(r.key): len(r.warmup) + len(r.steps) for r in found},
-        "processes_seen": len(run.pids),
-        "processes_left": run.left,
-        "traceback": run.traceback() if run.ended == "crashed" else [],
-    }
+    return CommandFacts(
+        argv=tuple(run.argv),
+        exit_status=run.returncode,
+        ended=run.ended,
+        stopped_by_verify=run.stopped_by_verify,
+        ended_by_itself=run.ended in ("exited", "crashed", "no-torch"),
+        signals=tuple(run.signals),
+        seconds=round(run.seconds, 2),
+        steps_seen={str(r.key): len(r.warmup) + len(r.steps) for r in found},
+        processes_seen=len(run.pids),
+        processes_left=tuple(run.left),
+        traceback=tuple(run.traceback()) if run.ended == "crashed" else (),
+    )
 
 
 def describe_exit(code: int | None) -> str:

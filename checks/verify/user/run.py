@@ -6,6 +6,7 @@ here prints: the command's own output passes through the streams the caller give
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import statistics
@@ -118,20 +119,23 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
     )
     steps = [s for r in j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)[:1] for s in r.steps]
     title = f"invoke verify -- {request.command[0]}: {verdicts[0].id if verdicts else 'cant-tell'}"
+    block, ddp = measurements.steps, measurements.ddp
     problems = v.write_outputs(
-        csv, png, trace, title, gpu, cores, steps=steps, shares=measurements.get("step_breakdown"),
-        comm_share=(measurements.get("ddp") or {}).get("comm_share"),
-        step_s=(measurements.get("step_time") or {}).get("median_s"), samples_per_s=measurements.get("samples_per_s"),
+        csv, png, trace, title, gpu, cores, steps=steps, shares=block.step_breakdown if block else None,
+        comm_share=ddp.comm_share if ddp else None, step_s=block.step_time.median_s if block else None,
+        samples_per_s=block.samples_per_s if block else None,
     )  # fmt: skip
     ended = stop_facts(run, stop)
     cut = stopper.measure_cut(ended, budget) if ended is not None else None
     cuts = [cut, *cuts] if cut is not None else cuts
     seconds = time.monotonic() - started
-    measurements["time_to_verdict"] = stopper.time_to_verdict(budget, seconds, ended, cuts)
+    measurements = dataclasses.replace(
+        measurements, time_to_verdict=stopper.time_to_verdict(budget, seconds, ended, cuts)
+    )
     at = next((i + 1 for i, r in enumerate(results) if r.id == "verify-loop"), len(results))
     row = ok("verify-time", stopper.summary(budget, seconds, ended, cuts), value=round(seconds, 1))
     results = [*results[:at], row, *results[at:]]
-    report = Report(host=host, machine="live", results=tuple(results), measurements=measurements)
+    report = Report(host=host, machine="live", results=tuple(results), measurements=measurements.to_json())
     return Judged(
         report=report,
         verdicts=tuple(verdicts),

@@ -26,42 +26,10 @@ from checks.verify.contract import (
     event_line,
     parse_event,
 )
-from tests.checks.verify.verify_cases import CASES, GOLDEN, HERE, RUNS, judged
+from tests.checks.verify.report_schema import SCHEMA, violations
+from tests.checks.verify.verify_cases import ALL, GOLDEN, RUNS, judged
 
-SCHEMA = json.loads((HERE / "verify_report.schema.json").read_text(encoding="utf-8"))
 REPO = Path(__file__).resolve().parents[3]
-KINDS = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
-
-
-def violations(doc: Any, schema: dict[str, Any], path: str = "$") -> list[str]:
-    """Where ``doc`` breaks ``schema``: one line per problem (empty: it conforms)."""
-    kinds = schema.get("type")
-    if kinds is not None:
-        wanted = [kinds] if isinstance(kinds, str) else kinds
-        if not any(_is(doc, k) for k in wanted):
-            return [f"{path}: {type(doc).__name__} where {'/'.join(wanted)} is expected"]
-    out: list[str] = []
-    if isinstance(doc, dict):
-        props = schema.get("properties", {})
-        out += [f"{path}: missing key {k!r}" for k in schema.get("required", []) if k not in doc]
-        extra = schema.get("additionalProperties", True)
-        for k, v in doc.items():
-            if k in props:
-                out += violations(v, props[k], f"{path}.{k}")
-            elif extra is False:
-                out.append(f"{path}: unknown key {k!r}")
-            elif isinstance(extra, dict):
-                out += violations(v, extra, f"{path}.{k}")
-    if isinstance(doc, list) and "items" in schema:
-        for i, item in enumerate(doc):
-            out += violations(item, schema["items"], f"{path}[{i}]")
-    return out
-
-
-def _is(value: Any, kind: str) -> bool:
-    if kind == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, KINDS[kind])
 
 
 def same(a: Any, b: Any) -> bool:
@@ -75,13 +43,13 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", ALL)
 def test_a_run_is_judged_to_the_json_recorded_before_the_contract(name: str) -> None:
     golden = json.loads((GOLDEN / f"{name}.json").read_text(encoding="utf-8"))
     assert same(judged(name), golden)
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", ALL)
 def test_a_judged_run_meets_the_report_schema(name: str) -> None:
     doc = judged(name)
     assert violations({"results": doc["results"], "measurements": doc["measurements"]}, SCHEMA) == []

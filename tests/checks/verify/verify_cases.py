@@ -5,6 +5,10 @@ traces (``tests/fixtures/traces``), two runs recorded on a CPU box with today's 
 data-bound, with a checkpoint, the loader probe and a price; two gloo ranks), and the ends a run can come to
 without figures (out of memory, a crash before any step, a child killed without a result, Ctrl-C).
 
+Five ``verify -- COMMAND`` runs recorded the same way (``runs/command-*.json``: data-bound, a save every step,
+accumulation over dict batches, a crash at step 3, two torchrun ranks over gloo) are judged by the command's
+judge into the same report, held to the same golden files and the one schema.
+
 ``golden/<case>.json`` is what the code wrote for each case when the typed contract replaced the dicts (the
 compatibility check of ``test_report_json.py``); ``python -m tests.checks.verify.verify_cases`` rewrites them
 after a deliberate change of the report.
@@ -20,11 +24,13 @@ from typing import Any
 
 from checks.config import make_config
 from checks.result import Result, ok, warn
-from checks.verify.contract import ChildResult, ChildRun, DataSpec, RunSpec
+from checks.verify.contract import ChildResult, ChildRun, DataSpec, Files, RunSpec
 from checks.verify.plan import Outcome, Plan
-from checks.verify.report import judge
+from checks.verify.report import Setting, judge
 from checks.verify.sampler import Trace, read_csv
 from checks.verify.smoke.data import synthetic_spec
+from checks.verify.user.judge import judge as command_judge
+from checks.verify.user.launch import CommandRun
 
 HERE = Path(__file__).resolve().parent
 TRACES = HERE.parents[1] / "fixtures" / "traces"
@@ -145,12 +151,33 @@ CASES: dict[str, Callable[[], Case]] = {
 }
 
 
+def _command(name: str) -> dict[str, Any]:
+    """A ``verify -- COMMAND`` run recorded on a CPU box (``runs/command-*.json``: the launcher's ``CommandRun``,
+    every agent event in it, and the stop rule's warm-up and steps), judged by the command's judge."""
+    doc = json.loads((RUNS / f"{name}.json").read_text(encoding="utf-8"))
+    raw = doc["run"]
+    run = CommandRun(**{k: v for k, v in raw.items() if k != "pids"}, pids=set(range(raw["pids"])))
+    files = Files("reports/r.json", "reports/r.samples.csv", "reports/r.png")
+    results, m, verdicts = command_judge(run, Trace(), Setting(2.0, files, own_code=True), CFG, doc["warmup"],
+                                         doc["steps"], 0.0, None)  # fmt: skip
+    out = {"results": [r.to_json() for r in results], "measurements": m.to_json()}
+    return out | {"verdicts": [v.as_dict() for v in verdicts]}
+
+
+COMMANDS = sorted(p.stem for p in RUNS.glob("command-*.json"))
+ALL = [*CASES, *COMMANDS]
+
+
 def judged(name: str) -> dict[str, Any]:
     """The case's results, measurements and verdicts as the JSON report writes them."""
-    p, o, gate = CASES[name]()
-    j = judge(p, o, CFG, gate)
-    doc = {"results": [r.to_json() for r in j.results], "measurements": j.measurements.to_json()}
-    return json.loads(json.dumps(doc | {"verdicts": [v.as_dict() for v in j.verdicts]}, default=str))
+    if name in COMMANDS:
+        doc = _command(name)
+    else:
+        p, o, gate = CASES[name]()
+        j = judge(p, o, CFG, gate)
+        doc = {"results": [r.to_json() for r in j.results], "measurements": j.measurements.to_json()}
+        doc |= {"verdicts": [v.as_dict() for v in j.verdicts]}
+    return json.loads(json.dumps(doc, default=str))
 
 
 # Objects whose keys are open by design: a verdict's evidence (its own per rule), the phases of the timeline.
@@ -197,7 +224,7 @@ def _kind(value: Any) -> str:
 def main() -> int:
     GOLDEN.mkdir(exist_ok=True)
     docs = []
-    for name in CASES:
+    for name in ALL:
         doc = judged(name)
         (GOLDEN / f"{name}.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         docs.append({k: doc[k] for k in ("results", "measurements")})

@@ -21,6 +21,7 @@ from checks.errors import PreflightError
 from checks.probe.sample import process_exists, process_tree
 from checks.verify.run import Judged
 from checks.verify.user.run import CommandRequest, verify_command
+from tests.checks.verify.report_schema import SCHEMA, violations
 
 pytestmark = pytest.mark.slow
 
@@ -43,6 +44,8 @@ def verify(tmp_path: Path, *command: str, steps: int = 6, warmup: int = 2, verif
     finally:
         assert process_tree(os.getpid()) - before == set()  # nothing the command started survives
     assert judged.report.measurements["command"]["processes_left"] == []
+    doc = json.loads(json.dumps(judged.report.to_json(), default=str))  # the report as the JSON file holds it
+    assert violations({"results": doc["results"], "measurements": doc["measurements"]}, SCHEMA) == []
     return judged
 
 
@@ -62,10 +65,10 @@ def test_data_bound_loop_and_the_measured_loader_fix(tmp_path: Path) -> None:
     assert verdict(judged) in ("data-bound", "cpu-starved")  # a busy CI box can make the waits CPU-starved
     assert m["step_breakdown"]["data_wait"] > 0.3
     assert m["samples_per_step"] == 8 and m["samples_per_s"] > 0
-    assert m["dataloader"]["settings"]["num_workers"] == 0
+    assert m["dataloader"]["num_workers"] == 0
     assert m["command"]["stopped_by_verify"] and m["command"]["signals"][0] == "SIGINT"
     assert m["step_time"]["steps"] == 6
-    advice = m["advice"]  # re-run with more workers injected at construction: sleeping reads overlap
+    advice = m["command_advice"]  # re-run with more workers injected at construction: sleeping reads overlap
     assert advice["faster"]["overrides"]["num_workers"] >= 1 and advice["faster"]["speedup"] >= 1.1
     assert advice["change"].startswith("DataLoader(..., num_workers=")
     assert advice["change"].endswith("data_bound.py:22")  # where the script builds its loader
@@ -184,6 +187,7 @@ DRIVER = """
 import json, sys
 from checks.config import make_config
 from checks.verify.user.run import CommandRequest, verify_command
+from tests.checks.verify.report_schema import SCHEMA, violations
 req = CommandRequest(make_config({}), tuple(sys.argv[3:]), steps=1000, warmup=1, json=sys.argv[1], gate=False,
                      cwd=sys.argv[2], quiet=True)
 judged = verify_command(req, say=lambda line: None)

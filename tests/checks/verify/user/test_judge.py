@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from checks.verify.contract import Checkpoint
 from checks.verify.user import judge as j
 from checks.verify.user.launch import CommandRun, _Tails, environment, step_counts
 
@@ -32,7 +33,7 @@ def test_shares_add_up_with_checkpoints_amortised_over_the_measured_steps() -> N
     figs = j.rank_figures(r)
     assert figs is not None
     assert abs(sum(figs.fig.shares.values()) - 1.0) < 1e-9
-    assert figs.checkpoint == {"save_s": 0.1, "bytes": 1e6, "every_steps": 2, "saves": 2}
+    assert figs.checkpoint == Checkpoint(save_s=0.1, bytes=10**6, every_steps=2.0, saves=2)
     assert abs(figs.fig.shares["data_wait"] - 0.06 / 0.15) < 1e-9  # 0.1 step + 0.05 amortised save
     assert figs.micro_batches == 2 and figs.samples_per_step == 16
 
