@@ -220,6 +220,8 @@ def verify(c: Context, f: fl.VerifyFlags) -> None:
 
     cfg = settings(c)
     cfg = replace(cfg, report=replace(cfg.report, strict=cfg.report.strict or f.strict))  # --strict sets it
+    if note := fl.timeout_note(f, cfg.verify):
+        say(note)
     if f.command:
         return _verify_command(cfg, f)
     request = run_verify.VerifyRequest(config=cfg, options=fill(Options, f), budget=f.budget)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from checks.config import VerifyConfig
+from checks.errors import PreflightError
 from checks.flags import command, flag
 
 JSON_TEXT = "also write the JSON report to PATH ('-' for stdout; the text then goes to stderr)"
@@ -227,3 +229,47 @@ def own_loop_flags(f: VerifyFlags) -> list[str]:
     """The verify flags given (not at their default) that shape verify's own loop, which ``-- COMMAND`` does not run."""
     given = [x for x in dataclasses.fields(f) if "help" in x.metadata and getattr(f, x.name) != x.default]
     return ["--" + x.name.replace("_", "-") for x in given if x.name not in COMMAND_FLAGS]
+
+
+# --- verify's steps against the child's hard limit ------------------------------------------------------------
+
+# A step under verify costs at least its bookkeeping, one JSON event a step: about 100 µs of CPU for the agent of
+# `-- COMMAND` (docs/verify.md, "Overhead", measured in BENCHMARKS.md's "verify -- COMMAND overhead"). More steps
+# than verify.timeout_s holds at that pace cannot end: refused. The pace of real steps is known only after the
+# warm-up, so fewer get a note, not a refusal.
+STEP_FLOOR_S = 100e-6
+# Fewer seconds a step than this left by verify.timeout_s gets a note: a step of a second is ordinary (the built-in
+# CNN on 224 px photos takes 4.9 s a step on a 2-core box, docs/verify.md#time-to-verdict). Tool-defined.
+NOTE_STEP_S = 1.0
+_RAISE = "raise preflight.verify.timeout_s in invoke.yaml or with INVOKE_PREFLIGHT_VERIFY_TIMEOUT_S=SECONDS"
+
+
+def _pace(seconds: float) -> str:
+    return f"{seconds * 1000:.2g} ms" if seconds < 0.01 else f"{seconds:.2g} s"
+
+
+def timeout_note(f: VerifyFlags, cfg: VerifyConfig) -> str | None:
+    """Check ``--steps`` / ``--seconds`` against ``verify.timeout_s``, after which the training child is killed.
+
+    Refuse what cannot end before it (``--seconds`` at or past it; more steps than it holds at ``STEP_FLOOR_S``
+    each); return a note when the steps leave less than ``NOTE_STEP_S`` a step, else None.
+    """
+    limit = f"preflight.verify.timeout_s ({cfg.timeout_s:g} s)"
+    if f.command and f.seconds >= cfg.timeout_s:
+        hint = f"ask for fewer seconds, or {_RAISE}"
+        raise PreflightError(f"verify --seconds {f.seconds:g} cannot end before {limit} kills the command", hint=hint)
+    if f.steps <= 0:
+        return None
+    warmup = f.warmup if f.warmup >= 0 else cfg.warmup
+    each = cfg.timeout_s / (f.steps + warmup)
+    if each < STEP_FLOOR_S:
+        why = f"kills the training child, even at {_pace(STEP_FLOOR_S)} a step, verify's own bookkeeping"
+        raise PreflightError(
+            f"verify --steps {f.steps} cannot end before {limit} {why}", hint=f"ask for fewer, or {_RAISE}"
+        )
+    if each >= NOTE_STEP_S:
+        return None
+    return (
+        f"verify: --steps {f.steps} and {warmup} warm-up steps must end within {limit}, start-up included, or the "
+        f"training child is killed: at most {_pace(each)} a step; for slower steps {_RAISE}"
+    )

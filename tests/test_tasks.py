@@ -829,6 +829,51 @@ def test_other_tasks_refuse_a_command_after_two_dashes(here: Here, home: Path, t
     assert run.out == "" and rc_bytes(home) == {".bashrc": None, ".profile": None}  # the task never started
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--steps", "20000000"),
+        ("--steps", "9000000", "--", "python", "train.py"),
+        ("--seconds", "900", "--", "python", "t.py"),
+    ],
+    ids=["steps", "command-steps", "command-seconds"],
+)
+def test_verify_refuses_steps_that_cannot_end_before_the_child_timeout(home: Path, argv: tuple[str, ...]) -> None:
+    """``--steps 1000000`` was accepted without a word that ``verify.timeout_s`` kills the child after 900 s."""
+    run = invoke(home, "verify", *argv)
+    line = assert_usage_error(run, f"verify {argv[0]} {argv[1]}", "preflight.verify.timeout_s (900 s)")
+    assert "INVOKE_PREFLIGHT_VERIFY_TIMEOUT_S" in line and run.out == "", line
+
+
+@pytest.mark.parametrize(
+    ("steps", "env", "note"),
+    [
+        ("1000000", {}, "at most 0.9 ms a step"),
+        ("1000", {}, "at most 0.9 s a step"),
+        ("1000", {"INVOKE_PREFLIGHT_VERIFY_TIMEOUT_S": "3600"}, ""),
+        ("40", {}, ""),
+    ],
+)
+def test_verify_says_when_its_steps_need_a_pace_the_child_timeout_allows(
+    here: Here, home: Path, monkeypatch: pytest.MonkeyPatch, steps: str, env: dict[str, str], note: str
+) -> None:
+    from checks.errors import PreflightError
+    from checks.verify import run as run_verify
+
+    def started(*args: object, **kwargs: object) -> None:  # verify's run, past the task's flag checks: nothing trains
+        raise PreflightError("started", code=1)
+
+    monkeypatch.setattr(run_verify, "verify", started)
+    run = here(home, "verify", "--steps", steps, env=env)
+    assert run.code == 1 and run.err.endswith("gpu-preflight: started\n"), run.why()
+    lines = run.err.splitlines()[:-1]
+    if not note:
+        assert lines == [], run.why()
+        return
+    assert len(lines) == 1 and lines[0].startswith(f"verify: --steps {steps} and 5 warm-up steps"), run.why()
+    assert "preflight.verify.timeout_s (900 s)" in lines[0] and note in lines[0], run.why()
+
+
 @pytest.mark.parametrize("task", ["verify", "sbatch"])
 def test_two_dashes_with_no_command_after_them_are_refused(home: Path, task: str) -> None:
     """``invoke verify --`` with the command forgotten ran the built-in loop without a word."""
