@@ -9,6 +9,8 @@ a SIMD convolution where installed, else Pillow's).
 from __future__ import annotations
 
 import io
+import os
+import stat
 import struct
 import warnings
 from dataclasses import dataclass
@@ -52,13 +54,48 @@ class Resize:
 def decode_file(path: str, spec: Resize) -> np.ndarray:
     """Decode the image at ``path``; raise RejectedImage with the reason when it is not a usable image."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        data = read_regular(path)
     except OSError as exc:
         raise RejectedImage(f"unreadable: {exc.strerror or exc}") from None
     if not data:
         raise RejectedImage("empty file (0 bytes)")
     return decode_bytes(data, spec)
+
+
+def read_regular(path: str) -> bytes:
+    """Read a regular file whole; refuse a FIFO, socket or device that took an input's place after the scan.
+
+    O_NONBLOCK: opening a FIFO otherwise waits for a writer, forever (it has no effect on a regular file).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RejectedImage("not a regular file (a FIFO, socket or device)")
+        return fh.read()
+
+
+def short_sides(paths: list[str]) -> list[int]:
+    """Return the shorter side in pixels of each readable image among ``paths``, from its header only."""
+    sides = []
+    for path in paths:
+        try:
+            side = _short_side(path)
+        except (OSError, ValueError, SyntaxError, struct.error, Image.DecompressionBombError):
+            continue  # not a usable image: decoding rejects it with its reason
+        if side is not None:
+            sides.append(side)
+    return sides
+
+
+def _short_side(path: str) -> int | None:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(fh) as im:
+                return min(im.size)
 
 
 def decode_bytes(data: bytes, spec: Resize) -> np.ndarray:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import csv
 import hashlib
 import os
+import stat
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from datasets.errors import UsageError
@@ -18,6 +19,13 @@ from datasets.images import IMAGE_SUFFIXES
 
 LIST_SUFFIXES = (".csv", ".tsv")
 TEXT_SUFFIXES = (".txt", ".jsonl")
+SPECIAL = "(special file)"  # the key in ``ignored`` of FIFOs, sockets and device nodes: listed, never opened
+_SPECIAL_KINDS = (
+    (stat.S_ISFIFO, "FIFO"),
+    (stat.S_ISSOCK, "socket"),
+    (stat.S_ISCHR, "device"),
+    (stat.S_ISBLK, "device"),
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,7 @@ class Inventory:
     ignored: dict[str, int] = field(default_factory=dict)  # suffix -> files skipped
     digest: str = ""
     total_bytes: int = 0
+    specials: tuple[str, ...] = ()  # FIFOs, sockets, device nodes among the files: skipped, never opened
 
     def path(self, i: int) -> str:
         return os.path.join(self.root, self.paths[i])
@@ -76,7 +85,7 @@ def _scan_file(path: Path, kind: str, columns: Columns) -> Inventory:
 
 
 def _unknown(root: Path, kind: str) -> UsageError:
-    if root.is_dir() and not _walk_files(root):
+    if root.is_dir() and not _walk_files(root)[0]:
         return UsageError(f"source {root} is empty", hint="point --source at the dataset's top folder")
     if root.is_dir() and kind != "text" and any(p.suffix.lower() in IMAGE_SUFFIXES for p in root.iterdir()):
         return UsageError(
@@ -97,6 +106,15 @@ def _unknown(root: Path, kind: str) -> UsageError:
     return UsageError(f"unknown format: {root} holds no {what}", hint="see invoke --help stage-data")
 
 
+def specials_note(inv: Inventory) -> str | None:
+    """Return the line that names the special files the scan skipped (None when there were none)."""
+    if not inv.specials:
+        return None
+    named = ", ".join(inv.specials[:3]) + (f" and {len(inv.specials) - 3:,} more" if len(inv.specials) > 3 else "")
+    what = "special file" if len(inv.specials) == 1 else "special files"
+    return f"skipped {len(inv.specials):,} {what} in {inv.root} (FIFO, socket or device; never opened): {named}"
+
+
 def _class_dirs(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
@@ -105,29 +123,41 @@ def scan_imagefolder(root: Path) -> Inventory:
     """List images under one folder per class (as torchvision's ImageFolder), classes sorted by name."""
     paths: list[str] = []
     labels: list[int] = []
+    specials: list[str] = []
     ignored: Counter[str] = Counter()
     classes = tuple(d.name for d in _class_dirs(root))
     for label, name in enumerate(classes):
-        for rel in sorted(_walk_files(root / name)):
+        files, odd = _walk_files(root / name)
+        specials += sorted(f"{name}/{rel}" for rel in odd)
+        for rel in sorted(files):
             suffix = os.path.splitext(rel)[1].lower()
             if suffix in IMAGE_SUFFIXES:
                 paths.append(f"{name}/{rel}")
                 labels.append(label)
             else:
                 ignored[suffix or "(no suffix)"] += 1
-    return _finish("images", "imagefolder", root, paths, labels, classes, ignored)
+    found = _finish("images", "imagefolder", root, paths, labels, classes, _count_specials(ignored, specials))
+    return replace(found, specials=tuple(specials))
 
 
 def scan_text(root: Path) -> Inventory:
     """List .txt and .jsonl files under ``root``, sorted by path."""
     paths, ignored = [], Counter[str]()
-    for rel in sorted(_walk_files(root)):
+    files, specials = _walk_files(root)
+    for rel in sorted(files):
         suffix = os.path.splitext(rel)[1].lower()
         if suffix in TEXT_SUFFIXES:
             paths.append(rel)
         else:
             ignored[suffix or "(no suffix)"] += 1
-    return _finish("text", "text", root, paths, [], (), ignored)
+    found = _finish("text", "text", root, paths, [], (), _count_specials(ignored, specials))
+    return replace(found, specials=tuple(sorted(specials)))
+
+
+def _count_specials(ignored: Counter[str], specials: list[str]) -> Counter[str]:
+    if specials:
+        ignored[SPECIAL] += len(specials)
+    return ignored
 
 
 def scan_list(list_file: Path, columns: Columns) -> Inventory:
@@ -183,19 +213,40 @@ def _labels(raw: list[str]) -> tuple[list[int], tuple[str, ...]]:
     return numbers, tuple(str(i) for i in range(max(numbers) + 1))
 
 
-def _walk_files(top: Path) -> list[str]:
-    """Return non-hidden files under ``top`` relative to it, following links to folders once."""
-    found, seen = [], set()
-    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
-        st = os.stat(dirpath)
+def _walk_files(top: Path) -> tuple[list[str], list[str]]:
+    """Return (files, special files) not hidden under ``top``, relative to it, following links to folders once.
+
+    A FIFO, socket or device node is a special file: opening a FIFO blocks until something writes to it, so these
+    are told apart by the directory entry's type (no extra system call for a plain file) and never opened.
+    """
+    files: list[str] = []
+    specials: list[str] = []
+    seen: set[tuple[int, int]] = set()
+    pending = [(str(top), "")]
+    while pending:
+        folder, rel = pending.pop()
+        st = os.stat(folder)
         if (st.st_dev, st.st_ino) in seen:
-            dirnames[:] = []
             continue
         seen.add((st.st_dev, st.st_ino))
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        rel = os.path.relpath(dirpath, top)
-        found += [n if rel == "." else f"{rel}/{n}" for n in filenames if not n.startswith(".")]
-    return found
+        for entry in _entries(folder):
+            name = f"{rel}{entry.name}"
+            if entry.is_dir():
+                pending.append((entry.path, f"{name}/"))
+            elif entry.is_file() or (entry.is_symlink() and not os.path.exists(entry.path)):
+                files.append(name)  # a broken link stays an input: decoding rejects it with its reason
+            else:
+                specials.append(name)
+    return files, specials
+
+
+def _entries(folder: str) -> list[os.DirEntry[str]]:
+    """The non-hidden entries of ``folder`` (none when it cannot be listed, as os.walk skips it)."""
+    try:
+        with os.scandir(folder) as it:
+            return [e for e in it if not e.name.startswith(".")]
+    except OSError:
+        return []
 
 
 def _non_empty(found: Inventory) -> Inventory:
@@ -219,7 +270,9 @@ def _finish(
     if list_file is not None:
         h.update(list_file.read_bytes())
     for i, rel in enumerate(paths):
-        size, mtime = _stat(os.path.join(root, rel))
+        size, mtime, mode = _stat(os.path.join(root, rel))
+        if list_file is not None:
+            _refuse_special(list_file, rel, mode)
         total += max(size, 0)
         h.update(f"{rel}\0{size}\0{mtime}\0{labels[i] if labels else ''}\n".encode("utf-8", "surrogateescape"))
     return Inventory(
@@ -227,9 +280,19 @@ def _finish(
     )
 
 
-def _stat(path: str) -> tuple[int, int]:
+def _stat(path: str) -> tuple[int, int, int]:
     try:
         st = os.stat(path)
     except OSError:
-        return -1, -1
-    return st.st_size, st.st_mtime_ns
+        return -1, -1, 0
+    return st.st_size, st.st_mtime_ns, st.st_mode
+
+
+def _refuse_special(list_file: Path, rel: str, mode: int) -> None:
+    """A list that names a FIFO, socket or device: refused before anything opens it (a FIFO would block)."""
+    for test, kind in _SPECIAL_KINDS:
+        if test(mode):
+            raise UsageError(
+                f"list {list_file} names {rel}, a {kind}, not an image file",
+                hint="remove it from the list, or point the row at the image itself",
+            )

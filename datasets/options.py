@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from checks.config import DiskConfig, StageConfig
+from datasets.errors import UsageError
 from datasets.inventory import Columns
 from datasets.places import gib
 from datasets.request import ImageJob, Outcome, Request, TextJob
@@ -34,6 +35,7 @@ class Flags:
 
 def build_request(cfg: StageConfig, flags: Flags, disk: DiskConfig | None = None) -> Request:
     """Merge ``flags`` over ``cfg``; ``disk`` measures candidate roots when no --dest is given."""
+    _check_counts(flags)
     images = ImageJob(
         size=flags.size or cfg.size,
         policy=flags.resize or cfg.resize,
@@ -69,6 +71,20 @@ def build_request(cfg: StageConfig, flags: Flags, disk: DiskConfig | None = None
         workers=flags.workers,
         reserve_cores=flags.reserve_cores if flags.reserve_cores >= 0 else cfg.reserve_cores,
     )
+
+
+def _check_counts(flags: Flags) -> None:
+    """Refuse a negative process count (exit 2); -1 is the task's own "from the configuration" for --reserve-cores."""
+    if flags.workers < 0:
+        raise UsageError(
+            f"--workers {flags.workers} is negative",
+            hint="pass a number of decode processes, or 0 for the usable cores less preflight.stage.reserve_cores",
+        )
+    if flags.reserve_cores < -1:
+        raise UsageError(
+            f"--reserve-cores {flags.reserve_cores} is negative",
+            hint="pass 0 or more cores to leave free while decoding",
+        )
 
 
 def summary(outcome: Outcome, seconds: float) -> str:

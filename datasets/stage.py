@@ -26,9 +26,9 @@ from checks.facts import LocationFacts, MountFacts
 from checks.probe import disk_cache
 from checks.probe.mounts import STAT_TIMEOUT_S, mount_table
 from checks.probe.net import scrub, secrets_of
-from datasets import decode, manifest, places, resize, run_images, run_text, sources, workdir
+from datasets import decode, manifest, places, resize, run_images, run_text, sources, upscale, workdir
 from datasets.errors import StageFailure, UsageError
-from datasets.inventory import Inventory, scan
+from datasets.inventory import Inventory, scan, specials_note
 from datasets.journal import Journal, locked
 from datasets.manifest import Contents, Manifest, SourceInfo
 from datasets.progress import Progress, Silent
@@ -86,10 +86,12 @@ def _stage(
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
         raise StageFailure(f"cannot read the source: {exc.strerror or exc}{where}", hint="check --source") from None
-    scanned = time.monotonic()
-    dest = _destination(req, src, inv, say or (lambda _: None))
+    scanned, tell = time.monotonic(), say or (lambda _: None)
+    dest = _destination(req, src, inv, tell)
     work = dest.with_name(f".{dest.name}.staging")
     phases = {"scan_s": scanned - started, "place_s": time.monotonic() - scanned}
+    for line in _warnings(req, inv) if inv is not None else ():  # a fetched source: after the fetch (_locked_stage)
+        tell(line)
     with workdir.made_folders(dest), locked(dest.with_name(f".{dest.name}.lock")):
         try:
             return _locked_stage(req, src, inv, ident, dest, work, session, progress, (started, phases))
@@ -153,6 +155,8 @@ def _locked_stage(
         workdir.publish(work / "out", dest, work)
         return Outcome(dest, False, ready, tuple(notes))
     contents, scanned = _produce(req, src, inv, work, journal, session, progress)
+    if inv is None:
+        notes += _warnings(req, scanned)
     done = time.monotonic()
     times = {k: round(v, 3) for k, v in phases.items()}
     contents = replace(contents, timings=replace(contents.timings, total_s=round(done - started, 3), **times))
@@ -190,6 +194,12 @@ def _produce(
         journal.append({"event": "planned", "inputs": len(inv.paths)})
     contents = (run_text if inv.kind == "text" else run_images).run(req, inv, work, journal, progress)
     return replace(contents, timings=replace(contents.timings, fetch_s=round(fetch_s, 3))), inv
+
+
+def _warnings(req: Request, inv: Inventory) -> list[str]:
+    """What the user should hear about the inputs: special files skipped, images enlarged by ``--size``."""
+    found = [specials_note(inv), upscale.warning(req.images, inv)]  # the latter only of images
+    return [line for line in found if line]
 
 
 def _source_info(src: sources.Source, ident: str, inv: Inventory) -> SourceInfo:

@@ -26,6 +26,13 @@ from datasets.errors import StageFailure
 # source files, timeout, daemon timeout.
 RSYNC_RETRY_CODES = frozenset({10, 12, 20, 23, 24, 30, 35})
 PARTIAL_DIR = ".rsync-partial"
+# ssh could not connect or log in (or the remote has no rsync): rsync exits 255, or 12 when it sees the closed pipe
+# first (a race, about 1 run in 5 here), having received nothing; the line above rsync's says why. Retrying does not
+# help, it fails again at once. A connection lost after some bytes is not this: that one resumes.
+NOTHING_RECEIVED = "connection unexpectedly closed (0 bytes received so far)"
+# rsync's summary lines, which say that something failed but not what: "rsync error: unexplained error (code 255)",
+# "rsync: connection unexpectedly closed (0 bytes received so far)"; the line above them says what.
+_TRAILER = re.compile(r"^rsync(?: error)?: (?:.*\(code \d+\)|connection unexpectedly closed)")
 _PROGRESS = re.compile(rb"([\d,]+)\s+(\d+)%")
 Progress = Callable[[int], None]  # bytes done so far
 
@@ -40,8 +47,16 @@ class Listing:
 
 
 def rsync_args(remote: bool, ssh_command: str) -> list[str]:
-    """Return rsync's flags: archive mode, resumable partials, overall progress."""
-    args = ["--archive", f"--partial-dir={PARTIAL_DIR}", "--info=progress2", "--no-human-readable"]
+    """Return rsync's flags: archive mode without devices and FIFOs (the scan skips them), resumable partials,
+    overall progress."""
+    args = [
+        "--archive",
+        "--no-devices",
+        "--no-specials",
+        f"--partial-dir={PARTIAL_DIR}",
+        "--info=progress2",
+        "--no-human-readable",
+    ]
     if remote:
         return [*args, "--timeout=120", "-e", ssh_command]
     return [*args, "--no-whole-file"]
@@ -63,11 +78,9 @@ def rsync(src: str, dst: Path, *, remote: bool, ssh_command: str, retries: int, 
             )
             return
         except sh.ErrorReturnCode as exc:
-            if exc.exit_code not in RSYNC_RETRY_CODES or attempt == retries:
-                raise StageFailure(
-                    f"rsync from {src} failed (exit {exc.exit_code}): {_last_line(exc.stderr)}",
-                    hint="run the same command again to resume",
-                ) from None
+            if exc.exit_code not in RSYNC_RETRY_CODES or attempt == retries or _never_connected(exc, remote):
+                resume = "run the same command again to resume"
+                raise _failure(f"rsync from {src} failed (exit {exc.exit_code})", src, exc, remote, resume) from None
             time.sleep(min(2**attempt, 30))
         except sh.CommandNotFound:
             raise StageFailure("rsync is not installed", hint="apt-get install rsync") from None
@@ -78,7 +91,7 @@ def list_remote(src: str, ssh_command: str) -> Listing:
     try:
         out = sh.rsync("--recursive", "--list-only", "--no-human-readable", "-e", ssh_command, src.rstrip("/") + "/")
     except sh.ErrorReturnCode as exc:
-        raise StageFailure(f"cannot list {src} (rsync exit {exc.exit_code}): {_last_line(exc.stderr)}") from None
+        raise _failure(f"cannot list {src} (rsync exit {exc.exit_code})", src, exc, True, "") from None
     except sh.CommandNotFound:
         raise StageFailure("rsync is not installed", hint="apt-get install rsync") from None
     lines = sorted(line for line in str(out).splitlines() if line.startswith("-"))
@@ -95,10 +108,38 @@ def _progress_reader(progress: Progress) -> Callable[[bytes], None]:
     return read
 
 
-def _last_line(stderr: bytes | str | None) -> str:
+def stderr_reason(stderr: bytes | str | None) -> str:
+    """Return the line of rsync's (or its ssh's) stderr that says what went wrong: the last one that is not
+    rsync's summary (``rsync error: ... (code 23)``), or that summary when it is all there is."""
     text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else (stderr or "")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else "no message"
+    said = [line for line in lines if not _TRAILER.match(line)]
+    return (said or lines or ["no message"])[-1]
+
+
+def _never_connected(exc: sh.ErrorReturnCode, remote: bool) -> bool:
+    """Tell whether rsync's remote end never answered: ssh failed, or the remote has no rsync."""
+    text = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else str(exc.stderr or "")
+    return remote and NOTHING_RECEIVED in text
+
+
+def _failure(what: str, src: str, exc: sh.ErrorReturnCode, remote: bool, then: str) -> StageFailure:
+    """``what`` failed, and the line that says why; when ssh failed, a hint naming the host."""
+    reason = stderr_reason(exc.stderr)
+    hint = then or None
+    if _never_connected(exc, remote):
+        hint = _ssh_hint(src.split(":", 1)[0], reason)
+    return StageFailure(f"{what}: {reason}", hint=hint)
+
+
+def _ssh_hint(host: str, reason: str) -> str:
+    if "Could not resolve hostname" in reason:
+        return f"check the host name {host} in --source or ~/.ssh/config; try: ssh {host} true"
+    if "Permission denied" in reason:
+        return f"this machine has no key {host} accepts: ssh-copy-id {host}; try: ssh {host} true"
+    if "command not found" in reason:
+        return f"install rsync on {host}"
+    return f"check that ssh reaches {host} from this machine; try: ssh {host} true"
 
 
 # --- HTTP -----------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.datasets.photos import image_tree
 from tests.fakes.cli import REPO, Here, assert_usage_error, child_env, default_sigint, invoke, pid_gone
 
 pytestmark = pytest.mark.slow
@@ -66,6 +67,27 @@ def test_usage_errors_are_one_line_exit_2(here: Here, tmp_path: Path) -> None:
     assert_usage_error(here(tmp_path, "stage-data"), "needs --source")
     assert_usage_error(here(tmp_path, "stage-data", "--source", str(tmp_path / "nope")), "not found")
     assert_usage_error(here(tmp_path, "stage-data", "--verify", str(tmp_path / "empty")), "not a staged dataset")
+
+
+def test_a_negative_worker_count_is_refused_naming_the_flag(here: Here, photo_tree: Path, tmp_path: Path) -> None:
+    """``--workers -2`` was accepted (issue 37); 0 is documented: the usable cores less reserve_cores."""
+    for bad in ("-2", "-1"):
+        line = assert_usage_error(here(tmp_path, *stage_args(photo_tree, tmp_path / "ds", "--workers", bad)))
+        assert f"--workers {bad}" in line and "0 for the usable cores" in line
+    line = assert_usage_error(here(tmp_path, *stage_args(photo_tree, tmp_path / "ds", "--reserve-cores", "-3")))
+    assert "--reserve-cores -3" in line
+    assert not (tmp_path / "ds").exists() and not (tmp_path / ".ds.staging").exists()
+
+
+def test_a_fifo_in_the_source_is_skipped_with_a_word_and_nothing_is_left_behind(tmp_path: Path) -> None:
+    """A FIFO named like a photo made stage-data hang with no output and leave .DEST.staging (issue 37)."""
+    src = image_tree(tmp_path / "src", per_class=3, classes=("cat", "dog"))
+    os.mkfifo(src / "cat" / "pipe.jpg")
+    run = invoke(tmp_path, *stage_args(src, tmp_path / "ds", "--workers", "1"), timeout=60)
+    assert run.code == 0, run.why()
+    assert "staged 6 images into" in run.out, run.why()
+    assert "skipped 1 special file" in run.err and "cat/pipe.jpg" in run.err, run.why()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "src"], run.why()  # no .ds.staging, no .ds.lock
 
 
 def test_bad_configuration_value_is_exit_2(photo_tree: Path, tmp_path: Path) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
+import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,3 +102,24 @@ def test_missing_file_is_unreadable(tmp_path) -> None:
 def test_float_images_are_refused() -> None:
     with pytest.raises(RejectedImage, match="mode F"):
         to_rgb(Image.new("F", (4, 4)))
+
+
+def test_a_fifo_in_an_inputs_place_is_rejected_without_blocking(tmp_path: Path) -> None:
+    """The scan skips special files; one that replaced an input after the scan must not hang the decode either."""
+    fifo = tmp_path / "x.jpg"
+    os.mkfifo(fifo)
+    caught: list[BaseException] = []
+
+    def decode() -> None:
+        try:
+            decode_file(str(fifo), Resize(32))
+        except RejectedImage as exc:
+            caught.append(exc)
+
+    worker = threading.Thread(target=decode, daemon=True)
+    worker.start()
+    worker.join(10)
+    if worker.is_alive():  # blocked in open(): a writer's open releases it, so the suite goes on
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("decode_file blocked on a FIFO")
+    assert [str(e) for e in caught] == ["not a regular file (a FIFO, socket or device)"]

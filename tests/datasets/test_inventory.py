@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -96,3 +98,38 @@ def test_text_files_found_when_no_images(tmp_path: Path) -> None:
     touch(tmp_path / "a.txt", b"hello")
     inv = scan(tmp_path, "auto", CONFIGURED)
     assert inv.kind == "text" and inv.paths == ("a.txt", "b/2.jsonl")
+
+
+def _plant_specials(folder: Path) -> None:
+    """A FIFO and a Unix socket named like images: reading either would block or fail, never yield an image."""
+    folder.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(folder / "pipe.jpg")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(folder / "sock.png"))
+
+
+def test_special_files_in_a_folder_are_skipped_and_named(tmp_path: Path) -> None:
+    touch(tmp_path / "cat" / "a.jpg")
+    touch(tmp_path / "dog" / "b.jpg")
+    _plant_specials(tmp_path / "cat")
+    os.mkfifo(tmp_path / "dog" / "fifo")  # no suffix: a special file all the same, not an "ignored" file
+    inv = scan(tmp_path, "auto", CONFIGURED)
+    assert inv.paths == ("cat/a.jpg", "dog/b.jpg") and inv.labels == (0, 1)
+    assert inv.specials == ("cat/pipe.jpg", "cat/sock.png", "dog/fifo")
+    assert inv.ignored == {"(special file)": 3}
+
+
+def test_special_files_among_text_are_skipped(tmp_path: Path) -> None:
+    touch(tmp_path / "a.txt", b"hello")
+    os.mkfifo(tmp_path / "b.txt")
+    inv = scan(tmp_path, "text", CONFIGURED)
+    assert inv.paths == ("a.txt",) and inv.specials == ("b.txt",)
+
+
+def test_a_list_naming_a_fifo_is_refused_with_its_name(tmp_path: Path) -> None:
+    touch(tmp_path / "a.jpg")
+    os.mkfifo(tmp_path / "b.jpg")
+    (tmp_path / "list.csv").write_text("path,label\na.jpg,0\nb.jpg,1\n")
+    with pytest.raises(UsageError, match=r"list .*list\.csv names b\.jpg, a FIFO") as caught:
+        scan(tmp_path / "list.csv", "auto", CONFIGURED)
+    assert caught.value.code == ExitStatus.USAGE and "remove it from the list" in (caught.value.hint or "")

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from checks.config import make_config
+from checks.errors import ExitStatus
+from datasets.errors import UsageError
 from datasets.manifest import Manifest
 from datasets.options import Flags, build_request, summary
 from datasets.request import Outcome
@@ -70,3 +74,20 @@ def test_summary_counts_one_of_a_thing_in_the_singular() -> None:
     assert text.startswith("staged 1 token from 1 document into")
     noop = summary(Outcome(dest=Path("/d"), noop=True, manifest=_outcome("images", 1, 1, 0, 0, 0).manifest), 0.2)
     assert noop.startswith("already staged: /d (1 image,")
+
+
+def test_negative_worker_and_reserve_counts_are_refused_naming_the_flag() -> None:
+    """``--workers -2`` was accepted (issue 37). 0 workers is documented (the usable cores less reserve_cores), and
+    -1 is the task's own "from the configuration" for --reserve-cores."""
+    cfg = make_config().stage
+    for flags, needle in (
+        (Flags(source="src", workers=-2), "--workers -2 is negative"),
+        (Flags(source="src", workers=-1), "--workers -1 is negative"),
+        (Flags(source="src", reserve_cores=-2), "--reserve-cores -2 is negative"),
+    ):
+        with pytest.raises(UsageError, match=needle) as caught:
+            build_request(cfg, flags)
+        assert caught.value.code == ExitStatus.USAGE and "\n" not in caught.value.message
+        assert caught.value.hint and caught.value.hint.startswith("pass ")
+    assert build_request(cfg, Flags(source="src", workers=0)).workers == 0
+    assert build_request(cfg, Flags(source="src", workers=3, reserve_cores=0)).workers == 3
