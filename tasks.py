@@ -224,6 +224,11 @@ def verify(c: Context, f: fl.VerifyFlags) -> None:
         say(note)
     if f.command:
         return _verify_command(cfg, f)
+    if only := fl.command_only_flags(f):
+        raise PreflightError(
+            f"verify: {only[0]} applies to your own command, given after --",
+            hint="invoke verify [flags] -- python train.py; the built-in loop measures under preflight.verify.budget",
+        )
     request = run_verify.VerifyRequest(config=cfg, options=fill(Options, f), budget=f.budget)
     from checks.probe.launch import launch_context
 

@@ -131,7 +131,7 @@ class VerifyFlags(Outputs, EveryRow, Hosts, Command, Strict):
     price_per_hour: float = flag(
         0.0, "this machine's price per hour: cost per epoch and per lost share (0: preflight.verify.price_per_hour)"
     )
-    sweep: bool = flag(False, "double the batch until OOM or the throughput knee")
+    sweep: bool = flag(False, "double the batch until OOM or the throughput knee (with -- COMMAND: re-runs of it)")
     ab: bool = flag(False, "also time the model under torch.compile (reduce-overhead on a GPU)")
     dataset: str = flag("", "your own dataset: MODULE:CALLABLE returning a map-style Dataset of (input, target)")
     model: str = flag("", "your own model: MODULE:CALLABLE returning an nn.Module")
@@ -222,7 +222,15 @@ COMMAND_FLAGS = frozenset(f.name for f in dataclasses.fields(Command)) | {
     "all",
     "json",
     "plot",
+    "sweep",
 }
+
+
+def command_only_flags(f: VerifyFlags) -> list[str]:
+    """The ``-- COMMAND`` flags given without a command: the built-in loop has no use for them (refused, not
+    ignored)."""
+    given = [x for x in dataclasses.fields(Command) if getattr(f, x.name) != x.default]
+    return ["--" + x.name.replace("_", "-") for x in given]
 
 
 def own_loop_flags(f: VerifyFlags) -> list[str]:

@@ -15,6 +15,9 @@ notices). With a CUDA ``device`` the batches are fresh GPU tensors, copied from 
 that overlaps the previous step, and the rule does not apply. ``state_dict()`` / ``load_state_dict()`` carry the
 (epoch, position) a resumed run starts from; the order is a function of (seed, epoch) alone.
 
+Under ``invoke verify -- COMMAND`` each batch's wait counts as data wait and its samples are counted, as for a
+DataLoader (the loader hands its batches to verify's ``data()`` mark, which does nothing outside verify).
+
 ``StagedImages`` is the per-sample Dataset for code that needs a DataLoader (samples stay HWC uint8; convert on
 the GPU). Workers only slow a staged read down: each batch a worker makes is copied into fresh shared memory.
 """
@@ -22,6 +25,7 @@ the GPU). Workers only slow a staged read down: each batch a worker makes is cop
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -143,6 +147,11 @@ class StagedLoader:
         return images[:n], labels[:n]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # verify -- COMMAND times each batch's wait (a no-op without it; the one line a loop of your own needs too)
+        mark = getattr(sys.modules.get("_gpu_preflight_agent"), "data", None)
+        return mark(self._epoch(), "staged") if mark is not None else self._epoch()
+
+    def _epoch(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         batches = self.batch_indices(self.epoch)[self.position :]
         reader = _Reader(self, batches) if self.workers else None
         try:

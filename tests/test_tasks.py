@@ -815,11 +815,37 @@ def test_the_words_after_two_dashes_reach_verify_as_its_command(
     assert here(home, "verify").code == 0 and len(own) == 1 and len(asked) == 1  # without --: verify's own loop
 
 
-@pytest.mark.parametrize("flag", [("--nproc", "2"), ("--model", "m:f"), ("--hosts", "h1,h2"), ("--sweep",)])
+@pytest.mark.parametrize("flag", [("--nproc", "2"), ("--model", "m:f"), ("--hosts", "h1,h2"), ("--ab",)])
 def test_verify_refuses_its_own_loop_flags_with_a_command(here: Here, home: Path, flag: tuple[str, ...]) -> None:
     """Flags that shape verify's built-in loop would be silently ignored by the user's command: refused instead."""
     run = here(home, "verify", *flag, "--", "python", "train.py")
     assert_usage_error(run, f"verify: {flag[0]} sets verify's own loop, not your command's")
+
+
+def test_verify_passes_sweep_to_the_users_command(here: Here, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--sweep re-runs the user's command at doubling batch sizes (checks/verify/user/sweep.py): passed, not refused."""
+    from checks.result import Report
+    from checks.verify import run as run_verify
+    from checks.verify.user import run as run_user
+
+    asked: list[run_user.CommandRequest] = []
+
+    def judged(request: run_user.CommandRequest, say: Callable[[str], None]) -> run_verify.Judged:
+        asked.append(request)
+        return run_verify.Judged(Report("box", "live", ()), (), "", (), False)
+
+    monkeypatch.setattr(run_user, "verify_command", judged)
+    run = here(home, "verify", "--sweep", "--", "python", "train.py")
+    assert run.code == 0, run.why()
+    assert asked[0].sweep and asked[0].command == ("python", "train.py")
+
+
+@pytest.mark.parametrize("flag", [("--seconds", "5"), ("--warmup", "3"), ("-q",)])
+def test_verify_refuses_a_command_flag_without_a_command(here: Here, home: Path, flag: tuple[str, ...]) -> None:
+    """--seconds, --warmup and --quiet shape the user's command's run; the built-in loop used to ignore them."""
+    run = here(home, "verify", *flag)
+    long = {"-q": "--quiet"}.get(flag[0], flag[0])
+    assert_usage_error(run, f"verify: {long} applies to your own command, given after --")
 
 
 @pytest.mark.parametrize("task", [("bootstrap",), ("stage-data", "--source", "x"), ("watch",)])

@@ -4,6 +4,8 @@ and the text block that lists every verdict. Pure functions over the child's res
 
 from __future__ import annotations
 
+from typing import Any
+
 from checks.config import VerifyConfig
 from checks.result import Result, fail, ok, skip, warn
 from checks.units import count
@@ -206,15 +208,22 @@ def sweep_result(r: ChildResult) -> Result:
     s = r.sweep
     if not s:
         return skip("verify-sweep", "not asked (--sweep doubles the batch until OOM or the throughput knee)")
+    if "skipped" in s:  # a command whose batch size verify cannot set
+        return skip("verify-sweep", f"not run: {s['skipped']}")
     if "error" in s:
         return warn("verify-sweep", f"the sweep failed: {s['error']}", "the main figures stand; see the JSON report")
-    parts = [
-        f"{row['batch']}: OOM" if row.get("oom") else f"{row['batch']}: {row['samples_per_s']:,.0f}/s"
-        for row in s["rows"]
-    ]
+    parts = [_sweep_cell(row) for row in s["rows"]]
     knee = s.get("knee_batch")
     summary = f"knee at batch {knee}" if knee else "no batch size completed"
     return ok("verify-sweep", f"{summary} (samples/s by batch: {', '.join(parts)})", value=knee)
+
+
+def _sweep_cell(row: dict[str, Any]) -> str:
+    if row.get("oom"):
+        return f"{row['batch']}: OOM"
+    if row.get("error"):
+        return f"{row['batch']}: {row['error']}"
+    return f"{row['batch']}: {row['samples_per_s']:,.0f}/s"
 
 
 def render_verdicts(verdicts: list[Verdict]) -> str:

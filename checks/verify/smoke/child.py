@@ -48,7 +48,7 @@ from checks.verify.contract import (
 from checks.verify.smoke import candidates, ddp, extras, resume
 from checks.verify.smoke.budget import Budget
 from checks.verify.smoke.data import StagedDataError
-from checks.verify.smoke.figures import breakdown
+from checks.verify.smoke.figures import breakdown, largest_fit
 from checks.verify.smoke.loop import Feed, Interrupted, Pending, Trainer, finished, resolve, run_steps, train
 from checks.verify.smoke.setup import Build, UsageError, build
 
@@ -318,7 +318,7 @@ class Smoke:
                 extras.release(b.cuda)
                 return False
 
-        largest = extras.largest_fit(fits, b.batch_size)
+        largest = largest_fit(fits, b.batch_size)
         self.done("oom-search")
         return {
             "batch": b.batch_size,

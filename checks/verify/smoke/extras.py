@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from checks.verify.smoke.figures import union_length
+from checks.verify.smoke.figures import knee_batch, union_length
 from checks.verify.smoke.loop import Feed, Trainer, train
 
 SHORT_KERNEL_NS = 10_000  # HTA's "short kernels": launches cost 5-20 µs on the host (docs/sources.md#hta)
@@ -102,22 +102,6 @@ def kernel_summary(kernels: list[tuple[int, int]], compute_s: float, steps: int)
     }
 
 
-def largest_fit(fits: Callable[[int], bool], failed: int, probes: int = 3) -> int:
-    """Largest batch below ``failed`` for which ``fits`` holds: halve until one fits, then bisect a little."""
-    lo, hi, batch = 0, failed, failed // 2
-    while batch >= 1 and not fits(batch):
-        hi, batch = batch, batch // 2
-    if batch < 1:
-        return 0
-    lo = batch
-    for _ in range(probes):
-        mid = (lo + hi) // 2
-        if mid <= lo:
-            break
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
-
-
 def _throughput(trainer: Trainer, feed: Feed, warmup: int, steps: int) -> dict[str, Any]:
     train(trainer, feed, warmup)
     records = train(trainer, feed, steps)
@@ -164,15 +148,6 @@ def sweep(
             break
         batch *= 2
     return {"rows": rows, "knee_batch": knee_batch(rows, knee)}
-
-
-def knee_batch(rows: list[dict[str, Any]], knee: float) -> int | None:
-    """Smallest batch reaching ``knee`` of the best throughput (docs/sources.md#batch-knee)."""
-    done = [r for r in rows if r.get("samples_per_s")]
-    if not done:
-        return None
-    best = max(r["samples_per_s"] for r in done)
-    return min(r["batch"] for r in done if r["samples_per_s"] >= knee * best)
 
 
 def compile_ab(trainer: Trainer, feed: Feed, steps: int) -> dict[str, Any]:

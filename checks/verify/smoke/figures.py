@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,3 +110,28 @@ def loss_trend(losses: Sequence[float]) -> dict[str, Any]:
         "finite": finite and bool(losses),
         "decreasing": finite and len(losses) >= 2 and last < first,
     }
+
+
+def knee_batch(rows: list[dict[str, Any]], knee: float) -> int | None:
+    """Smallest batch reaching ``knee`` of the best throughput (docs/sources.md#batch-knee)."""
+    done = [r for r in rows if r.get("samples_per_s")]
+    if not done:
+        return None
+    best = max(r["samples_per_s"] for r in done)
+    return min(r["batch"] for r in done if r["samples_per_s"] >= knee * best)
+
+
+def largest_fit(fits: Callable[[int], bool], failed: int, probes: int = 3) -> int:
+    """Largest batch below ``failed`` for which ``fits`` holds: halve until one fits, then bisect a little."""
+    lo, hi, batch = 0, failed, failed // 2
+    while batch >= 1 and not fits(batch):
+        hi, batch = batch, batch // 2
+    if batch < 1:
+        return 0
+    lo = batch
+    for _ in range(probes):
+        mid = (lo + hi) // 2
+        if mid <= lo:
+            break
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo

@@ -4,8 +4,9 @@ The step lines have the smoke loop's phase names (``data_wait``, ``h2d``, ``forw
 ``optimizer``, in seconds) plus ``checkpoint`` (time in ``torch.save`` and friends during that step), so the
 breakdown, the verdict rules (``checks/verify/diagnosis.py``), the upgrade bound, the sampler summary and the
 cost are verify's own code. What differs: ``forward`` is the step minus every hooked part (the forward pass and
-the loop's own code: the loss, ``.to(device)``, logging), ``h2d`` is not hooked (0, inside ``forward``), and
-checkpoint time is what the script itself saved, amortised over the measured steps.
+the loop's own code: the loss, ``.to(device)``, logging), ``h2d`` is not hooked (0, inside ``forward``, unless the
+script marks it with the agent's ``region("h2d")``), and checkpoint time is what the script itself saved,
+amortised over the measured steps.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from checks.verify.contract import (
     DdpFigures,
     Device,
     Measurements,
+    Oom,
     ProcessFigures,
     RankRow,
     RunFacts,
@@ -38,9 +40,10 @@ from checks.verify.contract import (
     StepBlock,
     StepTime,
 )
-from checks.verify.diagnosis import Verdict, diagnose
+from checks.verify.diagnosis import Signals, Verdict, diagnose
 from checks.verify.plan import Outcome
 from checks.verify.report import Setting
+from checks.verify.results import sweep_result
 from checks.verify.sampler import Trace
 from checks.verify.smoke.figures import StepFigures, breakdown, enqueue_ratio, loss_trend, step_figures
 from checks.verify.user.launch import CommandRun
@@ -54,6 +57,16 @@ ENDED = {
     "stalled": "stopped by verify: steps stopped coming",
     "no-torch": "never imported torch",
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class OomSearch:
+    """Out of memory at the asked batch: the largest that fits (None where the batch cannot be set: ``site`` then
+    says why), the DataLoader's site, and the re-runs it took (``checks.verify.user.sweep.largest``)."""
+
+    oom: Oom | None
+    site: str
+    runs: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,6 +211,8 @@ def judge(
     gpu_index: int | None = None,
     gpu_error: str | None = None,
     advice: dict[str, Any] | None = None,
+    sweep: dict[str, Any] | None = None,
+    oom: OomSearch | None = None,
 ) -> tuple[list[Result], Measurements, list[Verdict]]:
     """Results, measurements (the report's JSON object) and verdicts of one run of the command."""
     found = ranks(run.events, rule_warmup, rule_steps, rule_seconds)
@@ -205,6 +220,7 @@ def judge(
     ddp = rank_rows(found, lead, run.events) if len(found) > 1 else None  # the ranks, read once
     figs = rank_figures(lead) if lead else None
     child = _child_result(lead, figs) if lead else ChildResult()
+    child = dataclasses.replace(child, sweep=sweep, oom=oom.oom if oom else None)
     outcome = Outcome(
         ChildRun(result=child, interrupted=run.interrupted, seconds=run.seconds), trace, gpu_index, gpu_error
     )
@@ -227,6 +243,8 @@ def judge(
         results.append(skip("verify-loop", "no measured step"))
     results.append(_loss(lead, cfg))
     verdicts = diagnose(s, cfg) if s is not None else []
+    if oom is not None:
+        verdicts = _out_of_memory(child, oom, cfg)
     if len(found) > 1 and lead is not None:  # whose breakdown the verdicts read (the straggler names its own)
         verdicts = [v if v.id == "straggler" else dataclasses.replace(v, summary=f"rank {lead.key}: {v.summary}")
                     for v in verdicts]  # fmt: skip
@@ -235,7 +253,7 @@ def judge(
     judged = verify_report.diagnosis_rows(verdicts, figs.fig if figs else None, child, s)
     sampler_row, sampler = verify_report.sampler_block(setting, outcome)
     cost_row, priced = verify_report.cost_block(setting, child, figs.fig if figs else None)
-    results += [*judged.rows, sampler_row, cost_row]
+    results += [*judged.rows, sampler_row, cost_row, *([sweep_result(child)] if sweep is not None else [])]
     m = Measurements(
         run=RunFacts(
             device=child.device, precision=child.precision, batch_size=child.batch_size, accum=child.accum, model=None,
@@ -252,6 +270,8 @@ def judge(
         cost=priced,
         flops_per_step=child.flops_per_step,
         timeline=dict(child.timeline) or None,
+        sweep=sweep,
+        oom=child.oom,
         checkpoint=figs.checkpoint if figs else None,
         ddp=_judged_ddp(ddp, lead),
         command=command_facts(run, found),
@@ -264,8 +284,27 @@ def judge(
 
 FORWARD = (
     "the forward pass and the loop's own code between the data and backward (loss, .to(device), logging): no hook "
-    "separates them"
+    "separates them (a script's region('h2d') mark takes its copies out)"
 )
+
+
+def _out_of_memory(child: ChildResult, search: OomSearch, cfg: VerifyConfig) -> list[Verdict]:
+    """The built-in loop's near-oom verdict, its fix in the command's terms (the DataLoader's ``batch_size``)."""
+    if child.oom is None:  # the batch size could not be set: the reason is in ``site``
+        fix = "lower the batch size your script asks for; bf16; activation checkpointing"
+        return [Verdict("near-oom", "critical", "high", f"out of memory at the asked batch; {search.site}", fix, 1.0)]
+    device = child.device.type if child.device else "cpu"
+    (v,) = diagnose(Signals(0, device, {}, 0.0, oom=child.oom.to_json()), cfg)[:1]
+    fit = child.oom.largest_fit
+    runs = f"{search.runs} re-run(s) of your command"
+    if not fit:
+        fix = f"no smaller batch fitted in {runs} (or the budget ran out first): a smaller model, bf16, or more memory"
+    else:
+        fix = (
+            f"batch_size={fit} where the DataLoader is built ({search.site}; measured to fit in {runs}), with "
+            "gradient accumulation for the same global batch; bf16; activation checkpointing"
+        )
+    return [dataclasses.replace(v, fix=fix)]
 
 
 def _judged_ddp(d: DdpFigures | None, lead: Rank | None) -> DdpFigures | None:

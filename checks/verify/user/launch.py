@@ -38,6 +38,7 @@ INJECT = Path(__file__).resolve().parent / "inject"
 EVENTS_ENV = "GPU_PREFLIGHT_EVENTS"
 LOADER_ENV = "GPU_PREFLIGHT_LOADER"
 COUNT_ENV = "GPU_PREFLIGHT_COUNT_STEP"
+PEAK_ENV = "GPU_PREFLIGHT_PEAK"
 INT_GRACE_S = 10.0  # SIGINT -> SIGTERM: time for the script's own teardown (torchrun closes its ranks). Tool-defined.
 TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL. Tool-defined.
 TREE_EVERY_S = 0.5  # how often the process tree is read (its members are killed by id at the end)
@@ -129,13 +130,19 @@ def _was_subreaper() -> bool:
         return False
 
 
-def environment(folder: Path, overrides: Mapping[str, Any] | None, count_step: int = 0) -> dict[str, str]:
+def environment(
+    folder: Path, overrides: Mapping[str, Any] | None, count_step: int = 0, peak: bool = False
+) -> dict[str, str]:
     """The user's environment with the start-up folder first on PYTHONPATH (theirs kept after it); ``count_step``
-    > 0 asks the agent to count that optimizer step's FLOPs (the last warm-up step: counting slows it)."""
+    > 0 asks the agent to count that optimizer step's FLOPs (the last warm-up step: counting slows it); ``peak``
+    asks for each step's CUDA allocator peak."""
     env = dict(os.environ)
     env.pop(COUNT_ENV, None)
+    env.pop(PEAK_ENV, None)
     if count_step > 0:
         env[COUNT_ENV] = str(count_step)
+    if peak:
+        env[PEAK_ENV] = "1"
     theirs = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(folder / "inject") + (os.pathsep + theirs if theirs else "")
     env[EVENTS_ENV] = str(folder / "events")
@@ -162,6 +169,7 @@ def run_command(
     overrides: Mapping[str, Any] | None = None,
     on_event: Callable[[dict[str, Any]], None] = lambda e: None,
     on_start: Callable[[int], None] = lambda pid: None,
+    peak: bool = False,
 ) -> CommandRun:
     """Run ``argv`` under the agent until it ends or the rule stops it; nothing it started is left running.
 
@@ -179,7 +187,7 @@ def run_command(
         proc = subprocess.Popen(
             list(argv),
             cwd=cwd,
-            env=environment(folder, overrides, rule.warmup if rule.warmup >= 2 and not overrides else 0),
+            env=environment(folder, overrides, rule.warmup if rule.warmup >= 2 and not overrides else 0, peak),
             stdout=stdout,
             stderr=subprocess.PIPE,
             start_new_session=True,

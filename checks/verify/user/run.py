@@ -30,6 +30,7 @@ from checks.verify.run import Judged, budget_s
 from checks.verify.sampler import Sampler, Trace
 from checks.verify.user import advice
 from checks.verify.user import judge as j
+from checks.verify.user import sweep as sweeper
 from checks.verify.user.launch import CommandRun, StopRule, run_command
 from checks.verify.watch import usable_here
 
@@ -53,6 +54,7 @@ class CommandRequest:
     cwd: str = ""  # "": the current folder
     echo: IO[bytes] | None = None  # where the command's stderr goes as it comes (None: kept for the report only)
     budget: str = ""  # --budget as typed ("": preflight.verify.budget)
+    sweep: bool = False  # --sweep: re-run the command at doubling batch sizes to the throughput knee
 
 
 def rule(request: CommandRequest, deadline: float = 0.0) -> StopRule:
@@ -114,9 +116,12 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
         )
     cuts: list[Cut] = []
     advice = _advice(request, run, stop, cwd, cores, say, started + budget - stopper.TAIL_S, cuts)
+    swept = _sweep(request, run, stop, cwd, say, started + budget - stopper.TAIL_S, cuts) if request.sweep else None
+    oom = _largest(request, run, cwd, say, started + budget - stopper.TAIL_S) if sweeper.oom(run) else None
     results, measurements, verdicts = j.judge(
-        run, trace, setting, cfg.verify, stop.warmup, stop.steps, stop.seconds, gate_rows, gpu, gpu_error, advice
-    )
+        run, trace, setting, cfg.verify, stop.warmup, stop.steps, stop.seconds, gate_rows, gpu, gpu_error, advice,
+        swept, oom,
+    )  # fmt: skip
     steps = [s for r in j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)[:1] for s in r.steps]
     title = f"invoke verify -- {request.command[0]}: {verdicts[0].id if verdicts else 'cant-tell'}"
     block, ddp = measurements.steps, measurements.ddp
@@ -141,7 +146,7 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
         verdicts=tuple(verdicts),
         json_path=json_path,
         notes=(*problems, f"wrote {json_path}, {csv}, {png}"),
-        interrupted=run.interrupted or bool((advice or {}).get("interrupted")),
+        interrupted=run.interrupted or bool((advice or {}).get("interrupted") or (swept or {}).get("interrupted")),
         background=frozenset(r.id for r in gate_rows or []),
         focus="diagnosis",
     )
@@ -207,6 +212,31 @@ def _advice(
         request.command, cwd, loader.get("asked") or {}, str(loader.get("site")), figs.fig.mean_s, cores,
         lead.device.get("type") == "cuda", seconds, cfg.advice_min_gain,
     )  # fmt: skip
+
+
+def _sweep(
+    request: CommandRequest, run: CommandRun, stop: StopRule, cwd: str, say: Say, deadline: float, cuts: list[Cut]
+) -> dict[str, Any]:
+    """--sweep: the command re-run at doubling batch sizes until the knee, within what the budget leaves."""
+    if run.interrupted or run.ended not in ("stopped", "exited"):
+        return {"skipped": f"the measured run {j.ENDED.get(run.ended, run.ended)}"}
+    found = j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)
+    first = sweeper.start(j.pace_setter(found, request.config.verify))
+    if isinstance(first, str):
+        return {"skipped": first}
+    say(f"verify: --sweep: re-running the command from batch {first.batch} (DataLoader at {first.site})")
+    swept = sweeper.measure(request.command, cwd, first, request.config.verify, deadline)
+    if "cut_at" in swept:
+        fix = f"--budget {stopper.more_budget(budget_s(request.budget, request.config.verify), swept['cut_needs_s'])}"
+        cuts.append(Cut("sweep", f"stopped before batch {swept['cut_at']} (about {swept['cut_needs_s']:g} s)", fix))
+    return swept
+
+
+def _largest(request: CommandRequest, run: CommandRun, cwd: str, say: Say, deadline: float) -> j.OomSearch:
+    """Out of memory at the asked batch: the largest batch that fits, by re-runs within the budget."""
+    say("verify: the command ran out of memory: re-running it at smaller batch sizes for the largest that fits")
+    found, where, runs = sweeper.largest(request.command, cwd, run, deadline)
+    return j.OomSearch(found, where, runs)
 
 
 def estimate(stop: StopRule, step_s: float) -> str:

@@ -337,7 +337,7 @@ def test_a_factory_that_needs_arguments_is_a_usage_error(torch: ModuleType) -> N
 
 
 def test_largest_fit_halves_then_bisects(torch: ModuleType) -> None:
-    from checks.verify.smoke.extras import largest_fit
+    from checks.verify.smoke.figures import largest_fit
 
     tried: list[int] = []
 
@@ -351,7 +351,7 @@ def test_largest_fit_halves_then_bisects(torch: ModuleType) -> None:
 
 
 def test_knee_is_the_smallest_batch_near_the_best_throughput(torch: ModuleType) -> None:
-    from checks.verify.smoke.extras import knee_batch
+    from checks.verify.smoke.figures import knee_batch
 
     rows: list[dict[str, Any]] = [{"batch": 32, "samples_per_s": 100.0}, {"batch": 64, "samples_per_s": 190.0}, {"batch": 128, "samples_per_s": 199.0}, {"batch": 256, "oom": True}]  # fmt: skip
     assert knee_batch(rows, 0.95) == 64

@@ -15,10 +15,17 @@ Once torch is imported it installs torch's global hooks and a few patches:
   ``DistributedDataParallel`` model's first forward unless the script registered its own; the step's exposed
   exchange runs from the last bucket handed to it to the end of backward;
 - ``DataLoader.__init__``: the settings each loader was built with, and the overrides verify asks for
-  (``GPU_PREFLIGHT_LOADER``, a JSON object) applied at construction.
+  (``GPU_PREFLIGHT_LOADER``, a JSON object) applied at construction: the worker settings, and ``batch_size``
+  (--sweep, the out-of-memory search) where the loader batches by ``batch_size`` (not with a ``batch_sampler``);
+- with ``GPU_PREFLIGHT_PEAK`` set (the sweep's re-runs only: it resets torch's peak statistics, which the
+  script might read itself), each step's CUDA allocator peak (``torch.cuda.max_memory_reserved``).
+
+A script may mark what no hook sees, and nothing happens outside verify: ``region("h2d")`` (a part of the step
+under verify's name for it), ``data(batches)`` (each batch's wait as data wait, for loops without torch's
+DataLoader), ``step()`` (a step without a torch optimizer).
 
 Time is exclusive: a nested region pauses its parent, so the parts of a step add up to the step. What no
-hook covers (the forward pass, the loss, ``.to(device)``, logging) is "forward": the step minus the rest.
+hook or mark covers (the forward pass, the loss, ``.to(device)``, logging) is "forward": the step minus the rest.
 Each step is one JSON line in ``GPU_PREFLIGHT_EVENTS/events-<pid>.jsonl``. On the CPU the clock is
 ``time.monotonic()``; once CUDA is initialised, each boundary is also a CUDA event on the current stream, and a
 step's line is written when its last event has completed (``query()``, never a synchronize; at exit one).
@@ -41,6 +48,7 @@ from typing import Any
 EVENTS_ENV = "GPU_PREFLIGHT_EVENTS"
 LOADER_ENV = "GPU_PREFLIGHT_LOADER"
 COUNT_ENV = "GPU_PREFLIGHT_COUNT_STEP"  # the (warm-up) optimizer step whose matrix FLOPs are counted, for MFU
+PEAK_ENV = "GPU_PREFLIGHT_PEAK"  # "1": each step's line holds the CUDA allocator's peak (the peak is reset per step)
 _DONE = "_gpu_preflight_armed"
 
 
@@ -170,6 +178,7 @@ class _Steps:
         count = os.environ.get(COUNT_ENV, "")
         self.count_at = int(count) if count.isdigit() else 0
         self.counter: Any = None
+        self.peak = os.environ.get(PEAK_ENV) == "1"
 
     def mark(self) -> tuple[float, Any]:
         event = None
@@ -232,6 +241,7 @@ class _Steps:
         raw |= {"step_counts": self.step_counts, "samples": self.samples, "saves": self.saves}
         raw |= {"ckpt_bytes": self.ckpt_bytes, "comm_mark": self.comm_mark, "comm_bytes": self.comm_bytes}
         raw["precision"] = self.precision()
+        raw["peak_bytes"] = _safely(self.peak_bytes) if self.peak and self.cuda else None
         self.pending.append(raw)
         self.amp = {}
         if self.counter is not None:
@@ -243,6 +253,12 @@ class _Steps:
         self.comm_mark = None
         self.loss = None
         self.flush(wait=False)
+
+    def peak_bytes(self) -> int:
+        """The CUDA allocator's peak over this step (reserved: what the device must hold), then reset."""
+        peak = int(self.torch.cuda.max_memory_reserved())
+        self.torch.cuda.reset_peak_memory_stats()
+        return peak
 
     def precision(self) -> str | None:
         """The math of this step: the autocast dtype on its device, else the weights' dtype (fp32 as tf32 when
@@ -295,7 +311,8 @@ class _Steps:
         feed = max(self.counts, key=lambda k: self.counts[k]) if self.counts else None
         data = by.get(feed, 0.0) if feed else 0.0
         other = {k: v for k, v in by.items() if k.startswith("data:") and k != feed}
-        named = data + by.get("backward", 0.0) + by.get("optimizer", 0.0) + by.get("checkpoint", 0.0)
+        h2d = by.get("h2d", 0.0)  # only where the script marks it: region("h2d")
+        named = data + h2d + by.get("backward", 0.0) + by.get("optimizer", 0.0) + by.get("checkpoint", 0.0)
         total = sum(by.values())
         host_start, host_end = raw["segments"][0][1][0], raw["segments"][-1][2][0]
         host_fetch = sum(b - a for a, b in fetch.get(feed or "", []))
@@ -309,7 +326,7 @@ class _Steps:
         return {
             "i": raw["i"],
             "data_wait": data,
-            "h2d": 0.0,
+            "h2d": h2d,
             "forward": max(0.0, total - named),
             "backward": by.get("backward", 0.0),
             "optimizer": by.get("optimizer", 0.0),
@@ -331,6 +348,7 @@ class _Steps:
             "precision": raw["precision"],
             "comm_exposed": None if comm is None else max(0.0, comm),
             "comm_bytes": raw["comm_bytes"] if self.comm_hooked else None,
+            "peak_bytes": raw["peak_bytes"],
             **self.rank,
         }
 
@@ -385,6 +403,58 @@ def _on_torch(torch: Any) -> None:
         _safely(_on_ddp, ddp)
     _say("hello", argv=sys.argv[:20], ppid=os.getppid(), pgid=os.getpgid(0), main=_main_process(), **_rank())
     _say("torch", version=str(torch.__version__))
+
+
+REGIONS = ("h2d", "forward", "backward", "optimizer", "checkpoint")  # the step's parts a script may mark itself
+
+
+class region:  # lower case: it reads as a function, ``with region("h2d"):``
+    """Time a part of the step under one of verify's names (``REGIONS``; any other name counts as forward): the
+    host-to-device copy most of all, which no hook can tell from the forward pass. Outside verify nothing happens:
+    ``mark = getattr(sys.modules.get("_gpu_preflight_agent"), "region", None) or contextlib.nullcontext``.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name if name in REGIONS else "forward"
+
+    def __enter__(self) -> region:
+        if _STEPS is not None:
+            _safely(_STEPS.enter, self.name)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if _STEPS is not None:
+            _safely(_STEPS.leave, self.name)
+
+
+def data(batches: Any, name: str = "") -> Any:
+    """Iterate ``batches`` timing each one's wait as data wait and counting its samples, as torch's DataLoader is
+    timed: for loops that build their batches otherwise (a generator, an ``IterableDataset`` iterated by hand, the
+    tool's ``staged_loader``). Outside verify it is the iterable itself:
+    ``for x, y in getattr(sys.modules.get("_gpu_preflight_agent"), "data", lambda b, name="": b)(batches):``
+    """
+    st = _STEPS
+    if st is None:
+        return batches
+    return _timed_batches(st, iter(batches), f"data:{name or id(batches)}")
+
+
+def _timed_batches(st: _Steps, it: Any, key: str) -> Any:
+    try:
+        while True:
+            st.enter(key)
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            finally:
+                st.leave(key)
+            _safely(st.fetched, key, batch)
+            yield batch
+    finally:  # a loop broken off closes the source too (its own clean-up runs: threads, files)
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
 
 
 def step() -> None:
@@ -621,6 +691,7 @@ def _patch_loader_init(cls: Any) -> None:
         bound.apply_defaults()
         asked = {k: bound.arguments.get(k) for k in ("num_workers", "pin_memory", "persistent_workers")}
         asked["prefetch_factor"] = bound.arguments.get("prefetch_factor")
+        asked["batch_size"] = bound.arguments.get("batch_size")
         site = _call_site()
         if wanted:
             bound.arguments.update(_valid(wanted, bound.arguments))
@@ -632,8 +703,11 @@ def _patch_loader_init(cls: Any) -> None:
 
 
 def _valid(wanted: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
-    """The overrides that the loader accepts (prefetch_factor and persistent_workers need workers)."""
+    """The overrides that the loader accepts (prefetch_factor and persistent_workers need workers; a batch size
+    only where the loader batches by it: not with a batch_sampler, nor with batch_size=None)."""
     out = dict(wanted)
+    if current.get("batch_sampler") is not None or current.get("batch_size") is None:
+        out.pop("batch_size", None)
     if int(out.get("num_workers", current.get("num_workers") or 0)) == 0:
         out["prefetch_factor"], out["persistent_workers"] = None, False
     return out
