@@ -184,18 +184,22 @@ def _advice(
     deadline: float = 0.0,
     cuts: list[Cut] | None = None,
 ) -> dict[str, Any] | None:
-    """For one process that waited for data: time candidate DataLoader settings on the command itself, within
-    ``verify.command_advice_s`` and what the budget leaves (``deadline``; less is a cut in ``cuts``)."""
+    """For a run that waited for data: time candidate DataLoader settings on the command itself, within
+    ``verify.command_advice_s`` and what the budget leaves (``deadline``; less is a cut in ``cuts``). Under
+    torchrun on this box every rank's loaders get the candidate (the re-run starts them all), the usable cores are
+    shared among the ranks, and the steps compared are rank 0's (DDP paces every rank to the slowest)."""
     cfg = request.config.verify
     if cfg.command_advice_s <= 0 or run.interrupted or run.ended not in ("stopped", "exited"):
         return None
     found = j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)
-    if len(found) != 1 or found[0].loader is None:
-        return None  # under torchrun every candidate would start every rank again: not measured
-    lead = found[0]
+    lead = j.pace_setter(found, cfg)
+    if lead is None or lead.loader is None or not _whole_world(lead, len(found)):
+        return None  # a rank on another node would wait for a rendezvous this re-run never joins: not measured
     figs = j.rank_figures(lead)
     if figs is None or figs.fig.shares["data_wait"] < cfg.share_warn:
         return None
+    base = j.rank_figures(next((r for r in found if r.key == 0), lead))  # the re-runs are timed on rank 0 too
+    assert base is not None
     seconds = cfg.command_advice_s
     if deadline and stop.stop is not None:
         left = deadline - time.monotonic()
@@ -209,9 +213,15 @@ def _advice(
     say(f"verify: the command waited for data: timing DataLoader settings on it (up to {seconds:.0f} s)")
     loader = lead.loader or {}
     return advice.measure(
-        request.command, cwd, loader.get("asked") or {}, str(loader.get("site")), figs.fig.mean_s, cores,
-        lead.device.get("type") == "cuda", seconds, cfg.advice_min_gain,
+        request.command, cwd, loader.get("asked") or {}, str(loader.get("site")), base.fig.mean_s,
+        cores / len(found), lead.device.get("type") == "cuda", seconds, cfg.advice_min_gain,
     )  # fmt: skip
+
+
+def _whole_world(lead: j.Rank, seen: int) -> bool:
+    """Every rank of the run is one this verify saw (one process, or torchrun on this box alone)."""
+    world = next((s.get("world_size") for s in lead.steps if s.get("world_size")), None)
+    return int(world or 1) == seen
 
 
 def _sweep(

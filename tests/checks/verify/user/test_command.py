@@ -134,6 +134,23 @@ def test_torchrun_two_ranks_name_the_straggler(tmp_path: Path) -> None:
     assert m["step_breakdown"]["data_wait"] > 0.3
 
 
+def test_torchrun_ranks_get_their_loader_settings_timed_together(tmp_path: Path) -> None:
+    """Loader advice under torchrun: each re-run starts every rank with the candidate in all their loaders, the
+    usable cores shared among the ranks, timed on rank 0 (it was not measured under torchrun at all)."""
+    from checks.verify.watch import usable_here
+
+    judged = verify(tmp_path, *TORCHRUN_2, "data_bound.py", verify_cfg={"command_advice_s": 120.0})
+    m = judged.report.measurements
+    assert sorted(r["rank"] for r in m["per_rank"]) == [0, 1]
+    advice = m["command_advice"]
+    per_rank = max(1, int(usable_here()[0] / 2))
+    assert advice["candidates"] and all(c["overrides"]["num_workers"] <= per_rank for c in advice["candidates"])
+    timed = [c for c in advice["candidates"] if "speedup" in c]
+    assert timed and all(c["processes_left"] == [] for c in timed), advice
+    fix = judged.verdicts[0].fix
+    assert "on your command" in fix, fix  # the measured change, or the measured ratios: never the bare rule
+
+
 def test_torchrun_a_wide_model_over_gloo_is_comm_bound(tmp_path: Path) -> None:
     # 2.26M parameters, 64 -> 32768 -> 4, batch 16: the gradients' exchange, not the math, makes the step.
     judged = verify(tmp_path, *TORCHRUN_2, "ddp_gloo.py", "--wide", "32768", steps=4)
