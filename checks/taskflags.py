@@ -132,7 +132,9 @@ class VerifyFlags(Outputs, EveryRow, Hosts, Command, Strict):
         0.0, "this machine's price per hour: cost per epoch and per lost share (0: preflight.verify.price_per_hour)"
     )
     sweep: bool = flag(False, "double the batch until OOM or the throughput knee (with -- COMMAND: re-runs of it)")
-    ab: bool = flag(False, "also time the model under torch.compile (reduce-overhead on a GPU)")
+    ab: bool = flag(
+        False, "also time the model under torch.compile (reduce-overhead on a GPU; with -- COMMAND: a re-run)"
+    )
     dataset: str = flag("", "your own dataset: MODULE:CALLABLE returning a map-style Dataset of (input, target)")
     model: str = flag("", "your own model: MODULE:CALLABLE returning an nn.Module")
     device: str = flag("", "auto, cuda or cpu (default preflight.verify.device)")
@@ -223,6 +225,7 @@ COMMAND_FLAGS = frozenset(f.name for f in dataclasses.fields(Command)) | {
     "json",
     "plot",
     "sweep",
+    "ab",
 }
 
 

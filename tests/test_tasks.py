@@ -815,14 +815,16 @@ def test_the_words_after_two_dashes_reach_verify_as_its_command(
     assert here(home, "verify").code == 0 and len(own) == 1 and len(asked) == 1  # without --: verify's own loop
 
 
-@pytest.mark.parametrize("flag", [("--nproc", "2"), ("--model", "m:f"), ("--hosts", "h1,h2"), ("--ab",)])
+@pytest.mark.parametrize("flag", [("--nproc", "2"), ("--model", "m:f"), ("--hosts", "h1,h2"), ("--ckpt-every", "5")])
 def test_verify_refuses_its_own_loop_flags_with_a_command(here: Here, home: Path, flag: tuple[str, ...]) -> None:
     """Flags that shape verify's built-in loop would be silently ignored by the user's command: refused instead."""
     run = here(home, "verify", *flag, "--", "python", "train.py")
     assert_usage_error(run, f"verify: {flag[0]} sets verify's own loop, not your command's")
 
 
-def test_verify_passes_sweep_to_the_users_command(here: Here, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_verify_passes_sweep_and_ab_to_the_users_command(
+    here: Here, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """--sweep re-runs the user's command at doubling batch sizes (checks/verify/user/sweep.py): passed, not refused."""
     from checks.result import Report
     from checks.verify import run as run_verify
@@ -835,9 +837,9 @@ def test_verify_passes_sweep_to_the_users_command(here: Here, home: Path, monkey
         return run_verify.Judged(Report("box", "live", ()), (), "", (), False)
 
     monkeypatch.setattr(run_user, "verify_command", judged)
-    run = here(home, "verify", "--sweep", "--", "python", "train.py")
+    run = here(home, "verify", "--sweep", "--ab", "--", "python", "train.py")
     assert run.code == 0, run.why()
-    assert asked[0].sweep and asked[0].command == ("python", "train.py")
+    assert asked[0].sweep and asked[0].ab and asked[0].command == ("python", "train.py")
 
 
 @pytest.mark.parametrize("flag", [("--seconds", "5"), ("--warmup", "3"), ("-q",)])

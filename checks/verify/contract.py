@@ -809,6 +809,7 @@ class Measurements:
     command_step: CommandStep | None = None  # verify -- COMMAND: its keys sit at the top, beside the step figures
     per_rank: tuple[ProcessFigures, ...] | None = None  # verify -- COMMAND under torchrun: every process
     command_advice: JsonObject | None = None  # verify -- COMMAND: the loader re-runs (checks.verify.user.advice)
+    model_advice: JsonObject | None = None  # verify -- COMMAND: the model-side re-runs (checks.verify.user.modelfix)
 
     def to_json(self) -> JsonObject:
         out: JsonObject = {"run": self.run.to_json(), "dataloader": dict(self.dataloader)}
@@ -853,5 +854,7 @@ class Measurements:
             out["per_rank"] = dump(list(self.per_rank))
         if self.command_advice is not None:
             out["command_advice"] = self.command_advice
+        if self.model_advice is not None:
+            out["model_advice"] = self.model_advice
         out["files"] = self.files.to_json()
         return out

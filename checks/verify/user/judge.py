@@ -46,6 +46,7 @@ from checks.verify.report import Setting
 from checks.verify.results import sweep_result
 from checks.verify.sampler import Trace
 from checks.verify.smoke.figures import StepFigures, breakdown, enqueue_ratio, loss_trend, step_figures
+from checks.verify.user import modelfix
 from checks.verify.user.launch import CommandRun
 
 ENDED = {
@@ -213,6 +214,7 @@ def judge(
     advice: dict[str, Any] | None = None,
     sweep: dict[str, Any] | None = None,
     oom: OomSearch | None = None,
+    model: dict[str, Any] | None = None,
 ) -> tuple[list[Result], Measurements, list[Verdict]]:
     """Results, measurements (the report's JSON object) and verdicts of one run of the command."""
     found = ranks(run.events, rule_warmup, rule_steps, rule_seconds)
@@ -250,6 +252,10 @@ def judge(
                     for v in verdicts]  # fmt: skip
     if advice is not None:
         verdicts = apply_advice(verdicts, advice)
+    if model is not None and verdicts and verdicts[0].id == "compute-bound":
+        top = verdicts[0]
+        fix = modelfix.measured_fix(model, top.fix)
+        verdicts = [dataclasses.replace(top, fix=fix, evidence={**top.evidence, "model_advice": model}), *verdicts[1:]]
     judged = verify_report.diagnosis_rows(verdicts, figs.fig if figs else None, child, s)
     sampler_row, sampler = verify_report.sampler_block(setting, outcome)
     cost_row, priced = verify_report.cost_block(setting, child, figs.fig if figs else None)
@@ -278,6 +284,7 @@ def judge(
         command_step=None if figs is None else CommandStep(figs.micro_batches, figs.samples_per_step, FORWARD),
         per_rank=tuple(per_rank(found)) if ddp is not None else None,
         command_advice=advice,
+        model_advice=model,
     )  # fmt: skip
     return [*(gate or []), *results], m, verdicts
 

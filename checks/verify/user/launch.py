@@ -39,6 +39,7 @@ EVENTS_ENV = "GPU_PREFLIGHT_EVENTS"
 LOADER_ENV = "GPU_PREFLIGHT_LOADER"
 COUNT_ENV = "GPU_PREFLIGHT_COUNT_STEP"
 PEAK_ENV = "GPU_PREFLIGHT_PEAK"
+MODEL_ENV = "GPU_PREFLIGHT_MODEL"
 INT_GRACE_S = 10.0  # SIGINT -> SIGTERM: time for the script's own teardown (torchrun closes its ranks). Tool-defined.
 TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL. Tool-defined.
 TREE_EVERY_S = 0.5  # how often the process tree is read (its members are killed by id at the end)
@@ -131,14 +132,20 @@ def _was_subreaper() -> bool:
 
 
 def environment(
-    folder: Path, overrides: Mapping[str, Any] | None, count_step: int = 0, peak: bool = False
+    folder: Path,
+    overrides: Mapping[str, Any] | None,
+    count_step: int = 0,
+    peak: bool = False,
+    model: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """The user's environment with the start-up folder first on PYTHONPATH (theirs kept after it); ``count_step``
     > 0 asks the agent to count that optimizer step's FLOPs (the last warm-up step: counting slows it); ``peak``
-    asks for each step's CUDA allocator peak."""
+    asks for each step's CUDA allocator peak; ``model`` is a model-side change for the agent to apply."""
     env = dict(os.environ)
-    env.pop(COUNT_ENV, None)
-    env.pop(PEAK_ENV, None)
+    for name in (COUNT_ENV, PEAK_ENV, MODEL_ENV):
+        env.pop(name, None)
+    if model:
+        env[MODEL_ENV] = json.dumps(dict(model))
     if count_step > 0:
         env[COUNT_ENV] = str(count_step)
     if peak:
@@ -170,6 +177,7 @@ def run_command(
     on_event: Callable[[dict[str, Any]], None] = lambda e: None,
     on_start: Callable[[int], None] = lambda pid: None,
     peak: bool = False,
+    model: Mapping[str, Any] | None = None,
 ) -> CommandRun:
     """Run ``argv`` under the agent until it ends or the rule stops it; nothing it started is left running.
 
@@ -184,10 +192,11 @@ def run_command(
         folder = Path(tmp)
         _stage(folder)
         start = time.monotonic()
+        count = rule.warmup if rule.warmup >= 2 and not (overrides or model) else 0  # the main run's FLOPs only
         proc = subprocess.Popen(
             list(argv),
             cwd=cwd,
-            env=environment(folder, overrides, rule.warmup if rule.warmup >= 2 and not overrides else 0, peak),
+            env=environment(folder, overrides, count, peak, model),
             stdout=stdout,
             stderr=subprocess.PIPE,
             start_new_session=True,

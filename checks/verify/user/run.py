@@ -28,7 +28,7 @@ from checks.verify.contract import PHASES, Cut, Files, StopFacts, StopSpec
 from checks.verify.report import Setting
 from checks.verify.run import Judged, budget_s
 from checks.verify.sampler import Sampler, Trace
-from checks.verify.user import advice
+from checks.verify.user import advice, modelfix
 from checks.verify.user import judge as j
 from checks.verify.user import sweep as sweeper
 from checks.verify.user.launch import CommandRun, StopRule, run_command
@@ -55,6 +55,7 @@ class CommandRequest:
     echo: IO[bytes] | None = None  # where the command's stderr goes as it comes (None: kept for the report only)
     budget: str = ""  # --budget as typed ("": preflight.verify.budget)
     sweep: bool = False  # --sweep: re-run the command at doubling batch sizes to the throughput knee
+    ab: bool = False  # --ab: also time the model under torch.compile, when the run is compute-bound
 
 
 def rule(request: CommandRequest, deadline: float = 0.0) -> StopRule:
@@ -116,11 +117,12 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
         )
     cuts: list[Cut] = []
     advice = _advice(request, run, stop, cwd, cores, say, started + budget - stopper.TAIL_S, cuts)
+    model = None if advice else _model_advice(request, run, stop, cwd, say, started + budget - stopper.TAIL_S, cuts)
     swept = _sweep(request, run, stop, cwd, say, started + budget - stopper.TAIL_S, cuts) if request.sweep else None
     oom = _largest(request, run, cwd, say, started + budget - stopper.TAIL_S) if sweeper.oom(run) else None
     results, measurements, verdicts = j.judge(
         run, trace, setting, cfg.verify, stop.warmup, stop.steps, stop.seconds, gate_rows, gpu, gpu_error, advice,
-        swept, oom,
+        swept, oom, model,
     )  # fmt: skip
     steps = [s for r in j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)[:1] for s in r.steps]
     title = f"invoke verify -- {request.command[0]}: {verdicts[0].id if verdicts else 'cant-tell'}"
@@ -146,7 +148,7 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
         verdicts=tuple(verdicts),
         json_path=json_path,
         notes=(*problems, f"wrote {json_path}, {csv}, {png}"),
-        interrupted=run.interrupted or bool((advice or {}).get("interrupted") or (swept or {}).get("interrupted")),
+        interrupted=run.interrupted or any(bool((x or {}).get("interrupted")) for x in (advice, swept, model)),
         background=frozenset(r.id for r in gate_rows or []),
         focus="diagnosis",
     )
@@ -174,6 +176,46 @@ def stop_facts(run: CommandRun, stop: StopRule) -> StopFacts | None:
     )
 
 
+@dataclass(frozen=True)
+class _Measured:
+    """The run the re-runs start from: every process, the one whose breakdown explains the step, its figures, and
+    rank 0's (the re-runs are timed on rank 0: DDP paces every rank to the slowest)."""
+
+    found: list[j.Rank]
+    lead: j.Rank
+    figs: j.RankFigures
+    base: j.RankFigures
+
+
+def _measured(request: CommandRequest, run: CommandRun, stop: StopRule) -> _Measured | None:
+    """The measured run, where re-runs of the command can be compared with it (None: they cannot)."""
+    cfg = request.config.verify
+    if cfg.command_advice_s <= 0 or run.interrupted or run.ended not in ("stopped", "exited"):
+        return None
+    found = j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)
+    lead = j.pace_setter(found, cfg)
+    if lead is None or not _whole_world(lead, len(found)):
+        return None  # a rank on another node would wait for a rendezvous this re-run never joins: not measured
+    figs = j.rank_figures(lead)
+    base = j.rank_figures(next((r for r in found if r.key == 0), lead))
+    return None if figs is None or base is None else _Measured(found, lead, figs, base)
+
+
+def _rerun_seconds(
+    request: CommandRequest, stop: StopRule, deadline: float, cuts: list[Cut] | None, what: str
+) -> float:
+    """``verify.command_advice_s``, or what the budget leaves of it (less is a cut in ``cuts``)."""
+    seconds = request.config.verify.command_advice_s
+    if deadline and stop.stop is not None:
+        left = deadline - time.monotonic()
+        if left < seconds and cuts is not None:
+            fix = f"--budget {stopper.more_budget(stop.stop.budget_s, seconds - left)}"
+            done = f"{what} {'limited to ' + format(left, '.0f') + ' s' if left > 0 else 'not run'}"
+            cuts.append(Cut("advice", f"{done} of verify.command_advice_s {seconds:g} s", fix))
+        seconds = min(seconds, left)
+    return seconds
+
+
 def _advice(
     request: CommandRequest,
     run: CommandRun,
@@ -189,33 +231,39 @@ def _advice(
     torchrun on this box every rank's loaders get the candidate (the re-run starts them all), the usable cores are
     shared among the ranks, and the steps compared are rank 0's (DDP paces every rank to the slowest)."""
     cfg = request.config.verify
-    if cfg.command_advice_s <= 0 or run.interrupted or run.ended not in ("stopped", "exited"):
+    m = _measured(request, run, stop)
+    if m is None or m.lead.loader is None or m.figs.fig.shares["data_wait"] < cfg.share_warn:
         return None
-    found = j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)
-    lead = j.pace_setter(found, cfg)
-    if lead is None or lead.loader is None or not _whole_world(lead, len(found)):
-        return None  # a rank on another node would wait for a rendezvous this re-run never joins: not measured
-    figs = j.rank_figures(lead)
-    if figs is None or figs.fig.shares["data_wait"] < cfg.share_warn:
+    seconds = _rerun_seconds(request, stop, deadline, cuts, "the loader re-runs")
+    if seconds <= 0:
         return None
-    base = j.rank_figures(next((r for r in found if r.key == 0), lead))  # the re-runs are timed on rank 0 too
-    assert base is not None
-    seconds = cfg.command_advice_s
-    if deadline and stop.stop is not None:
-        left = deadline - time.monotonic()
-        if left < seconds and cuts is not None:
-            fix = f"--budget {stopper.more_budget(stop.stop.budget_s, seconds - left)}"
-            what = f"the loader re-runs {'limited to ' + format(left, '.0f') + ' s' if left > 0 else 'not run'}"
-            cuts.append(Cut("advice", f"{what} of verify.command_advice_s {seconds:g} s", fix))
-        seconds = min(seconds, left)
-        if seconds <= 0:
-            return None
     say(f"verify: the command waited for data: timing DataLoader settings on it (up to {seconds:.0f} s)")
-    loader = lead.loader or {}
+    loader = m.lead.loader
     return advice.measure(
-        request.command, cwd, loader.get("asked") or {}, str(loader.get("site")), base.fig.mean_s,
-        cores / len(found), lead.device.get("type") == "cuda", seconds, cfg.advice_min_gain,
+        request.command, cwd, loader.get("asked") or {}, str(loader.get("site")), m.base.fig.mean_s,
+        cores / len(m.found), m.lead.device.get("type") == "cuda", seconds, cfg.advice_min_gain,
     )  # fmt: skip
+
+
+def _model_advice(
+    request: CommandRequest, run: CommandRun, stop: StopRule, cwd: str, say: Say, deadline: float, cuts: list[Cut]
+) -> dict[str, Any] | None:
+    """For a compute-bound run (no data, copy or checkpoint share at its threshold): time model-side changes on
+    the command itself (``checks/verify/user/modelfix.py``), within what the loader re-runs would have had."""
+    cfg = request.config.verify
+    m = _measured(request, run, stop)
+    if m is None:
+        return None
+    shares = m.figs.fig.shares
+    if max(shares["data_wait"], shares["h2d"]) >= cfg.share_warn or shares["checkpoint"] >= cfg.checkpoint_share_warn:
+        return None
+    precisions = [str(s["precision"]) for s in m.lead.steps if s.get("precision")]
+    changes = modelfix.wanted(max(set(precisions), key=precisions.count) if precisions else None, request.ab)
+    seconds = _rerun_seconds(request, stop, deadline, cuts, "the model-side re-runs")
+    if seconds <= 0:
+        return None
+    say(f"verify: the command is compute-bound: timing {', '.join(changes)} on it (up to {seconds:.0f} s)")
+    return modelfix.measure(request.command, cwd, changes, run, seconds, cfg.advice_min_gain)
 
 
 def _whole_world(lead: j.Rank, seen: int) -> bool:

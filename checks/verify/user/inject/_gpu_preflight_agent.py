@@ -17,6 +17,10 @@ Once torch is imported it installs torch's global hooks and a few patches:
 - ``DataLoader.__init__``: the settings each loader was built with, and the overrides verify asks for
   (``GPU_PREFLIGHT_LOADER``, a JSON object) applied at construction: the worker settings, and ``batch_size``
   (--sweep, the out-of-memory search) where the loader batches by ``batch_size`` (not with a ``batch_sampler``);
+- with ``GPU_PREFLIGHT_MODEL`` set (verify's re-runs of a compute-bound command only), at the first optimizer
+  step the models it steps (the outermost live ``nn.Module``s holding its parameters) get the change asked:
+  their ``forward`` under ``torch.autocast`` (``{"autocast": "bf16"}``), ``channels_last`` weights and inputs,
+  or ``Module.compile()``; one ``model-change`` line says what was changed and whether they hold 4-D weights;
 - with ``GPU_PREFLIGHT_PEAK`` set (the sweep's re-runs only: it resets torch's peak statistics, which the
   script might read itself), each step's CUDA allocator peak (``torch.cuda.max_memory_reserved``).
 
@@ -49,6 +53,7 @@ EVENTS_ENV = "GPU_PREFLIGHT_EVENTS"
 LOADER_ENV = "GPU_PREFLIGHT_LOADER"
 COUNT_ENV = "GPU_PREFLIGHT_COUNT_STEP"  # the (warm-up) optimizer step whose matrix FLOPs are counted, for MFU
 PEAK_ENV = "GPU_PREFLIGHT_PEAK"  # "1": each step's line holds the CUDA allocator's peak (the peak is reset per step)
+MODEL_ENV = "GPU_PREFLIGHT_MODEL"  # a JSON object: the model-side change of a re-run (autocast, channels_last, compile)
 _DONE = "_gpu_preflight_armed"
 
 
@@ -179,6 +184,8 @@ class _Steps:
         self.count_at = int(count) if count.isdigit() else 0
         self.counter: Any = None
         self.peak = os.environ.get(PEAK_ENV) == "1"
+        text = os.environ.get(MODEL_ENV, "")
+        self.model_change: dict[str, Any] | None = json.loads(text) if text else None  # applied once, then None
 
     def mark(self) -> tuple[float, Any]:
         event = None
@@ -471,6 +478,9 @@ _DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "
 
 
 def _step_pre(st: _Steps, opt: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if st.model_change is not None:
+        wanted, st.model_change = st.model_change, None
+        _safely(_change_model, st.torch, opt, wanted)
     _safely(st.begin_step)
     if st.weights is None and opt.param_groups and opt.param_groups[0]["params"]:
         st.weights = _DTYPES.get(str(opt.param_groups[0]["params"][0].dtype))
@@ -479,6 +489,54 @@ def _step_pre(st: _Steps, opt: Any, args: tuple[Any, ...], kwargs: dict[str, Any
         return None
     timed = _timed(closure, st, "forward")  # Lightning: forward and backward run inside optimizer.step
     return (args, {**kwargs, "closure": timed}) if "closure" in kwargs else ((timed, *args[1:]), kwargs)
+
+
+def _change_model(torch: Any, opt: Any, wanted: dict[str, Any]) -> None:
+    """Apply a re-run's model-side change to the outermost live modules that hold the optimizer's parameters."""
+    import gc
+
+    params = {id(p) for group in opt.param_groups for p in group["params"]}
+    module = torch.nn.Module
+    owning = [
+        o for o in gc.get_objects() if issubclass(type(o), module) and any(id(p) in params for p in o.parameters())
+    ]
+    inner = {id(c) for m in owning for c in m.modules() if c is not m}
+    roots = [m for m in owning if id(m) not in inner]
+    conv = any(p.dim() == 4 for m in roots for p in m.parameters())
+    for m in roots:
+        if wanted.get("channels_last") and conv:
+            m.to(memory_format=torch.channels_last)
+            _wrap_forward(m, functools.partial(_channels_last_inputs, torch))
+        if wanted.get("autocast"):
+            device = next(m.parameters()).device.type
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[wanted["autocast"]]
+            _wrap_forward(m, functools.partial(_under_autocast, torch, device=device, dtype=dtype))
+        if wanted.get("compile"):
+            m.compile()
+    _say("model-change", asked=wanted, models=[type(m).__name__ for m in roots], conv=conv, **_rank())
+
+
+def _wrap_forward(m: Any, wrap: Callable[[Any], Any]) -> None:
+    m.forward = functools.wraps(m.forward)(wrap(m.forward))
+
+
+def _under_autocast(torch: Any, forward: Any, device: str, dtype: Any) -> Any:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device, dtype=dtype):
+            return forward(*args, **kwargs)
+
+    return run
+
+
+def _channels_last_inputs(torch: Any, forward: Any) -> Any:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        args = tuple(
+            a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4 else a
+            for a in args
+        )
+        return forward(*args, **kwargs)
+
+    return run
 
 
 def _timed(fn: Callable[..., Any], st: _Steps, region: str, saved: bool = False) -> Callable[..., Any]:

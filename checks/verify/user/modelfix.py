@@ -1,0 +1,184 @@
+"""Measured model-side changes for a compute-bound command: re-run it with a change the agent makes to the model
+the optimizer steps, and name a change only when it measured ``verify.advice_min_gain`` faster with the loss
+agreeing.
+
+The changes (``GPU_PREFLIGHT_MODEL``; the agent applies them at the first optimizer step to the outermost live
+modules holding its parameters): ``bf16`` (``forward`` under ``torch.autocast(dtype=torch.bfloat16)``) where the
+steps ran fp32 or tf32, on the CPU too; ``channels_last`` (weights and 4-D inputs) where those modules hold 4-D
+weights (known from the first re-run's ``model-change`` line, or the main run's FLOP count of a convolution);
+and with ``--ab`` ``compile`` (``Module.compile()``, given ``COMPILE_WARMUP`` warm-up steps for its compilation).
+Each re-run is the command stopped after its warm-up and ``RERUN_STEPS`` steps, output hidden; the comparison
+is the mean step time of the measured steps against re-runs of the unchanged command timed the same way (one
+before the changes, and one after them when a change measured anything: their mean, so a box that slows down or
+speeds up during the re-runs does not make a change look better than it is). The measured run itself is not the
+baseline: it was timed over more steps, with the sampler and FLOP count, and measured 30% apart from a re-run. The loss agrees when the mean of the first
+steps' losses (both runs from step 1, as many as both have) differs by at most ``LOSS_TOLERANCE`` of the main
+run's: a change that moves the numbers more is reported and never advised.
+
+``measurements.model_advice``: ``baseline_mean_step_s``, ``baseline_runs``, ``candidates`` (``change``, ``ended``, ``mean_step_s``,
+``speedup``, ``loss_agrees``, ``first_loss``, ``baseline_first_loss``, ``models``; or ``skipped``), ``min_gain``,
+``faster`` (the best candidate that measured ``min_gain`` faster with the loss agreeing, or null), ``change`` (the
+code to write), ``seconds``, ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import subprocess
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from checks.verify.user import judge as j
+from checks.verify.user.launch import CommandRun, StopRule, run_command
+
+RERUN_WARMUP = 2  # the first step is the unchanged model's (the change is made at the first optimizer step)
+COMPILE_WARMUP = 4  # torch.compile compiles at the first call after the change: the steps that hold it
+RERUN_STEPS = 8
+LOSS_TOLERANCE = 0.1  # relative difference of the first steps' mean loss that still agrees. Tool-defined.
+CHANGES: dict[str, dict[str, Any]] = {
+    "bf16": {"autocast": "bf16"},
+    "channels_last": {"channels_last": True},
+    "compile": {"compile": True},
+}
+CODE = {
+    "bf16": "with torch.autocast(device_type, dtype=torch.bfloat16): around the forward pass and the loss",
+    "channels_last": "model.to(memory_format=torch.channels_last) and inputs .contiguous(memory_format=torch.channels_last)",
+    "compile": "model = torch.compile(model) (or model.compile())",
+}
+
+
+def wanted(precision: str | None, ab: bool) -> list[str]:
+    """The changes worth timing, most promising first: bf16 where the math ran fp32, channels_last, compile."""
+    out = ["bf16"] if precision in (None, "fp32", "tf32") else []
+    out.append("channels_last")
+    return [*out, "compile"] if ab else out
+
+
+def first_losses(run: CommandRun) -> list[float]:
+    """Rank 0's (or the only process's) losses from step 1, in order."""
+    found = j.ranks(run.events, 0, 10**9, 0)
+    lead = next((r for r in found if r.key == 0), found[0] if found else None)
+    return [float(s["loss"]) for s in (lead.steps if lead else []) if s.get("loss") is not None]
+
+
+def agrees(base: Sequence[float], other: Sequence[float]) -> tuple[bool, float | None, float | None]:
+    """Whether the first steps' mean losses agree (and both means), over as many steps as both have."""
+    n = min(len(base), len(other))
+    if n == 0:
+        return False, None, None
+    a, b = statistics.fmean(base[:n]), statistics.fmean(other[:n])
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return False, a, b
+    return abs(b - a) <= LOSS_TOLERANCE * max(abs(a), 1e-12), a, b
+
+
+def _row(change: str, run: CommandRun, warmup: int, base_losses: Sequence[float]) -> dict[str, Any]:
+    row: dict[str, Any] = {"change": change, "ended": run.ended}
+    applied = [e for e in run.events if e.get("event") == "model-change"]
+    if applied:
+        row["models"] = list(applied[-1].get("models") or [])
+    step_s = _mean_step_s(run, warmup)
+    if step_s:
+        ok, a, b = agrees(base_losses, first_losses(run))
+        row |= {"mean_step_s": round(step_s, 6), "loss_agrees": ok}
+        row |= {"baseline_first_loss": a, "first_loss": b}
+    return row
+
+
+def _mean_step_s(run: CommandRun, warmup: int) -> float | None:
+    found = j.ranks(run.events, warmup, RERUN_STEPS, 0)
+    lead = next((r for r in found if r.key == 0), found[0] if found else None)
+    figs = j.rank_figures(lead) if lead and len(lead.steps) >= RERUN_STEPS else None
+    return figs.fig.mean_s if figs else None
+
+
+def _conv(run: CommandRun) -> bool | None:
+    """Whether the models hold 4-D weights, as the re-run's agent saw them (None: no change line)."""
+    seen = [e for e in run.events if e.get("event") == "model-change"]
+    return bool(seen[-1].get("conv")) if seen else None
+
+
+def measure(
+    argv: Sequence[str],
+    cwd: str,
+    changes: Sequence[str],
+    base: CommandRun,
+    budget_s: float,
+    min_gain: float,
+) -> dict[str, Any]:
+    """``measurements.model_advice`` (see the module docstring)."""
+    start, longest, conv = time.monotonic(), 0.0, None
+    base_losses = first_losses(base)
+    baselines: list[float] = []
+    rows: list[dict[str, Any]] = []
+    for change in ["", *changes, ""]:
+        if change == "" and baselines and not any(r.get("speedup") for r in _rated(rows, baselines)):
+            break  # the closing baseline only checks a measured change against drift
+        if change == "channels_last" and conv is False:
+            rows.append({"change": change, "skipped": "no 4-D weights (no convolution): channels_last changes nothing"})
+            continue
+        left = budget_s - (time.monotonic() - start)
+        if left <= max(longest, 1.0):
+            rows.append({"change": change or "none", "skipped": f"{left:.0f} s of verify.command_advice_s left"})
+            continue
+        warmup = COMPILE_WARMUP if change == "compile" else RERUN_WARMUP
+        rule = StopRule(warmup, RERUN_STEPS, first_step_s=left, stall_s=left, limit_s=left)
+        t0 = time.monotonic()
+        run = run_command(argv, rule, cwd, None, subprocess.DEVNULL, model=CHANGES.get(change))
+        longest = max(longest, time.monotonic() - t0)
+        if run.interrupted:
+            rows.append({"change": change or "none", "ended": "interrupted"})
+            break
+        if not change:
+            step_s = _mean_step_s(run, warmup)
+            baselines += [step_s] if step_s else []
+            continue
+        conv = _conv(run) if conv is None else conv
+        rows.append(_row(change, run, warmup, base_losses))
+    rows = _rated(rows, baselines)
+    faster = pick(rows, min_gain)
+    return {
+        "baseline_mean_step_s": round(statistics.fmean(baselines), 6) if baselines else None,
+        "baseline_runs": len(baselines),
+        "candidates": rows,
+        "min_gain": min_gain,
+        "faster": faster,
+        "change": CODE[faster["change"]] if faster else None,
+        "seconds": round(time.monotonic() - start, 1),
+        "interrupted": any(r.get("ended") == "interrupted" for r in rows),
+    }
+
+
+def pick(rows: Sequence[dict[str, Any]], min_gain: float) -> dict[str, Any] | None:
+    """The fastest change that measured ``min_gain`` faster with the loss agreeing (a faster change that moved
+    the loss is never the one advised)."""
+    good = [r for r in rows if r.get("speedup") and r.get("loss_agrees")]
+    best = max(good, key=lambda r: r["speedup"], default=None)
+    return best if best and best["speedup"] >= 1 + min_gain else None
+
+
+def _rated(rows: list[dict[str, Any]], baselines: Sequence[float]) -> list[dict[str, Any]]:
+    """Each timed change's speed-up over the unchanged re-runs (their mean: one before the changes, one after)."""
+    if not baselines:
+        return rows
+    base = statistics.fmean(baselines)
+    return [r | {"speedup": round(base / r["mean_step_s"], 3)} if r.get("mean_step_s") else r for r in rows]
+
+
+def measured_fix(advice: dict[str, Any], rule_fix: str) -> str:
+    """A compute-bound verdict's fix: the measured change, or what was measured and the rule's own fix."""
+    faster = advice.get("faster")
+    if faster:
+        return (
+            f"{advice['change']}: {faster['change']} measured {faster['speedup']:.2f}x faster on your command, loss "
+            f"agreeing (mean step {advice['baseline_mean_step_s'] * 1000:.0f} -> {faster['mean_step_s'] * 1000:.0f} ms)"
+        )
+    tried = [r for r in advice.get("candidates", []) if r.get("speedup")]
+    if not tried:
+        return rule_fix
+    shown = "; ".join(
+        f"{r['change']}: {r['speedup']:.2f}x" + ("" if r.get("loss_agrees") else " (loss moved)") for r in tried
+    )
+    return f"no model-side change measured {advice['min_gain']:.0%} faster on your command ({shown}); {rule_fix}"
