@@ -111,6 +111,15 @@ def read_torch(python: str = sys.executable, timeout: float = 60.0) -> TorchFact
     return facts
 
 
+def read_checkpoint(path: str, timeout: float, python: str = sys.executable) -> dict[str, Any]:
+    """What a checkpoint file holds, as torch's default load reads it (``scripts/ckpt_contents.py``: the parts a
+    resume needs, or ``{"error": ...}``); a child that fails or times out is an ``error`` too."""
+    try:
+        return run_child([python, str(SCRIPTS / "ckpt_contents.py"), path], timeout)
+    except ChildFailed as exc:
+        return {"error": f"reading it took too long or crashed: {exc}"}
+
+
 def run_bench(
     settings: Mapping[str, Any],
     timeout: float,

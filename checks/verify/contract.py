@@ -399,12 +399,14 @@ class Checkpoint(Record):
 
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
         {"save_s", "bytes", "dir", "load_s", "reproduced", "uninterrupted", "resumed", "max_rel_diff", "data", "error"}
-        | {"every_steps", "saves"}
+        | {"every_steps", "saves", "file", "contents"}
     )
     save_s: float | None = None
     bytes: int | None = None
     every_steps: float | None = None  # a command: its own saves, one every this many measured steps
     saves: int | None = None  # a command: how many saves the measured steps held
+    file: str | None = None  # a command: the last file it saved with torch.save, read back after the run
+    contents: JsonObject | None = None  # what that file holds (checks/verify/user/saved.py), or {"error": ...}
     dir: str | None = None
     load_s: float | None = None
     reproduced: bool | None = None

@@ -46,8 +46,8 @@ from checks.verify.report import Setting
 from checks.verify.results import sweep_result
 from checks.verify.sampler import Trace
 from checks.verify.smoke.figures import StepFigures, breakdown, enqueue_ratio, loss_trend, step_figures
-from checks.verify.user import modelfix
 from checks.verify.user.launch import CommandRun
+from checks.verify.user.saved import contents_result
 
 ENDED = {
     "stopped": "stopped by verify",
@@ -215,6 +215,7 @@ def judge(
     sweep: dict[str, Any] | None = None,
     oom: OomSearch | None = None,
     model: dict[str, Any] | None = None,
+    saved: tuple[str, dict[str, Any]] | None = None,
 ) -> tuple[list[Result], Measurements, list[Verdict]]:
     """Results, measurements (the report's JSON object) and verdicts of one run of the command."""
     found = ranks(run.events, rule_warmup, rule_steps, rule_seconds)
@@ -244,6 +245,7 @@ def judge(
     else:
         results.append(skip("verify-loop", "no measured step"))
     results.append(_loss(lead, cfg))
+    results.append(contents_result(*(saved or (None, None))))
     verdicts = diagnose(s, cfg) if s is not None else []
     if oom is not None:
         verdicts = _out_of_memory(child, oom, cfg)
@@ -254,7 +256,7 @@ def judge(
         verdicts = apply_advice(verdicts, advice)
     if model is not None and verdicts and verdicts[0].id == "compute-bound":
         top = verdicts[0]
-        fix = modelfix.measured_fix(model, top.fix)
+        fix = model_fix(model, top.fix)
         verdicts = [dataclasses.replace(top, fix=fix, evidence={**top.evidence, "model_advice": model}), *verdicts[1:]]
     judged = verify_report.diagnosis_rows(verdicts, figs.fig if figs else None, child, s)
     sampler_row, sampler = verify_report.sampler_block(setting, outcome)
@@ -278,7 +280,7 @@ def judge(
         timeline=dict(child.timeline) or None,
         sweep=sweep,
         oom=child.oom,
-        checkpoint=figs.checkpoint if figs else None,
+        checkpoint=_checkpoint(figs.checkpoint if figs else None, saved),
         ddp=_judged_ddp(ddp, lead),
         command=command_facts(run, found),
         command_step=None if figs is None else CommandStep(figs.micro_batches, figs.samples_per_step, FORWARD),
@@ -312,6 +314,13 @@ def _out_of_memory(child: ChildResult, search: OomSearch, cfg: VerifyConfig) -> 
             "gradient accumulation for the same global batch; bf16; activation checkpointing"
         )
     return [dataclasses.replace(v, fix=fix)]
+
+
+def _checkpoint(timed: Checkpoint | None, saved: tuple[str, dict[str, Any]] | None) -> Checkpoint | None:
+    """The script's saves during the measured steps, and what the last file it saved holds."""
+    if saved is None:
+        return timed
+    return dataclasses.replace(timed or Checkpoint(), file=saved[0], contents=saved[1])
 
 
 def _judged_ddp(d: DdpFigures | None, lead: Rank | None) -> DdpFigures | None:
@@ -541,6 +550,23 @@ def measured_fix(advice: dict[str, Any], rule_fix: str, starved: Starved | None 
             "and a collate), or train on larger batches"
         )
     return f"no DataLoader setting measured {gain} faster on your command ({shown}); {rule_fix}"
+
+
+def model_fix(advice: dict[str, Any], rule_fix: str) -> str:
+    """A compute-bound verdict's fix: the measured change, or what was measured and the rule's own fix."""
+    faster = advice.get("faster")
+    if faster:
+        return (
+            f"{advice['change']}: {faster['change']} measured {faster['speedup']:.2f}x faster on your command, loss "
+            f"agreeing (mean step {advice['baseline_mean_step_s'] * 1000:.0f} -> {faster['mean_step_s'] * 1000:.0f} ms)"
+        )
+    tried = [r for r in advice.get("candidates", []) if r.get("speedup")]
+    if not tried:
+        return rule_fix
+    shown = "; ".join(
+        f"{r['change']}: {r['speedup']:.2f}x" + ("" if r.get("loss_agrees") else " (loss moved)") for r in tried
+    )
+    return f"no model-side change measured {advice['min_gain']:.0%} faster on your command ({shown}); {rule_fix}"
 
 
 def _args(setting: dict[str, Any]) -> str:

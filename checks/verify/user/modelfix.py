@@ -165,20 +165,3 @@ def _rated(rows: list[dict[str, Any]], baselines: Sequence[float]) -> list[dict[
         return rows
     base = statistics.fmean(baselines)
     return [r | {"speedup": round(base / r["mean_step_s"], 3)} if r.get("mean_step_s") else r for r in rows]
-
-
-def measured_fix(advice: dict[str, Any], rule_fix: str) -> str:
-    """A compute-bound verdict's fix: the measured change, or what was measured and the rule's own fix."""
-    faster = advice.get("faster")
-    if faster:
-        return (
-            f"{advice['change']}: {faster['change']} measured {faster['speedup']:.2f}x faster on your command, loss "
-            f"agreeing (mean step {advice['baseline_mean_step_s'] * 1000:.0f} -> {faster['mean_step_s'] * 1000:.0f} ms)"
-        )
-    tried = [r for r in advice.get("candidates", []) if r.get("speedup")]
-    if not tried:
-        return rule_fix
-    shown = "; ".join(
-        f"{r['change']}: {r['speedup']:.2f}x" + ("" if r.get("loss_agrees") else " (loss moved)") for r in tried
-    )
-    return f"no model-side change measured {advice['min_gain']:.0%} faster on your command ({shown}); {rule_fix}"

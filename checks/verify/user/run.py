@@ -21,6 +21,7 @@ from typing import IO, Any
 from checks.config import PreflightConfig
 from checks.errors import PreflightError
 from checks.probe.sample import GpuReader, HostReader
+from checks.probe.torch import read_checkpoint
 from checks.result import Report, Result, ok
 from checks.verify import plan as v
 from checks.verify import stop as stopper
@@ -30,6 +31,7 @@ from checks.verify.run import Judged, budget_s
 from checks.verify.sampler import Sampler, Trace
 from checks.verify.user import advice, modelfix
 from checks.verify.user import judge as j
+from checks.verify.user import saved as saved_file
 from checks.verify.user import sweep as sweeper
 from checks.verify.user.launch import CommandRun, StopRule, run_command
 from checks.verify.watch import usable_here
@@ -118,11 +120,12 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
     cuts: list[Cut] = []
     advice = _advice(request, run, stop, cwd, cores, say, started + budget - stopper.TAIL_S, cuts)
     model = None if advice else _model_advice(request, run, stop, cwd, say, started + budget - stopper.TAIL_S, cuts)
+    saved = _saved(run, stop, started + budget - stopper.TAIL_S)
     swept = _sweep(request, run, stop, cwd, say, started + budget - stopper.TAIL_S, cuts) if request.sweep else None
     oom = _largest(request, run, cwd, say, started + budget - stopper.TAIL_S) if sweeper.oom(run) else None
     results, measurements, verdicts = j.judge(
         run, trace, setting, cfg.verify, stop.warmup, stop.steps, stop.seconds, gate_rows, gpu, gpu_error, advice,
-        swept, oom, model,
+        swept, oom, model, saved,
     )  # fmt: skip
     steps = [s for r in j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)[:1] for s in r.steps]
     title = f"invoke verify -- {request.command[0]}: {verdicts[0].id if verdicts else 'cant-tell'}"
@@ -264,6 +267,16 @@ def _model_advice(
         return None
     say(f"verify: the command is compute-bound: timing {', '.join(changes)} on it (up to {seconds:.0f} s)")
     return modelfix.measure(request.command, cwd, changes, run, seconds, cfg.advice_min_gain)
+
+
+def _saved(run: CommandRun, stop: StopRule, deadline: float) -> tuple[str, dict[str, Any]] | None:
+    """The last checkpoint rank 0 (or the only process) saved to a file, and what it holds, read in a child."""
+    found = j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)
+    zero = next((r for r in found if r.key == 0), found[0] if found else None)
+    path = saved_file.last_saved(run.events, [zero.pid] if zero else sorted(run.pids))
+    if path is None:
+        return None
+    return path, read_checkpoint(path, timeout=max(10.0, min(60.0, deadline - time.monotonic())))
 
 
 def _whole_world(lead: j.Rank, seen: int) -> bool:

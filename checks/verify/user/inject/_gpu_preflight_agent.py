@@ -548,8 +548,11 @@ def _timed(fn: Callable[..., Any], st: _Steps, region: str, saved: bool = False)
         finally:
             st.leave(region)
             if saved:
+                target = args[1] if len(args) > 1 else kwargs.get("f")
                 st.saves += 1
-                st.ckpt_bytes += _size(args[1] if len(args) > 1 else kwargs.get("f"))
+                st.ckpt_bytes += _size(target)
+                if isinstance(target, (str, os.PathLike)):  # verify reads the last one back (what a resume loads)
+                    _say("saved", path=os.path.abspath(os.fspath(target)), **_rank())
 
     return wrapper
 

@@ -106,6 +106,14 @@ def test_checkpoint_every_step(tmp_path: Path) -> None:
     assert "checkpoint-bound" in [v["id"] for v in m["diagnosis"]["verdicts"]]
     assert m["checkpoint"]["every_steps"] == 1 and m["checkpoint"]["bytes"] > 8e6
     assert m["step_breakdown"]["checkpoint"] >= 0.05
+    # The file it wrote, read back as a resume with torch's default load would: model, optimizer and step are in
+    # it; no loss, RNG or sampler state (the row names what a resume then cannot restore).
+    assert m["checkpoint"]["file"] == str(tmp_path / "last.pt")
+    contents = m["checkpoint"]["contents"]
+    assert contents["model"]["keys"] == ["model"] and contents["optimizer"]["with_state"] == 6
+    assert list(contents["position"]) == ["step"]
+    saved = row(judged, "verify-checkpoint")
+    assert saved.status.value == "ok" and "not saved: loss; RNG state" in saved.summary
 
 
 def test_transformers_dict_batches_with_accumulation(tmp_path: Path) -> None:

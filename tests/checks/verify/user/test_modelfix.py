@@ -13,6 +13,7 @@ import pytest
 from checks.config import make_config
 from checks.probe.sample import process_tree
 from checks.verify.user import modelfix
+from checks.verify.user.judge import model_fix
 from checks.verify.user.run import CommandRequest, verify_command
 from tests.checks.verify.report_schema import SCHEMA, violations
 
@@ -41,7 +42,7 @@ def test_a_faster_change_that_moved_the_loss_is_never_the_one_advised() -> None:
     assert modelfix.pick(rows[:1], 0.1) is None
     assert modelfix.pick([rows[1] | {"speedup": 1.05}], 0.1) is None  # under advice_min_gain
     advice = {"faster": None, "candidates": rows, "min_gain": 0.1}
-    text = modelfix.measured_fix(advice, "bf16 autocast, torch.compile")
+    text = model_fix(advice, "bf16 autocast, torch.compile")
     assert text.startswith("no model-side change measured 10% faster on your command (bf16: 3.00x (loss moved)")
     assert text.endswith("; bf16 autocast, torch.compile")
 
