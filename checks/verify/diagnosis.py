@@ -400,7 +400,12 @@ def _compute_or_abstain(s: Signals, cfg: VerifyConfig) -> Verdict:
     ev = {k: round(v, 4) for k, v in s.shares.items()}
     if c >= cfg.compute_bound_min:
         confidence = "high" if s.steps >= cfg.critical_min_steps else "medium"
-        fix = "healthy: the model's math is the limit. Faster math: bf16 autocast, torch.compile, a faster GPU"
+        faster = (
+            "torch.compile, a faster GPU"
+            if s.precision in ("bf16", "fp16")
+            else "bf16 autocast, torch.compile, a faster GPU"
+        )
+        fix = f"healthy: the model's math is the limit. Faster math: {faster}"  # no bf16 for a run already in 16 bits
         if s.device == "cuda" and s.precision == "fp32":
             fix = "compute-bound in fp32: bf16 autocast (or torch.set_float32_matmul_precision('high')) uses the tensor cores"
         return Verdict(

@@ -201,6 +201,12 @@ def test_fp32_compute_bound_on_a_gpu_points_at_tensor_cores() -> None:
     assert "bf16" in diagnose(signals(precision="fp32"), CFG)[0].fix
 
 
+def test_a_run_already_in_16_bits_is_not_told_to_use_bf16() -> None:
+    for precision in ("bf16", "fp16"):
+        fix = diagnose(signals(precision=precision, device="cpu"), CFG)[0].fix
+        assert "bf16" not in fix and "torch.compile" in fix, fix
+
+
 def test_too_few_steps_is_cant_tell() -> None:
     assert diagnose(signals(steps=1), CFG)[0].id == "cant-tell"
 

@@ -368,7 +368,8 @@ class _Steps:
 
 
 def _batch_size(torch: Any, batch: Any, depth: int = 0) -> int | None:
-    """The first dimension of the first tensor in a batch (a tensor, a tuple/list, a dict, a dataclass-like)."""
+    """The first dimension of the first tensor in a batch (a tensor, a tuple/list, a dict, a dataclass-like); a
+    batch of per-sample sequences (``collate_fn=lambda b: tuple(zip(*b))``, detection's) counts its samples."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else None
     if depth > 3:
@@ -376,6 +377,9 @@ def _batch_size(torch: Any, batch: Any, depth: int = 0) -> int | None:
     if isinstance(batch, dict) or (hasattr(batch, "keys") and hasattr(batch, "__getitem__")):
         items = [batch[k] for k in list(batch.keys())[:8]]
     elif isinstance(batch, (list, tuple)):
+        first = batch[0] if batch else None
+        if isinstance(first, (list, tuple)) and first and all(isinstance(x, (torch.Tensor, dict)) for x in first):
+            return len(first)  # a collate that keeps samples apart, (images, targets) tuples: not an image's channels
         items = list(batch[:8])
     else:
         return None

@@ -126,6 +126,13 @@ def test_transformers_dict_batches_with_accumulation(tmp_path: Path) -> None:
     assert row(judged, "verify-loop").status.value == "ok"
 
 
+def test_a_collate_that_keeps_samples_apart_counts_samples_not_channels(tmp_path: Path) -> None:
+    judged = verify(tmp_path, sys.executable, "tuple_collate.py", steps=4)
+    m = judged.report.measurements
+    assert m["samples_per_step"] == 2  # (images, targets) tuples of 2 samples: it read 3, an image's channels
+    assert m["samples_per_s"] == pytest.approx(2 / m["step_time"]["mean_s"], rel=0.25)
+
+
 def test_torchrun_two_ranks_name_the_straggler(tmp_path: Path) -> None:
     # Rank 1 reads its shard 1 ms per sample slower (16 ms a step): rank 0 waits for it inside backward.
     judged = verify(tmp_path, *TORCHRUN_2, "ddp_gloo.py", "--slow-rank", "1", steps=4)
