@@ -1,9 +1,11 @@
 """``bootstrap --hosts ... --install`` (``hosts.install``): a virtualenv next to the remote checkout, with its
 dependencies, made with the host's own Python and pip.
 
-The virtualenv is ``<checkout>/.venv`` (rsync's exclude list and the tar path both leave it in place), created
-``--system-site-packages`` so the box's own torch, built for its driver, stays the one that is imported, and
-``--without-pip``: the box's pip (seen through the system site) installs into it, and ``ensurepip`` is the
+The virtualenv is ``<checkout>/.venv`` (rsync's exclude list and the tar path both leave it in place), made to see
+the host Python's packages, so the box's own torch, built for its driver, stays the one that is imported: created
+``--system-site-packages``, or, where ``hosts.python`` is itself a virtualenv (a training environment made with
+``python -m venv``), given that virtualenv's site directories by a ``.pth`` file (``MAKE_VENV``). It is made
+``--without-pip``: the box's pip (seen through those directories) installs into it, and ``ensurepip`` is the
 fallback only where the box has no pip. The install is idempotent: a stamp in the virtualenv holds the hash of
 what was asked for, and a second run with the same list does nothing. With ``hosts.wheelhouse`` (a folder of the
 checkout, shipped with it) pip installs ``--no-index --find-links`` from it: for boxes without a package index.
@@ -23,6 +25,21 @@ from provision.remote import RemoteError, Session
 VENV = ".venv"
 STAMP = ".gpu-preflight-deps"
 INSTALL_TIMEOUT_S = 900.0
+# Run by the host's Python with the new virtualenv's path: make it (--without-pip) so that it sees what that Python
+# sees. A Python that is itself a virtualenv would show a --system-site-packages one its *base* install's packages,
+# not its own (docs/sources.md#venv-system-site): the new one then gets that Python's site directories instead, in
+# its sys.path order, through a .pth file (site.addsitedir, so their own .pth files run too).
+MAKE_VENV = """
+import site, subprocess, sys, venv
+target, outer = sys.argv[1], sys.prefix != sys.base_prefix
+venv.EnvBuilder(system_site_packages=not outer, symlinks=True).create(target)
+if outer:
+    sites = {*site.getsitepackages(), site.getusersitepackages()}
+    lines = [f"import site; site.addsitedir({p!r})\\n" for p in sys.path if p in sites]
+    ask = [target + "/bin/python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+    purelib = subprocess.run(ask, capture_output=True, text=True, check=True).stdout.strip()
+    open(purelib + "/gpu-preflight-outer-site.pth", "w").write("".join(lines))
+"""
 
 
 @dataclass(frozen=True)
@@ -48,8 +65,7 @@ def install_script(directory: str, python: str, requirements: tuple[str, ...], w
         [
             f"cd {d} || exit 5",
             f'if [ "$(cat {v}/{STAMP} 2>/dev/null)" = {stamp} ] && [ -x {v}/bin/python ]; then echo ready; exit 0; fi',
-            f"[ -x {v}/bin/python ] || {python} -m venv --system-site-packages --without-pip {v} >&2 "
-            "|| { echo novenv; exit 6; }",
+            f"[ -x {v}/bin/python ] || {python} -c {shlex.quote(MAKE_VENV)} {v} >&2 || {{ echo novenv; exit 6; }}",
             f"{v}/bin/python -m pip --version >/dev/null 2>&1 || {v}/bin/python -m ensurepip --default-pip >&2 "
             "|| { echo nopip; exit 7; }",
             f"{pip}{' '.join(shlex.quote(r) for r in requirements)} >&2 || {{ echo pipfailed; exit 8; }}",

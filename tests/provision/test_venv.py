@@ -54,6 +54,31 @@ def test_venv_keeps_the_box_packages_installs_from_the_wheelhouse_and_is_idempot
 
 
 @pytest.mark.skipif(box_has_pip() is not None, reason=str(box_has_pip()))
+def test_a_host_python_that_is_a_virtualenv_keeps_its_own_packages_not_only_its_base_installs(tmp_path: Path) -> None:
+    training = tmp_path / "training"  # the user's training environment: a virtualenv that keeps the box's packages
+    made = [BOX_PYTHON, "-m", "venv", "--without-pip", "--system-site-packages", str(training)]
+    subprocess.run(made, check=True, timeout=60)
+    site = subprocess.run(
+        [training / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(site) / "gpf_training_only.py").write_text("WHERE = 'training'\n")  # in the virtualenv, not its base
+    checkout = tmp_path / "gpu-preflight"
+    (checkout / "wheels").mkdir(parents=True)
+    repack("sh", checkout / "wheels")
+    done = run(install_script(str(checkout), str(training / "bin" / "python"), ("sh>=2.0",), "wheels"), tmp_path)
+    assert done.returncode == 0 and done.stdout.split()[-1] == "installed", done.stderr
+    probe = "import gpf_training_only, sh, yaml, sys; print(sys.prefix, gpf_training_only.WHERE, yaml.__file__)"
+    py = checkout / VENV / "bin" / "python"
+    prefix, where, yaml_at = subprocess.run(
+        [py, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert prefix == str(checkout / VENV) and where == "training" and yaml_at.startswith("/usr/lib/python3")
+
+
+@pytest.mark.skipif(box_has_pip() is not None, reason=str(box_has_pip()))
 def test_a_wheelhouse_that_lacks_a_dependency_fails_with_pips_reason(tmp_path: Path) -> None:
     checkout = tmp_path / "c"
     (checkout / "wheels").mkdir(parents=True)

@@ -2,20 +2,25 @@
 
 ``gpf-tiny`` is a one-module project written by the test (a minimal pyproject, setuptools backend) and installed
 with ``pip install --no-index --no-build-isolation`` into each virtualenv, so two environments differ in exactly
-one real distribution. The virtualenvs are made with ``--system-site-packages``: they see this Python's packages
-(invoke, torch, ...) and so run the tool from the checkout like a user's training environment would. ``without
-torch`` is a virtualenv of its own whose site-packages links every top-level entry of this Python's site-packages
-except torch's files: the same packages, torch not installed.
+one real distribution. The virtualenvs see this Python's packages (invoke, torch, ...) and so run the tool from the
+checkout like a user's training environment would: they are made by ``provision.venv.MAKE_VENV``, the step
+``--install`` takes on a host (``--system-site-packages``; where this Python is itself a virtualenv, the README's
+test command run in one, its site directories through a .pth file, since ``--system-site-packages`` would show its
+base install instead: no Invoke, an old setuptools). ``without torch`` is a virtualenv of its own whose
+site-packages links every top-level entry of this Python's site directories except torch's files: the same
+packages, torch not installed.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
+import site
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
+
+from provision.venv import MAKE_VENV
 
 TINY = "gpf-tiny"
 
@@ -33,11 +38,15 @@ def tiny_project(folder: Path, version: str) -> Path:
 
 def make_venv(path: Path, tiny: Path | None = None, *, torch: bool = True) -> Path:
     """A virtualenv at ``path`` (gpf-tiny built from ``tiny`` installed into it); return its python."""
-    system = ["--system-site-packages"] if torch else []
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", *system, str(path)], check=True, timeout=60)
     python = path / "bin" / "python"
-    if not torch:
-        _link_all_but_torch(Path(sysconfig.get_paths()["purelib"]), _site_packages(python))
+    if torch:
+        subprocess.run([sys.executable, "-c", MAKE_VENV, str(path)], check=True, timeout=60)
+    else:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=60)
+        target = _site_packages(python)
+        for source in site.getsitepackages():  # this virtualenv's first, then its base's where it sees them
+            if Path(source).is_dir():
+                _link_all_but_torch(Path(source), target)
     if tiny is not None:
         pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index", "--no-build-isolation"]
         subprocess.run([*pip, "--no-deps", "-q", str(tiny)], check=True, timeout=120, capture_output=True)
