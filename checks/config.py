@@ -85,7 +85,7 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class TopologyConfig:
-    """GPU to GPU inside one box: the p2p copy matrix and the local all-reduce (issue 10)."""
+    """GPU to GPU inside one box: the p2p copy matrix and the local all-reduce."""
 
     p2p: bool
     p2p_mib: int

@@ -208,7 +208,7 @@ class MachineFacts:
     alloc: AllocFacts | None = None
     disks: DiskFacts | None = None  # mounts and measured locations (bootstrap's disk measurements)
     net: NetFacts | None = None  # downloads from configured URLs
-    topology: TopologyFacts | None = None  # GPU-to-GPU paths, NUMA, interfaces (issue 10); None in older snapshots
+    topology: TopologyFacts | None = None  # GPU-to-GPU paths, NUMA, interfaces; None in older snapshots
     p2p: P2PFacts | None = None  # measured device-to-device copy bandwidth per GPU pair
     allreduce_local: LocalAllreduceFacts | None = None  # NCCL all-reduce over this box's GPUs
     env: EnvFacts | None = None  # OS, toolkit, packages, variables (checks/probe/env.py); None in older snapshots
@@ -376,7 +376,7 @@ class EnvFacts:
     variables: dict[str, str] = field(default_factory=dict)
 
 
-# --- GPU to GPU inside one box (issue 10; read by checks/probe/nvml.py read_topology, judged by checks/machine/topology.py)
+# --- GPU to GPU inside one box (read by checks/probe/nvml.py read_topology, judged by checks/machine/topology.py)
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,7 @@ class Timings:
     decode_s: float  # tokenizing, for text
     finalize_s: float
     total_s: float
-    # Phases recorded since issue 22 (None, and left out of the file, in a manifest written before):
+    # Phases recorded since commit 346b8d1 (None, and left out of the file, in a manifest written before):
     scan_s: float | None = None  # listing a local source (sizes and dates: its identity)
     place_s: float | None = None  # choosing the destination disk (and measuring it, without --dest)
     workers_s: float | None = None  # starting the decode processes, less what overlapped earlier steps (in decode_s)

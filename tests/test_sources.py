@@ -161,3 +161,46 @@ def test_a_citation_that_does_not_resolve_fails(tmp_path: Path, where: str, text
     got = problems(root)
     assert len(got) == 1 and found in got[0], got
     assert got[0].startswith(f"{where}:"), got
+
+
+# "issue N" points to a tracker the repository never links: the code, docs and BENCHMARKS.md say what happened (the
+# fact, the measurement) or cite an entry of docs/sources.md. tests/bench writes BENCHMARKS.md's text, so it is held
+# too; the other tests are not.
+TRACKER = re.compile(r"\b[Ii]ssue #?\d")
+# Mentions left in folders other work owns at the time of writing: drop a file here once it is clean.
+TRACKER_KNOWN = {
+    "checks/fleet/drift.py",
+    "checks/fleet/job.py",
+    "checks/fleet/sbatch.py",
+    "checks/verify/diagnosis.py",
+    "checks/verify/smoke/candidates.py",
+    "checks/verify/smoke/data.py",
+}
+
+
+def tracker_mentions(root: Path) -> list[str]:
+    """``path:line`` of every "issue N" in the product, the docs, BENCHMARKS.md and tests/bench."""
+    out = []
+    for path in scanned_files(root):
+        rel = path.relative_to(root)
+        if rel.parts[0] == "tests" and rel.parts[:2] != ("tests", "bench"):
+            continue
+        lines = path.read_text(errors="replace").splitlines()
+        out += [f"{rel}:{n}" for n, line in enumerate(lines, 1) if TRACKER.search(line)]
+    return out
+
+
+def test_no_issue_numbers_outside_the_known_files() -> None:
+    left = [where for where in tracker_mentions(REPO) if where.split(":")[0] not in TRACKER_KNOWN]
+    assert left == []
+
+
+@pytest.mark.parametrize("text", ["# the cap (issue 10)\n", "x = 1  # see Issue 9\n", "# from issue #12\n"])
+def test_an_issue_number_is_found(tmp_path: Path, text: str) -> None:
+    root = _tree(tmp_path, text)
+    assert tracker_mentions(root) == ["checks/thing.py:1"]
+
+
+def test_words_that_only_contain_issue_pass(tmp_path: Path) -> None:
+    root = _tree(tmp_path, "# the issue is the driver; 3 issues, tissue 4\n")
+    assert tracker_mentions(root) == []

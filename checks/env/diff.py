@@ -133,7 +133,7 @@ def diff(a: Side, b: Side) -> Diff:
     out.sort(key=lambda d: RANKS.index(d.rank))
     not_compared = [f"A ({a.label}): {m}" for m in a.missing] + [f"B ({b.label}): {m}" for m in b.missing]
     if ("cross_socket_pairs" in a.fields) != ("cross_socket_pairs" in b.fields):
-        not_compared.append("NUMA placement: only one side records GPU topology (2+ GPUs, snapshots from issue 10 on)")
+        not_compared.append("NUMA placement: only one side records GPU topology (2+ GPUs, snapshots that have it)")
     return Diff(a.label, b.label, tuple(out), tuple(not_compared))
 
 

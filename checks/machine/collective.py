@@ -1,4 +1,4 @@
-"""Measured GPU-to-GPU bandwidth inside one box: the p2p copy matrix and the local all-reduce (issue 10).
+"""Measured GPU-to-GPU bandwidth inside one box: the p2p copy matrix and the local all-reduce.
 
 A pair's copy bandwidth is judged against its path's line rate: NVLinks x 25 GB/s per direction (50 on NVLink 5,
 compute capability 10 and newer), or the slower card's PCIe x16 rate; without peer access the copy goes through

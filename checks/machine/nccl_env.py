@@ -1,4 +1,4 @@
-"""Environment variables inherited from the image that silently cripple or redirect NCCL (issue 10).
+"""Environment variables inherited from the image that silently cripple or redirect NCCL.
 
 What each does is from the NCCL user guide's environment page and NCCL 2.30.7's source
 (docs/sources.md#nccl-env-vars); CUDA_VISIBLE_DEVICES from the CUDA Programming Guide.

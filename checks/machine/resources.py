@@ -205,7 +205,7 @@ def cpu_governor(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     return [ok("cpu-governor", f"cpufreq {driver}: {seen}{note}", value=value)]
 
 
-# Issue 14 (BENCHMARKS.md, "staged loader"): workers only slow a memory-mapped read down, since every batch a
+# Measured (BENCHMARKS.md, "staged loader"): workers only slow a memory-mapped read down, since every batch a
 # worker makes is copied into fresh shared memory; staged_loader reads whole batches in a thread instead.
 STAGED_ADVICE = (
     "a stage-data folder needs no workers: staged_loader(root, batch_size, device=...) from templates/staged_dataset.py"

@@ -1,4 +1,4 @@
-"""GPU to GPU inside one box: the path between every pair, P2P, NUMA placement (issue 10).
+"""GPU to GPU inside one box: the path between every pair, P2P, NUMA placement.
 
 Paths are named as ``nvidia-smi topo -m`` names them (docs/sources.md#nvml-topology): NV# for # NVLinks,
 else the common PCIe ancestor: PIX (one PCIe switch), PXB (several switches), PHB (a CPU host bridge), NODE (host

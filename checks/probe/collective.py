@@ -1,4 +1,4 @@
-"""GPU-to-GPU measurements inside one box, each in child processes with a timeout (issue 10).
+"""GPU-to-GPU measurements inside one box, each in child processes with a timeout.
 
 ``run_p2p`` runs ``scripts/p2p_bench.py`` (copy bandwidth per ordered GPU pair); ``run_local_allreduce`` runs
 ``scripts/allreduce.py`` (the script bootstrap --hosts runs across hosts) under ``torch.distributed.run

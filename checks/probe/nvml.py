@@ -378,7 +378,7 @@ class PcieLinkSampler:
         return dict(self._peak)
 
 
-# --- topology (issue 10; docs/sources.md#nvml-topology) ---------------------------------------------------------
+# --- topology (docs/sources.md#nvml-topology) ------------------------------------------------------------------
 
 # NVML_P2P_STATUS_* value -> nvidia-smi topo -p2p letter (docs/sources.md#nvml-topology).
 P2P_LETTERS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}

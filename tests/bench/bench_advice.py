@@ -4,7 +4,7 @@ Run from the repository root:  python tests/bench/bench_advice.py [--steps N]
 It rewrites the "advice applied" section of BENCHMARKS.md. For each planted and real pipeline of the tests
 (tests/checks/verify/smoke_plugins.py), verify runs on the CPU below the CLI (plan -> child under the sampler ->
 judge), its ``measurements.advice`` is applied (``num_workers``; ``pin_memory`` needs a GPU), and verify runs
-again. Throughput is the loop's training samples/s (``measurements.samples_per_s``). Target (issue 9): never
+again. Throughput is the loop's training samples/s (``measurements.samples_per_s``). Target: never
 slower; faster wherever the verdict is not compute-bound.
 """
 
@@ -108,7 +108,7 @@ def main() -> None:
             "(`measurements.advice`) applied, verify again. Training samples/s of the loop (checkpoints excluded),",
             f"{args.steps} measured steps, batch 16, one intra-op thread; 'alone' is the DataLoader's own rate that",
             "verify measured for the current and the advised setting. Each side is the mean of two runs taken",
-            "before, after, after, before (drift on the shared box hits both alike). Target (issue 9): never",
+            "before, after, after, before (drift on the shared box hits both alike). Target: never",
             "slower; faster wherever the verdict is not compute-bound.",
             "",
             "| pipeline | verdict | advice applied | before, samples/s | after | change | runs: before x2, after x2 |",

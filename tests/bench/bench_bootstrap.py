@@ -5,7 +5,7 @@ With ``--before`` the earlier commit is checked out into a temporary git worktre
 between the two trees (before, after, before, ...), so both see the same load. Each live run's JSON report gives
 the phases of bootstrap's own time (``timing``, checks/result.py), whose medians are listed for this checkout.
 It rewrites the "bootstrap" section of BENCHMARKS.md with the numbers, the machine and the load average.
-The target it watches: a live bootstrap under 10 s on the 2-core box without a GPU (issue 22); with GPUs the
+The target it watches: a live bootstrap under 10 s on the 2-core box without a GPU; with GPUs the
 micro-benchmarks add their own configured budget (preflight.bench).
 """
 
@@ -230,7 +230,7 @@ def main() -> None:
             "CPU seconds (the process and its children) spread much less, and each row alternates between the trees",
             "run for run, so the median of the pairs' differences is the change. A run is the whole process (Python's",
             "start-up included); the phases are the JSON report's `timing` (bootstrap's own time, without the",
-            "start-up). Target: a live bootstrap under 10 s here (issue 22). Reading the machine overlaps: the torch",
+            "start-up). Target: a live bootstrap under 10 s here (2 cores, no GPU). Reading the machine overlaps: the torch",
             "child imports torch while a thread reads the host, the environment (packages, nvcc) and the topology.",
             "The measurements run alone: the last table is one disk location measured alone and with the torch",
             "child started beside it (medians of the same runs, alternating). Here torch's files sit in the page",

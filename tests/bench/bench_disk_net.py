@@ -3,7 +3,7 @@
 Run from the repository root, as root (network namespaces, tc):  python tests/bench/bench_disk_net.py [--repeats N]
 It rewrites the "disk and network" section of BENCHMARKS.md with the numbers and the machine they ran on.
 
-Targets (issue 3): built-in sequential write and cold read within ±10% of fio on the same file size, block
+Targets: built-in sequential write and cold read within ±10% of fio on the same file size, block
 size, sync interval and location; built-in TCP within ±10% of iperf3 over the same tc-shaped namespace link,
 and both within ±10% of the shaped rate; ``invoke bootstrap --hosts`` over 4 namespace hosts in at most 1.3x
 the time of one host. Runs are interleaved (A, B, A, B, ...) so that drift hits both sides alike.

@@ -1,4 +1,4 @@
-"""Benchmark: the job-wide bootstrap at scale (issue 19 part 7) — the fleet report over 1,000 node records, and the
+"""Benchmark: the job-wide bootstrap at scale — the fleet report over 1,000 node records, and the
 gather of a simulated 64-node job.
 
 Run from the repository root:  python tests/bench/bench_fleet_scale.py [--records 1000] [--nodes 64]
@@ -125,7 +125,7 @@ def main() -> None:
         "`python tests/bench/bench_fleet_scale.py`: rank 0's fleet report over node records that are this machine's "
         "real bootstrap report with per-node variations (median of 3), and the gather of a simulated job: one "
         "`job_gather.py` child per node on this box, each sending that report through torch's TCPStore on loopback. "
-        "Target (issue 19): the 1,000-record report under 1 s.",
+        "Target: the 1,000-record report under 1 s.",
         "",
         "| what | figure |",
         "|---|---|",

@@ -1,4 +1,4 @@
-"""Benchmark: `invoke stage-data` against LitData's `optimize`, like for like (issue 22).
+"""Benchmark: `invoke stage-data` against LitData's `optimize`, like for like.
 
 Run from the repository root:  python tests/bench/bench_litdata.py [--sizes 1500 6000] [--rounds 3] [--workers 2]
 It rewrites the "stage-data against LitData" section of BENCHMARKS.md, in two parts, one run:

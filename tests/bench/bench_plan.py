@@ -1,4 +1,4 @@
-"""Accuracy of ``invoke plan`` (issue 12), written to BENCHMARKS.md: ``python tests/bench/bench_plan.py``.
+"""Accuracy of ``invoke plan``, written to BENCHMARKS.md: ``python tests/bench/bench_plan.py``.
 
 1. Weights, gradients, master and optimizer bytes against parameters counted on a CPU-built model (exact).
 2. Measured saved-for-backward bytes of one GPT block (the reference's pre-LN block, bf16, s=128, b=2, h=256,

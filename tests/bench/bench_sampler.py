@@ -6,7 +6,7 @@ It rewrites the "sampler" section of BENCHMARKS.md. Two measurements, same run, 
 1. The sampler thread's own CPU time per sample (``time.thread_time`` around each read), and as a fraction of one
    core at the default 10 Hz. This is what it can take from the training on a saturated machine.
 2. The smoke loop's step time with the sampler running vs not, in one run whose sampler is switched on and off
-   every few seconds, so a neighbour's load hits both arms alike. Target (issue 5): overhead under 2% of step time.
+   every few seconds, so a neighbour's load hits both arms alike. Target: overhead under 2% of step time.
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 
 Run from the repository root:  python tests/bench/bench_stage.py [--images N] [--read-images N]
 It rewrites the "stage-data" section of BENCHMARKS.md. All rows come from one run on the same cores.
-Targets (issue 4): decode >= 2x a naive PIL full-decode-then-resize loop on photos >= 1 MPix and >= 0.8x a bare
+Targets: decode >= 2x a naive PIL full-decode-then-resize loop on photos >= 1 MPix and >= 0.8x a bare
 decode loop; DataLoader reads from the staged .npy >= 30x a JPEG-tree Dataset with the same workers; the
 run that finishes after a kill at 50% takes <= 55% of a full run.
 Photos: scikit-image's bundled real photos, re-encoded (tests/datasets/photos.py; nothing is downloaded).
 
 python tests/bench/bench_stage.py --costs [--baseline REV] [--rounds N] rewrites the "stage-data's own costs"
-section instead (issue 14): the decode workers' start-up and the whole command, this checkout against REV (the
+section instead: the decode workers' start-up and the whole command, this checkout against REV (the
 tree `git archive` gives, in a temporary folder), interleaved in one run on the same photos.
 """
 
@@ -47,7 +47,7 @@ from tests.datasets.photos import PHOTOS, encode, scaled  # noqa: E402
 BEGIN, END = "<!-- bench:stage:begin -->", "<!-- bench:stage:end -->"
 COSTS_BEGIN, COSTS_END = "<!-- bench:stage-costs:begin -->", "<!-- bench:stage-costs:end -->"
 SIZE = 256
-BASELINE = "f7534c3"  # the last commit before issue 14's fixes to the decode pool and the hashing
+BASELINE = "f7534c3"  # the last commit before the fixes to the decode pool and the hashing
 # Stands in for Invoke's console script (what `invoke stage-data` runs): a main module known by its path that
 # imports invoke.main at the top, so multiprocessing treats it as the real one. Times the first finished
 # one-image chunk after the pool is asked for, i.e. the first worker's start-up plus one decode.
@@ -245,7 +245,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=84, help="photos >= 1 MPix for the decode and resume rows")
     parser.add_argument("--read-images", type=int, default=1500, help="ImageNet-size JPEGs for the read rows")
     parser.add_argument("--resume-images", type=int, default=1008, help="photos >= 1 MPix for the resume rows")
-    parser.add_argument("--costs", action="store_true", help="only the start-up and hashing section (issue 14)")
+    parser.add_argument("--costs", action="store_true", help="only the start-up and hashing section")
     parser.add_argument("--baseline", default=BASELINE, help="the commit --costs compares this checkout with")
     parser.add_argument("--cost-images", type=int, default=1000, help="ImageNet-size JPEGs for --costs")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds for --costs")
@@ -384,7 +384,7 @@ def costs(baseline: str, images: int, rounds: int) -> None:
                 digests[name].add(doc["outputs"]["images.npy"]["sha256"])
                 subprocess.run(["rm", "-rf", str(dest)], check=True)
         imports = {name: _decode_imports(code) for name, code in trees.items()}
-    # Each tree gives the same bytes every run; the two differ when one resizes with the SIMD package (issue 22).
+    # Each tree gives the same bytes every run; the two differ when one resizes with the SIMD package.
     assert all(len(d) == 1 for d in digests.values()), f"images.npy differs between runs: {digests}"
     table = [
         "| | worker start-up, ms | `datasets.decode` import, ms (modules) | whole command, s "
@@ -404,7 +404,7 @@ def costs(baseline: str, images: int, rounds: int) -> None:
             "## stage-data's own costs (decode workers' start-up, hashing)",
             "",
             f"Machine: {machine_line(cores)}; load average {load:.1f} at the end (other work shared the cores). "
-            f"`python tests/bench/bench_stage.py --costs`, one run: the checkout before issue 14's fixes "
+            f"`python tests/bench/bench_stage.py --costs`, one run: the checkout before the decode pool and hashing fixes "
             f"(`git archive {baseline}`) and this one, interleaved, {rounds} rounds, median (min-max). "
             f"Worker start-up: a stand-in for Invoke's console script asks `decode.run` for a 2-worker pool and "
             "times the first finished one-image chunk (start-up plus one ~5 ms decode). Import: "

@@ -1,9 +1,9 @@
-"""Benchmark: reading a staged folder through templates/staged_dataset.py's ``staged_loader`` (issue 14).
+"""Benchmark: reading a staged folder through templates/staged_dataset.py's ``staged_loader``.
 
 Run from the repository root:  python tests/bench/bench_staged_loader.py [--images N] [--fresh N] [--no-litdata]
 It rewrites the "staged loader" section of BENCHMARKS.md; every row comes from one run on the same cores and the
 same photos (scikit-image's, re-encoded as ImageNet-size JPEGs by tests/bench/bench_stage.py's helpers).
-Targets (issue 14): staged_loader >= 30x the best plain JPEG DataLoader (0, 1 or 2 workers), also when the
+Targets: staged_loader >= 30x the best plain JPEG DataLoader (0, 1 or 2 workers), also when the
 staged Dataset runs at the worker count bootstrap's advice gives; ahead of LitData on pre-decode time and read
 rate; the spread of the read rate over >= 10 fresh processes.
 LitData is a benchmark-only dependency: it is installed into its own virtualenv (it pulls another torch) the first

@@ -5,7 +5,7 @@ It rewrites the "verify -- COMMAND overhead" section of BENCHMARKS.md. The same 
 DataLoader over tensors in memory, an MLP, AdamW, one intra-op thread) times its own steps in CPU time
 (``time.process_time``: on a shared box, wall time mostly measures the neighbours) and prints their median; it runs without and with the injection (the start-up folder first on PYTHONPATH, the agent writing its
 step lines), alternated A B B A so drift on a shared box hits both alike. Overhead = median step with / median
-step without - 1, over the runs' medians. Target (issue 18): <= 2% of step time. Two sizes: a step of a few ms
+step without - 1, over the runs' medians. Target: <= 2% of step time. Two sizes: a step of a few ms
 (the agent's fixed cost per step shows most) and one of tens of ms.
 """
 
@@ -133,7 +133,7 @@ def main() -> None:
         "",
         f"`python tests/bench/bench_usercmd_overhead.py`: one training script timing its own steps in CPU time "
         f"(process time: median of {args.steps} steps, the first 10 left out; one intra-op thread), without and with the "
-        f"injection, alternated A B B A, {args.pairs} runs each. Target (issue 18): <= 2% of step time.",
+        f"injection, alternated A B B A, {args.pairs} runs each. Target: <= 2% of step time.",
         "",
         "| script | median step without | with the agent | overhead | runs without / with (ms) |",
         "|---|---|---|---|---|",

@@ -5,7 +5,7 @@ It rewrites the "time to verdict" section of BENCHMARKS.md. For each planted and
 (tests/checks/verify/smoke_plugins.py), ``invoke verify`` runs on the CPU as the task does (``run.verify``: the
 gate's torch probe, the child, the checkpoint round trip, the loader probe, the report) with the default budget
 (``verify.budget``), then again with ``--steps`` five times the steps the short run measured and a budget that
-cuts nothing. Target (issue 22): the short run's verdict within 120 s on any pipeline, the same verdict as the
+cuts nothing. Target: the short run's verdict within 120 s on any pipeline, the same verdict as the
 long run's, and shares close to it.
 """
 
@@ -114,7 +114,7 @@ def main() -> None:
             "for the whole command; warm-up 5, at most 30 measured steps, stopping once every share's 95% half-width",
             "is within 5 points after 20), then with `--steps` five times the steps the short run measured and",
             f"`--budget {LONG_BUDGET}` (nothing cut). Batch 16, one intra-op thread. Shares are data wait / forward /",
-            "backward / optimizer, % of the step. Target (issue 22): the verdict within 120 s on any pipeline, the",
+            "backward / optimizer, % of the step. Target: the verdict within 120 s on any pipeline, the",
             "same verdict as the long run's.",
             "",
             "| pipeline | short: verdict | time to verdict, s | steps (stop) | cut | shares | long: verdict | "
