@@ -55,8 +55,10 @@ def bootstrap(c: Context, f: fl.BootstrapFlags) -> None:
     from checks.env.lock import lock_check, read_lock
 
     cfg = settings(c)
-    if f.hook or f.drain:
+    if f.hook:
         return _hook(cfg, f)
+    if f.expect_gpus >= 0:
+        raise PreflightError("--expect-gpus is the hook's", hint="invoke bootstrap --hook --expect-gpus N")
     check_output_path(f.json)
     cfg = replace(cfg, bench=replace(cfg.bench, enabled=cfg.bench.enabled and f.bench))
     cfg = replace(cfg, hosts=replace(cfg.hosts, install=cfg.hosts.install or f.install))
@@ -73,6 +75,11 @@ def bootstrap(c: Context, f: fl.BootstrapFlags) -> None:
         ctx = launch_context()
         if job.in_a_job(ctx):  # srun / torchrun started this on every node: the job is the fleet, no SSH
             return _job(cfg, f, ctx, checks, strict)
+    if f.drain:
+        raise PreflightError(
+            "--drain needs --hook (this node drains itself) or a Slurm job (srun: rank 0 drains the failing nodes)",
+            hint="invoke bootstrap --hook --drain, or srun --ntasks-per-node=1 invoke bootstrap --drain",
+        )
     if specs:
         text = lock.path.read_text(encoding="utf-8") if lock else ""
         request = fleet_run.FleetRequest(cfg, tuple(specs), source, CHECKOUT, dry_run=f.dry_run, lock=text)
@@ -101,6 +108,8 @@ def _job(
             f"preflight.hosts.job_wait_s is {cfg.hosts.job_wait_s:g}: rank 0 would not wait for any node",
             hint="set it above 0 (seconds; the default is 300)",
         )
+    if f.drain and not job.slurm_named(ctx):
+        raise PreflightError(f"--drain in a job drains Slurm nodes; this is a {ctx.engine} job outside Slurm")
     local = bootstrap_run.BootstrapRequest(cfg, dry_run=f.dry_run, extra_checks=checks)
     request = job.JobRequest(cfg, ctx, local, cfg.hosts.job_wait_s)
     with interruptible(), terminate_as_interrupt():
@@ -108,7 +117,7 @@ def _job(
     if report is None:  # not rank 0: its node's record went to rank 0, which reports the job
         return
     emit(lambda colour: render_fleet(report, colour), report.to_json(), f.json)
-    for line in job.remediation(report, cfg, ctx):
+    for line in job.remediation(report, cfg, ctx) + (job.drain_failing(report, cfg, ctx) if f.drain else []):
         say(line)
     exit_with(report.exit_code(strict=strict))
 
@@ -118,10 +127,10 @@ def _hook(cfg: PreflightConfig, f: fl.BootstrapFlags) -> None:
     from checks.machine import hook as hook_run
     from checks.probe.launch import this_node_name
 
-    if not f.hook or f.hosts or f.hosts_file:
-        raise PreflightError("--drain needs --hook, and --hook checks this node only (no --hosts or --hosts-file)")
+    if f.hosts or f.hosts_file:
+        raise PreflightError("--hook checks this node only (no --hosts or --hosts-file)")
     path = Path(f.machine) if f.machine else None
-    request = hook_run.HookRequest(config=cfg, node=this_node_name(), machine=path, drain=f.drain)
+    request = hook_run.HookRequest(cfg, this_node_name(), path, f.drain, expect_gpus=f.expect_gpus)
     with interruptible(), terminate_as_interrupt():
         outcome = hook_run.run_hook(request)
     for line in filter(None, [outcome.note, outcome.reason]):

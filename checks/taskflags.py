@@ -54,7 +54,8 @@ class Hook:
     """bootstrap's Slurm hook mode; last among bootstrap's bases, so the older flags keep their short letters."""
 
     hook: bool = flag(False, "Slurm Prolog/Epilog/HealthCheckProgram mode: fast checks only; exit 1 with one reason line if unhealthy")  # fmt: skip
-    drain: bool = flag(False, "with --hook: drain this node when unhealthy, resume it when healthy if gpu-preflight drained it")  # fmt: skip
+    drain: bool = flag(False, "with --hook: drain this node when unhealthy, resume it when healthy if gpu-preflight drained it; under srun: drain the job's failing nodes")  # fmt: skip
+    expect_gpus: int = flag(-1, "with --hook: the GPUs this node must have (0: a CPU node; default: the gpu count of its Gres in Slurm)")  # fmt: skip
 
 
 @dataclass(frozen=True)

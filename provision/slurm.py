@@ -27,6 +27,7 @@ Runner = Callable[[list[str], float], str]
 _STATE = re.compile(r"(?:^|\s)State=(\S+)")
 _REASON = re.compile(r"(?:^|\s)Reason=(.*?)(?:\s+\[[^\]]*@[^\]]*\])?\s*$")
 _NAME = re.compile(r"^NodeName=(\S+)")
+_GRES = re.compile(r"(?:^|\s)Gres=(\S+)")
 
 
 class SlurmError(PreflightError):
@@ -55,6 +56,17 @@ class NodeState:
     name: str
     state: str
     reason: str
+    gres: str = ""  # ``gpu:h100:8``; '' for ``(null)``
+
+    @property
+    def gpus(self) -> int:
+        """The GPUs Slurm schedules on this node: the counts of its ``gpu`` Gres (``gpu:h100:8,gpu:a100:2(S:0)``)."""
+        count = 0
+        for item in re.sub(r"\([^)]*\)", "", self.gres).split(","):
+            fields = item.split(":")
+            if fields[0] == "gpu":
+                count += int(fields[-1]) if len(fields) > 1 and fields[-1].isdigit() else 1
+        return count
 
     @property
     def drained(self) -> bool:
@@ -88,7 +100,7 @@ def render_remediation(drains: Sequence[Drain]) -> list[str]:
     """The lines the report prints: each drain command, then the exclude option for the next job."""
     if not drains:
         return []
-    lines = ["drain the failing nodes (or run again with --drain):"]
+    lines = ["drain the failing nodes as a Slurm operator (or run again with --drain):"]
     lines += [f"  {drain.command()}" for drain in drains]
     lines.append(f"keep them out of your next job: srun {exclude_option([d.node for d in drains])} ...")
     return lines
@@ -99,8 +111,9 @@ def parse_node_line(line: str) -> NodeState:
     name, state = _NAME.search(line.strip()), _STATE.search(line)
     if not name or not state:
         raise SlurmError(f"cannot read scontrol's node line: {line.strip()[:80]!r}")
-    reason = _REASON.search(line)
-    return NodeState(name.group(1), state.group(1), reason.group(1).strip() if reason else "")
+    reason, gres = _REASON.search(line), _GRES.search(line)
+    gres_text = gres.group(1) if gres and gres.group(1) != "(null)" else ""
+    return NodeState(name.group(1), state.group(1), reason.group(1).strip() if reason else "", gres_text)
 
 
 def run_scontrol(argv: list[str], timeout_s: float) -> str:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from checks.config import PreflightConfig
 from checks.errors import PreflightError
@@ -25,9 +25,12 @@ from checks.facts import AllreduceFacts, FleetFacts, HostOutcome, LinkFacts
 from checks.fleet.report import FleetReport, build_fleet_report
 from checks.machine import bootstrap as bootstrap_run
 from checks.probe.collective import allreduce_facts
-from checks.probe.launch import LaunchContext
+from checks.probe.launch import LaunchContext, unresolved
 from checks.probe.torch import SCRIPTS, ChildFailed, run_child
 from checks.result import Result
+
+if TYPE_CHECKING:
+    from provision.slurm import Drain, Runner
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ def job_bootstrap(request: JobRequest, notify: Callable[[str], None]) -> FleetRe
     ctx, nodes = request.context, node_count(request.context)
     net = request.config.network
     where = f"{ctx.engine} job{' ' + ctx.job_id if ctx.job_id else ''}"
+    check_rendezvous(ctx, request.config.hosts.connect_timeout_s)
     with tempfile.TemporaryDirectory(prefix="gpu-preflight-job-") as tmp:
         path = None
         if ctx.is_node_leader:
@@ -130,6 +134,18 @@ def job_bootstrap(request: JobRequest, notify: Callable[[str], None]) -> FleetRe
     return build_fleet_report(facts, request.config, ctx.node_name)
 
 
+def check_rendezvous(ctx: LaunchContext, timeout_s: float) -> None:
+    """Refuse, before the node's checks, a rendezvous address this node cannot resolve: the store would wait
+    ``hosts.job_wait_s`` and more for peers that can never reach it."""
+    why = unresolved(ctx.master_addr, timeout_s)
+    if why is None:
+        return
+    raise PreflightError(
+        f"{ctx.node_name}: the rendezvous address {ctx.master_addr} ({ctx.master_from}) does not resolve: {why}",
+        hint="set MASTER_ADDR to an address every node resolves: the first node's NodeAddr in scontrol show node",
+    )
+
+
 def _allreduce(data: dict[str, Any] | None, nodes: int, enabled: bool) -> tuple[tuple[AllreduceFacts, ...], str | None]:
     """The sweep's rows across the job's processes, or why there are none."""
     if not enabled:
@@ -162,17 +178,43 @@ def _links(
     return tuple(out), None
 
 
-def remediation(report: FleetReport, cfg: PreflightConfig, ctx: LaunchContext) -> list[str]:
-    """In a Slurm job (srun, or torchrun inside a Slurm task: the nodes carry Slurm's names), each failing node's
-    drain command and the ``--exclude=`` for the next job; printed only, nothing is drained from a job run. Other
-    engines name nodes Slurm does not know: nothing."""
+def slurm_named(ctx: LaunchContext) -> bool:
+    """A Slurm job (srun, or torchrun inside a Slurm task): the nodes carry the names Slurm knows them by."""
+    return ctx.engine == "slurm" or (ctx.engine == "torchrun" and bool(ctx.nodes))
+
+
+def _drains(report: FleetReport, cfg: PreflightConfig) -> list[Drain]:
+    """Each failing node's drain, for its first failure."""
     from provision import slurm
 
-    if not (ctx.engine == "slurm" or (ctx.engine == "torchrun" and ctx.nodes)):
-        return []
     by_node: dict[str, list[Result]] = {}
     for host, result in report.results:
         if host is not None:
             by_node.setdefault(host, []).append(result)
     drains = [slurm.drain_for(node, results, cfg.slurm.reason_max_chars) for node, results in by_node.items()]
-    return slurm.render_remediation([d for d in drains if d is not None])
+    return [d for d in drains if d is not None]
+
+
+def remediation(report: FleetReport, cfg: PreflightConfig, ctx: LaunchContext) -> list[str]:
+    """In a Slurm job, each failing node's drain command and the ``--exclude=`` for the next job (drained only
+    with ``--drain``: ``drain_failing``). Other engines name nodes Slurm does not know: nothing."""
+    from provision import slurm
+
+    return slurm.render_remediation(_drains(report, cfg)) if slurm_named(ctx) else []
+
+
+def drain_failing(
+    report: FleetReport, cfg: PreflightConfig, ctx: LaunchContext, runner: Runner | None = None
+) -> list[str]:
+    """``--drain`` in a Slurm job: rank 0 drains each failing node, as ``--hook --drain`` drains its own; a line
+    for each (a refused scontrol, such as a user who is not a Slurm operator, is said, not raised)."""
+    from provision import slurm
+
+    lines = []
+    for plan in _drains(report, cfg) if slurm_named(ctx) else []:
+        try:
+            slurm.drain(plan, runner or slurm.run_scontrol, cfg.slurm.scontrol_timeout_s)
+            lines.append(f"drained {plan.node}: {plan.reason}")
+        except PreflightError as exc:
+            lines.append(f"drain of {plan.node} failed: {str(exc).removeprefix('gpu-preflight: ')}")
+    return lines

@@ -2,8 +2,10 @@
 
 The script runs ``invoke bootstrap`` once per node under ``srun`` (the nodes meet at the job's first node, and rank
 0 writes one report for the job: checks/fleet/job.py), then ``invoke verify`` on every node: the built-in loop, or
-the user's own command under ``torchrun`` across the job's nodes (c10d rendezvous on the first node). Reports go to
-``reports/slurm-<job id>/`` in the checkout. Nothing here runs anything: the text is printed or written.
+the user's own command under ``torchrun`` across the job's nodes (c10d rendezvous on the first node). The job runs
+where Slurm starts it, the folder ``sbatch`` ran in (``$SLURM_SUBMIT_DIR``, or ``sbatch --chdir``), so the user's
+``python train.py`` finds train.py and the reports go to ``reports/slurm-<job id>/`` beside it; the tool is found
+by its checkout (``invoke -r CHECKOUT``). Nothing here runs anything: the text is printed or written.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from checks.errors import PreflightError
 
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{2}){0,2}$")  # sbatch(1) --time: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
+_VERIFY = 'exec "$PY" -m invoke -r "$PREFLIGHT" verify --json "$REPORTS/verify-$SLURMD_NODENAME.json"'
 RDZV_PORT = 29500  # torchrun's default rendezvous port (docs/sources.md#torchrun-env)
 
 
@@ -52,7 +55,8 @@ def render(r: SbatchRequest) -> str:
     lines = [
         "#!/bin/bash",
         "# gpu-preflight: check every node of this job with Slurm itself, then judge training on them.",
-        "# Submit with `sbatch FILE`; the reports go to reports/slurm-<job id>/ in the checkout.",
+        "# Submit it from your project's folder (`sbatch FILE`): your command runs there, as it does by hand, and the",
+        "# reports go to reports/slurm-<job id>/ beside it.",
         "#SBATCH --job-name=gpu-preflight",
         f"#SBATCH --nodes={r.nodes}",
         "#SBATCH --ntasks-per-node=1",
@@ -62,7 +66,8 @@ def render(r: SbatchRequest) -> str:
         *([f"#SBATCH --partition={r.partition}"] if r.partition else []),
         *([f"#SBATCH --account={r.account}"] if r.account else []),
         "set -uo pipefail",
-        f"cd {q(r.checkout)} || exit 2",
+        "# No cd: the job runs in the folder sbatch ran in ($SLURM_SUBMIT_DIR, or sbatch --chdir).",
+        f"export PREFLIGHT=${{GPU_PREFLIGHT_CHECKOUT:-{q(r.checkout)}}}  # gpu-preflight's checkout (its tasks.py)",
         f"export PY=${{GPU_PREFLIGHT_PYTHON:-{q(r.python)}}}  # the training environment's Python on every node",
         'export REPORTS="reports/slurm-$SLURM_JOB_ID"',
         'mkdir -p "$REPORTS" || exit 2',
@@ -72,7 +77,7 @@ def render(r: SbatchRequest) -> str:
         'export MASTER_ADDR="${MASTER_ADDR:-${HEAD_ADDR:-$HEAD}}"',
         "",
         "# 1. Every node checks itself; rank 0 writes the job's report, naming the nodes as Slurm does.",
-        'srun --ntasks-per-node=1 "$PY" -m invoke bootstrap --json "$REPORTS/bootstrap.json"',
+        'srun --ntasks-per-node=1 "$PY" -m invoke -r "$PREFLIGHT" bootstrap --json "$REPORTS/bootstrap.json"',
         "checked=$?",
         "",
     ]
@@ -89,15 +94,13 @@ def render(r: SbatchRequest) -> str:
         user = " ".join(q(w) for w in r.command)
         lines += [
             "# 2. Your training, unchanged, under torchrun across the job's nodes; verify on each node judges its ranks.",
-            "srun --ntasks-per-node=1 bash -c "
-            + q(f'exec "$PY" -m invoke verify --json "$REPORTS/verify-$SLURMD_NODENAME.json" -- {torchrun}{user}'),
+            "srun --ntasks-per-node=1 bash -c " + q(f"{_VERIFY} -- {torchrun}{user}"),
         ]
     else:
         lines += [
             "# 2. verify's built-in training loop as one DDP run across the job's nodes (each node judges its ranks;",
             "#    pass your command after -- to judge your own).",
-            "srun --ntasks-per-node=1 bash -c "
-            + q('exec "$PY" -m invoke verify --json "$REPORTS/verify-$SLURMD_NODENAME.json"'),
+            "srun --ntasks-per-node=1 bash -c " + q(_VERIFY),
         ]
     lines += [
         "verified=$?",

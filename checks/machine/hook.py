@@ -6,6 +6,10 @@ no benchmark, no disk or network measurement, no allocator step, so the run fits
 unhealthy (exit 1) with one reason line, the drain reason itself; a check that crashed (ERROR) does not, because a
 failing Prolog drains the node and a bug of this tool must not take nodes out of service. With ``drain`` the hook
 drains its own node when unhealthy and resumes it when healthy if gpu-preflight drained it (``provision.slurm``).
+
+A node where no GPU is visible is judged as a CPU node (clusters have CPU partitions, and the same hook runs on
+every node) unless it is expected to have GPUs: ``expect_gpus`` (``--expect-gpus N``), else the ``gpu`` count of
+the node's ``Gres`` in ``scontrol show node -o NODE``. A node with fewer GPUs than expected fails ``node-gpus``.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from checks.config import PreflightConfig
 from checks.errors import PreflightError
 from checks.machine.runner import CHECKS, run_checks
 from checks.probe import LocalProbe, Probe, SnapshotProbe
-from checks.result import Report
+from checks.result import Report, Result, fail, ok
 from provision import slurm
 
 # The checks that read facts only (bootstrap's others measure: benchmarks, P2P and all-reduce, disks, downloads,
@@ -40,6 +44,7 @@ class HookRequest:
     machine: Path | None = None
     drain: bool = False
     runner: slurm.Runner = slurm.run_scontrol
+    expect_gpus: int = -1  # -1: the gpu count of the node's Gres in Slurm; 0: a CPU node
 
 
 @dataclass(frozen=True)
@@ -68,13 +73,38 @@ def _judge(request: HookRequest, start: float) -> tuple[Report, slurm.Drain | No
     cfg = request.config
     probe = _probe(request)
     facts = probe.machine()
-    report = Report(host=request.node, machine=probe.label, results=tuple(run_checks(facts, cfg, FAST_CHECKS)))
+    results = _as_expected(run_checks(facts, cfg, FAST_CHECKS), len(facts.nvml.gpus), request)
+    report = Report(host=request.node, machine=probe.label, results=tuple(results))
     plan = slurm.drain_for(request.node, report.results, cfg.slurm.reason_max_chars)
     spent = time.monotonic() - start
     if plan is None and spent > cfg.slurm.hook_budget_s:
         reason = f"{slurm.PREFIX} hook took {spent:.1f} s, over its {cfg.slurm.hook_budget_s:g} s budget"
         plan = slurm.Drain(request.node, reason[: cfg.slurm.reason_max_chars])
     return report, plan
+
+
+def _expected(request: HookRequest) -> tuple[int, str]:
+    """The GPUs this node should have and who says so; (0, why) when Slurm cannot be asked (not a drain: a
+    HealthCheckProgram while slurmctld is down must not take the node out of service)."""
+    if request.expect_gpus >= 0:
+        return request.expect_gpus, f"--expect-gpus {request.expect_gpus}"
+    try:
+        state = slurm.node_state(request.node, request.runner, request.config.slurm.scontrol_timeout_s)
+    except PreflightError:
+        return 0, f"Slurm's Gres of {request.node} unreadable"
+    return state.gpus, f"Slurm's Gres of {request.node}: {state.gres or '(null)'}"
+
+
+def _as_expected(results: list[Result], found: int, request: HookRequest) -> list[Result]:
+    """A node without GPUs and none expected is a CPU node: its driver row is ok. Fewer GPUs than expected fail."""
+    expected, source = _expected(request) if found == 0 or request.expect_gpus > 0 else (found, "")
+    if found == 0 and expected == 0:
+        summary = f"no GPU here and none expected ({source}): judged as a CPU node"
+        return [ok("driver", summary) if r.id == "driver" else r for r in results]
+    if found < expected:
+        hint = "a GPU fell off the bus or is not passed in (nvidia-smi), or the expected count is wrong"
+        results = [*results, fail("node-gpus", f"{found} GPU(s) visible, {expected} expected ({source})", hint)]
+    return results
 
 
 def run_hook(request: HookRequest) -> HookOutcome:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -53,6 +54,7 @@ class LaunchContext:
     master_port: int
     job_id: str = ""
     nodes: tuple[str, ...] = ()  # the job's (or step's) nodes, expanded, in the engine's order
+    master_from: str = "MASTER_ADDR"  # where master_addr came from, for an error that names it
 
     @property
     def is_node_leader(self) -> bool:
@@ -109,9 +111,10 @@ def _slurm(environ: Mapping[str, str]) -> LaunchContext:
     digits = "".join(ch for ch in job_id if ch.isdigit())[-4:] or "0"
     port = _optional_number(environ, "MASTER_PORT", engine, 15000 + int(digits))
     addr = environ.get("MASTER_ADDR") or nodes[0]
+    where = "MASTER_ADDR" if environ.get("MASTER_ADDR") else "the step's first node"
     return _checked(
         LaunchContext(
-            "slurm", rank, local_rank, world, local_world or 1, node_index, node_name, addr, port, job_id, nodes
+            "slurm", rank, local_rank, world, local_world or 1, node_index, node_name, addr, port, job_id, nodes, where
         )
     )
 
@@ -146,7 +149,10 @@ def _skypilot(environ: Mapping[str, str]) -> LaunchContext:
         raise LaunchError(f"SkyPilot: SKYPILOT_NODE_IPS lists {len(nodes)} addresses, SKYPILOT_NUM_NODES is {count}")
     port = _optional_number(environ, "MASTER_PORT", engine, TORCHRUN_DEFAULT_PORT)
     name = nodes[node_index] if node_index < count else ""
-    return _checked(LaunchContext("skypilot", node_index, 0, count, 1, node_index, name, nodes[0], port, "", nodes))
+    first = "SKYPILOT_NODE_IPS' first address"
+    return _checked(
+        LaunchContext("skypilot", node_index, 0, count, 1, node_index, name, nodes[0], port, "", nodes, first)
+    )
 
 
 def _preset(environ: Mapping[str, str], hostname: str) -> LaunchContext:
@@ -198,3 +204,21 @@ def scheduler_node_name(environ: Mapping[str, str], hostname: str) -> str:
 def this_node_name() -> str:
     """``scheduler_node_name`` of the real environment and host name."""
     return scheduler_node_name(os.environ, socket.gethostname())
+
+
+def unresolved(addr: str, timeout_s: float) -> str | None:
+    """Why the rendezvous address ``addr`` does not resolve here (``getaddrinfo``), or None when it does. A resolver
+    that does not answer within ``timeout_s`` counts as not resolving; the lookup thread is left to finish alone."""
+    found: list[str | None] = []
+
+    def lookup() -> None:
+        try:
+            socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
+            found.append(None)
+        except (OSError, UnicodeError) as exc:
+            found.append(str(getattr(exc, "strerror", None) or exc))
+
+    worker = threading.Thread(target=lookup, name=f"resolve {addr}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    return found[0] if found else f"no answer from the resolver within {timeout_s:g} s"

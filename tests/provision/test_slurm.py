@@ -143,3 +143,33 @@ def test_scontrol_errors_are_one_line(error: Exception, message: str) -> None:
     with pytest.raises(SlurmError, match=message) as caught:
         node_state("gpu-017", FakeScontrol([], error), 5.0)
     assert "\n" not in str(caught.value)
+
+
+def test_gres_counts_the_gpus_slurm_schedules() -> None:
+    assert parse_node_line(HEALTHY).gpus == 8 and parse_node_line(HEALTHY).gres == "gpu:h100:8"
+    line = HEALTHY.replace("Gres=gpu:h100:8", "Gres=gpu:a100:2(S:0-1),gpu:1,shard:4")
+    assert parse_node_line(line).gpus == 3
+    cpu = parse_node_line(HEALTHY.replace("Gres=gpu:h100:8", "Gres=(null)"))
+    assert (cpu.gres, cpu.gpus) == ("", 0)
+
+
+def test_the_hook_judges_a_node_without_gpus_by_its_gres() -> None:
+    """No driver and no GPU on the machine: a CPU node (healthy) unless Slurm's Gres or --expect-gpus says GPUs."""
+    from checks.config import make_config
+    from checks.machine.hook import HookRequest, run_hook
+    from tests.checks.machine.test_hook import MACHINES
+
+    cpu_box, cfg = MACHINES / "cpu-only-no-driver.json", make_config({})
+    cpu_node = FakeScontrol([HEALTHY.replace("gpu-019", "cpu-001").replace("Gres=gpu:h100:8", "Gres=(null)")])
+    outcome = run_hook(HookRequest(cfg, "cpu-001", cpu_box, drain=True, runner=cpu_node))
+    driver = next(r for r in outcome.report.results if r.id == "driver")
+    assert outcome.code == 0 and driver.status is Status.OK and "judged as a CPU node" in driver.summary
+    gpu_node = FakeScontrol([HEALTHY])  # gpu-019: Gres=gpu:h100:8
+    outcome = run_hook(HookRequest(cfg, "gpu-019", cpu_box, drain=True, runner=gpu_node))
+    assert outcome.code == 1 and outcome.reason.startswith("gpu-preflight: driver"), outcome.reason
+    counted = next(r for r in outcome.report.results if r.id == "node-gpus")
+    assert counted.summary == "0 GPU(s) visible, 8 expected (Slurm's Gres of gpu-019: gpu:h100:8)"
+    told = run_hook(HookRequest(cfg, "cpu-001", cpu_box, runner=FakeScontrol([]), expect_gpus=0))
+    assert told.code == 0  # --expect-gpus 0: no scontrol call needed
+    unreadable = FakeScontrol([], subprocess.TimeoutExpired(["scontrol"], 5.0))
+    assert run_hook(HookRequest(cfg, "cpu-001", cpu_box, runner=unreadable)).code == 0  # slurmctld down: no drain

@@ -54,7 +54,7 @@ def test_the_sbatch_template_runs_bootstrap_and_the_users_ddp_across_both_nodes(
         slurm.cancel_all()
     log = tmp_path / f"gpu-preflight-{job_id}.out"
     text = log.read_text(encoding="utf-8") if log.exists() else "(no log)"
-    reports = REPO / "reports" / f"slurm-{job_id}"
+    reports = tmp_path / "reports" / f"slurm-{job_id}"  # beside the project: the folder the job ran in (--chdir)
     try:
         # Step 1 is `srun --ntasks-per-node=1 python -m invoke bootstrap`, as a user runs it by hand: both nodes
         # report by their Slurm names, n2's low open-files limit is caught on n2 alone, the nodes meet for the
