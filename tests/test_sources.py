@@ -167,15 +167,7 @@ def test_a_citation_that_does_not_resolve_fails(tmp_path: Path, where: str, text
 # fact, the measurement) or cite an entry of docs/sources.md. tests/bench writes BENCHMARKS.md's text, so it is held
 # too; the other tests are not.
 TRACKER = re.compile(r"\b[Ii]ssue #?\d")
-# Mentions left in folders other work owns at the time of writing: drop a file here once it is clean.
-TRACKER_KNOWN = {
-    "checks/fleet/drift.py",
-    "checks/fleet/job.py",
-    "checks/fleet/sbatch.py",
-    "checks/verify/diagnosis.py",
-    "checks/verify/smoke/candidates.py",
-    "checks/verify/smoke/data.py",
-}
+TRACKER_KNOWN: set[str] = set()  # files allowed a mention: none left
 
 
 def tracker_mentions(root: Path) -> list[str]:

@@ -1,7 +1,7 @@
 """Drift between the hosts of a fleet: driver, torch, its CUDA build, NCCL, Python and the packages that differ.
 
 Read from each host's ``measurements.environment`` (``checks/machine/measurements.py``). DDP needs every rank on
-the same torch, CUDA build and NCCL: mixed NCCL versions hang a job at its first collective (issue 13; the seed
+the same torch, CUDA build and NCCL: mixed NCCL versions hang a job at its first collective (the seed
 article §4.3), so a host that differs from the majority in those is a fail; other drift (driver, Python, a package)
 is a warn. A tie has no majority: every host outside the first-seen value is named.
 """

@@ -1,5 +1,5 @@
 """``invoke bootstrap`` started on every node of a job by the cluster's own engine (``srun``, ``torchrun``,
-SkyPilot or preset ``NODE_RANK`` variables; issue 19): each node runs its own checks, the records meet in torch's
+SkyPilot or preset ``NODE_RANK`` variables): each node runs its own checks, the records meet in torch's
 TCPStore (``checks/probe/scripts/job_gather.py``, a child: the tool's own process never imports torch), and rank 0
 builds the fleet report ``--hosts`` builds, its nodes named as the scheduler names them. No SSH.
 

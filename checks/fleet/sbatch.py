@@ -1,4 +1,4 @@
-"""``invoke sbatch``: a ready sbatch script that checks a job's nodes with the cluster's own engine (issue 19 part 6).
+"""``invoke sbatch``: a ready sbatch script that checks a job's nodes with the cluster's own engine.
 
 The script runs ``invoke bootstrap`` once per node under ``srun`` (the nodes meet at the job's first node, and rank
 0 writes one report for the job: checks/fleet/job.py), then ``invoke verify`` on every node: the built-in loop, or

@@ -222,8 +222,8 @@ def _handoff(s: Signals, waits: str) -> tuple[str, str] | None:
 def _starved(s: Signals, cfg: VerifyConfig, waits: str) -> tuple[str, str] | None:
     """V1a: the usable cores are saturated while the loop waits: by the training processes, or by a neighbour.
 
-    A neighbour is blamed by its effect (issue 9: 10% of one core was called the cause of a run whose own
-    processes took 89%): only when it takes ``contended_min_share`` of the cores or more and our pipeline's
+    A neighbour is blamed by its effect (a run on the 2-core box once called 10% of one core the cause of a
+    run whose own processes took 89%): only when it takes ``contended_min_share`` of the cores or more and our pipeline's
     need (its CPU scaled up to remove the wait, ``mine / (1 - data wait)``) would fit in the cores without it.
     """
     mine, machine, cores = s.cpu_during_wait, s.machine_cpu_during_wait, f"{s.usable_cores:g} usable cores"

@@ -2,7 +2,7 @@
 
 Run after the loop when it waited for data, so a fix that is a loader setting is measured before it is advised
 (docs/sources.md#loader-sweep: "measured best, not a rule of thumb"; the rules of thumb disagree, and
-issue 9 saw "use at most 1 worker" cost 28%). Worker counts are tried on the loop's dataset first and the
+"use at most 1 worker" once cost a pipeline here 28%). Worker counts are tried on the loop's dataset first and the
 in-process one (``num_workers=0``) last, on a dataset opened in this process, so that maps opened here never
 travel to workers started later.
 """

@@ -8,7 +8,7 @@ arrays, which the default collate turns into tensors:
   moves bytes, not floats (docs/sources.md#h2d-uint8).
 - tokens: ``(int64 [T], int64 [T])``, input and the same window shifted by one.
 
-Staged layouts (issue 4's stage-data output): ``images.npy`` (uint8 N x S x S x 3) + ``labels.npy`` (int64) +
+Staged layouts (invoke stage-data's output): ``images.npy`` (uint8 N x S x S x 3) + ``labels.npy`` (int64) +
 ``classes.json`` + ``manifest.json``; or ``tokens.npy`` (uint16/uint32) + ``doc_offsets.npy`` + ``manifest.json``.
 Arrays are memory-mapped lazily in each process, so a spawn/forkserver worker receives a path, not a copy.
 """
