@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -81,10 +82,28 @@ class CommandRun:
     left: list[int] = field(default_factory=list)  # still alive after the clean-up (should be none)
 
     def traceback(self, lines: int = 12) -> list[str]:
-        """The last lines of the last traceback the command printed (all of stderr's tail when none)."""
-        tail = self.stderr_tail
+        """The last lines of the last traceback the command printed (all of stderr's tail when none). Under
+        torchrun, the failing rank's own error: torchrun's agent ends with a traceback and "Root Cause" table of
+        its own (``ChildFailedError``) that names only the exit code, so the lines before it are the rank's."""
+        tail = own_stderr(self.stderr_tail)
         starts = [i for i, line in enumerate(tail) if line.startswith("Traceback (most recent call last)")]
         return tail[starts[-1] :][-lines:] if starts else tail[-lines:]
+
+
+_AGENT_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+# The agent's own log lines (torch's glog-style prefix: E1207 09:25:41.381000 26512 .../elastic/...py:1002] ...)
+_AGENT_LOG = re.compile(r"^[DIWEF]\d{4} [\d:.]+ +\d+ \S*torch/distributed/elastic/")
+
+
+def own_stderr(tail: list[str]) -> list[str]:
+    """``tail`` without torchrun's failure report at its end (from the agent's traceback that raises
+    ``ChildFailedError`` on); unchanged when there is none, or when nothing comes before it."""
+    raised = [i for i, line in enumerate(tail) if line.startswith(_AGENT_FAILED)]
+    if not raised:
+        return tail
+    starts = [i for i, line in enumerate(tail[: raised[-1]]) if line.startswith("Traceback (most recent call last)")]
+    kept = [line for line in tail[: starts[-1] if starts else raised[-1]] if not _AGENT_LOG.match(line)]
+    return kept or tail
 
 
 class _Tails:

@@ -1,0 +1,46 @@
+"""A command under torchrun that fails shows the rank's own error in its verify-command row, not torchrun's table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[4]  # at tests/checks/verify/user/
+BAD = """\
+import torch
+opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+raise ValueError("my own error: no data in /nope")
+"""
+
+
+@pytest.mark.slow
+def test_a_failed_command_under_torchrun_shows_the_ranks_own_error(tmp_path: Path) -> None:
+    (tmp_path / "bad.py").write_text(BAD, encoding="utf-8")
+    out = tmp_path / "v.json"
+    argv = [sys.executable, "-m", "invoke", "-r", str(REPO), "verify", "--json", str(out), "--",
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--no-python",
+            sys.executable, "bad.py"]  # fmt: skip
+    env = os.environ | {"HOME": str(tmp_path), "INVOKE_PREFLIGHT_VERIFY_STEPS": "4"}
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    row = next(r for r in json.loads(out.read_text())["results"] if r["id"] == "verify-command")
+    assert row["status"] == "fail" and row["summary"].endswith("ValueError: my own error: no data in /nope"), row
+    assert "Root Cause" not in row["hint"] and 'raise ValueError("my own error' in row["hint"], row["hint"]
+
+
+def test_own_stderr_drops_torchruns_failure_report() -> None:
+    from checks.verify.user.launch import own_stderr
+
+    rank = ["Traceback (most recent call last):", '  File "bad.py", line 3, in <module>', "ValueError: mine"]
+    agent = ["Traceback (most recent call last):", '  File "run.py", line 9, in main',
+             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "=" * 60, "bad.py FAILED",
+             "Root Cause (first observed failure):", "  exitcode  : 1 (pid: 8334)", "=" * 60]  # fmt: skip
+    assert own_stderr(rank + agent) == rank
+    cant = ["python: can't open file '/x/train.py': [Errno 2] No such file or directory"]
+    assert own_stderr(cant + agent) == cant
+    assert own_stderr(rank) == rank and own_stderr(agent) == agent
