@@ -68,6 +68,18 @@ class Cluster:
                 self.run("scancel", "--full", "--signal=KILL", *jobs, timeout=10)
                 self._gone(wait_s)
 
+    def batch(self, argv: list[str], env: dict[str, str], cwd: Path | None = None, timeout: float = 300) -> str:
+        """``sbatch --parsable ARGV``, waited for until the job has left the queue (cancelled either way); its id."""
+        try:
+            done = subprocess.run(["sbatch", "--parsable", *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                                  timeout=60)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            job_id = done.stdout.strip().split(";")[0]
+            assert self.wait_job(job_id, timeout=timeout), f"job {job_id} still queued after {timeout:g} s"
+        finally:
+            self.cancel_all()
+        return job_id
+
     def wait_job(self, job_id: str, timeout: float) -> bool:
         """Wait until ``job_id`` has left the queue; False on timeout. (``sbatch --wait`` polls at intervals that
         grow to 10 s: it noticed a job done at 29 s only at 42 s.)"""

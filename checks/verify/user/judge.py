@@ -531,7 +531,6 @@ def measured_fix(advice: dict[str, Any], rule_fix: str, starved: Starved | None 
     if not tried:
         return rule_fix
     shown = "; ".join(f"{_args(r['overrides'])}: {r['speedup']:.2f}x" for r in tried)
-    gain = f"{advice['min_gain']:.0%}"
     if all(r["speedup"] < 1 for r in tried):  # the rule's "more workers" is what was just measured slower
         if starved is not None:  # the cores are full: more workers split them
             busy = max(starved.machine if starved.machine is not None else 0.0, starved.mine)
@@ -549,7 +548,7 @@ def measured_fix(advice: dict[str, Any], rule_fix: str, starved: Starved | None 
             "process building each batch itself: make that cheaper (one read per batch instead of one per sample "
             "and a collate), or train on larger batches"
         )
-    return f"no DataLoader setting measured {gain} faster on your command ({shown}); {rule_fix}"
+    return _none_faster("DataLoader setting", advice, shown, rule_fix)
 
 
 def model_fix(advice: dict[str, Any], rule_fix: str) -> str:
@@ -566,7 +565,12 @@ def model_fix(advice: dict[str, Any], rule_fix: str) -> str:
     shown = "; ".join(
         f"{r['change']}: {r['speedup']:.2f}x" + ("" if r.get("loss_agrees") else " (loss moved)") for r in tried
     )
-    return f"no model-side change measured {advice['min_gain']:.0%} faster on your command ({shown}); {rule_fix}"
+    return _none_faster("model-side change", advice, shown, rule_fix)
+
+
+def _none_faster(what: str, advice: dict[str, Any], shown: str, rule_fix: str) -> str:
+    """What was measured when nothing was ``min_gain`` faster, then the rule's own fix."""
+    return f"no {what} measured {advice['min_gain']:.0%} faster on your command ({shown}); {rule_fix}"
 
 
 def _args(setting: dict[str, Any]) -> str:

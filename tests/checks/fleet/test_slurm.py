@@ -44,14 +44,7 @@ def test_the_sbatch_template_runs_bootstrap_and_the_users_ddp_across_both_nodes(
     assert made.returncode == 0, made.stderr
     env = slurm.env(**_quick(tmp_path), INVOKE_PREFLIGHT_VERIFY_STEPS="4", INVOKE_PREFLIGHT_VERIFY_WARMUP="2",
                     INVOKE_PREFLIGHT_VERIFY_COMMAND_ADVICE_S="0")  # fmt: skip
-    try:
-        done = subprocess.run(["sbatch", "--parsable", "--chdir", str(tmp_path), str(script)], env=env,
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        job_id = done.stdout.strip().split(";")[0]
-        assert slurm.wait_job(job_id, timeout=300), f"job {job_id} still queued after 300 s"
-    finally:
-        slurm.cancel_all()
+    job_id = slurm.batch(["--chdir", str(tmp_path), str(script)], env)
     log = tmp_path / f"gpu-preflight-{job_id}.out"
     text = log.read_text(encoding="utf-8") if log.exists() else "(no log)"
     reports = tmp_path / "reports" / f"slurm-{job_id}"  # beside the project: the folder the job ran in (--chdir)

@@ -77,14 +77,7 @@ def test_sbatch_runs_the_users_command_in_the_folder_sbatch_ran_in(slurm: Cluste
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
     env = slurm.env(**_quick(tmp_path), INVOKE_PREFLIGHT_VERIFY_COMMAND_ADVICE_S="0")
-    try:
-        done = subprocess.run(["sbatch", "--parsable", "job.sbatch"], cwd=project, env=env,
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        job_id = done.stdout.strip().split(";")[0]
-        assert slurm.wait_job(job_id, timeout=300), f"job {job_id} still queued after 300 s"
-    finally:
-        slurm.cancel_all()
+    job_id = slurm.batch(["job.sbatch"], env, cwd=project)
     log = project / f"gpu-preflight-{job_id}.out"
     text = log.read_text(encoding="utf-8") if log.exists() else "(no log)"
     assert sorted(p.name for p in project.glob("ran-*.txt")) == ["ran-0.txt", "ran-1.txt"], text
