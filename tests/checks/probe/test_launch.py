@@ -69,7 +69,9 @@ def test_torchrun_under_slurm_ranks_from_torchrun_name_from_slurm() -> None:
 def test_skypilot() -> None:
     env = {"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NODE_IPS": "10.0.0.4\n10.0.0.5\n"}
     ctx = read_launch(env, "sky-head")
-    assert ctx == LaunchContext("skypilot", 1, 0, 2, 1, 1, "10.0.0.5", "10.0.0.4", 29500, "", ("10.0.0.4", "10.0.0.5"))
+    ips = ("10.0.0.4", "10.0.0.5")
+    first = "SKYPILOT_NODE_IPS' first address"  # the rendezvous address's source, named when it does not resolve
+    assert ctx == LaunchContext("skypilot", 1, 0, 2, 1, 1, "10.0.0.5", "10.0.0.4", 29500, "", ips, first)
 
 
 def test_preset_env() -> None:

@@ -40,11 +40,13 @@ submodule call, and full backward hooks break in-place operations.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -547,18 +549,39 @@ def _timed(fn: Callable[..., Any], st: _Steps, region: str, saved: bool = False)
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         st.enter(region)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            st.leave(region)
+        # verify's stop (SIGINT) waits for a save to end: it never leaves the user a torn checkpoint
+        with _HeldInterrupt() if saved else contextlib.nullcontext():
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                st.leave(region)
             if saved:
                 target = args[1] if len(args) > 1 else kwargs.get("f")
                 st.saves += 1
                 st.ckpt_bytes += _size(target)
                 if isinstance(target, (str, os.PathLike)):  # verify reads the last one back (what a resume loads)
                     _say("saved", path=os.path.abspath(os.fspath(target)), **_rank())
+        return out
 
     return wrapper
+
+
+class _HeldInterrupt:
+    """Hold SIGINT while a checkpoint is written and deliver it after (main thread only: elsewhere Python runs no
+    signal handler anyway). A script's own SIGINT handler gets it then, as it would have."""
+
+    def __enter__(self) -> None:
+        self.caught: list[int] = []
+        self.held = threading.current_thread() is threading.main_thread()
+        if self.held:
+            self.before = signal.signal(signal.SIGINT, lambda sig, frame: self.caught.append(sig))
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.held:
+            return
+        signal.signal(signal.SIGINT, signal.SIG_DFL if self.before is None else self.before)  # None: not Python's
+        if self.caught:
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 def _size(target: Any) -> int:
