@@ -22,6 +22,7 @@ FIELDS = (
     ("python", "Python"),
 )
 FAIL_FIELDS = frozenset({"torch", "torch_cuda", "nccl"})
+OF_TORCH = frozenset({"torch_cuda", "nccl"})  # read from torch: a host without torch differs in them by its torch alone
 
 
 def environments(hosts: tuple[HostOutcome, ...]) -> dict[str, dict[str, Any]]:
@@ -43,7 +44,7 @@ def drifting_packages(envs: dict[str, dict[str, Any]]) -> list[str]:
 def drift_table(envs: dict[str, dict[str, Any]]) -> list[list[str]]:
     """Rows: host, the fields, then the packages that differ (empty when every host agrees on everything)."""
     packages = drifting_packages(envs)
-    fields = [k for k, _ in FIELDS if len({e.get(k) for e in envs.values()}) > 1]
+    fields = [k for k, _ in FIELDS if len({e.get(k) for e in _with_torch(envs, k).values()}) > 1]
     if len(envs) < 2 or not (fields or packages):
         return []
     head = ["host", *(dict(FIELDS)[k] for k in fields), *packages]
@@ -52,6 +53,12 @@ def drift_table(envs: dict[str, dict[str, Any]]) -> list[list[str]]:
         pk = e.get("packages") or {}
         rows.append([host, *(str(e.get(k) or "-") for k in fields), *(pk.get(p) or "-" for p in packages)])
     return rows
+
+
+def _with_torch(envs: dict[str, dict[str, Any]], key: str) -> dict[str, dict[str, Any]]:
+    """The hosts a field is compared over: for torch's CUDA build and NCCL, those that have torch (a host without
+    it is the torch row's fail, not three)."""
+    return {h: e for h, e in envs.items() if key not in OF_TORCH or e.get("torch")}
 
 
 def _majority(values: dict[str, Any]) -> Any:
@@ -68,7 +75,7 @@ def drift_results(hosts: tuple[HostOutcome, ...]) -> list[tuple[str | None, Resu
     out: list[tuple[str | None, Result]] = []
     fields = [*FIELDS, *((f"package:{p}", p) for p in drifting_packages(envs))]
     for key, label in fields:
-        values = {h: _value(e, key) for h, e in envs.items()}
+        values = {h: _value(e, key) for h, e in _with_torch(envs, key).items()}
         if len(set(values.values())) < 2:
             continue
         usual = _majority(values)

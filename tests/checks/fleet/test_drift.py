@@ -33,3 +33,12 @@ def test_agreeing_hosts_and_old_reports_have_no_drift() -> None:
 def test_torch_and_cuda_build_drift_fail() -> None:
     hosts = (host("h1"), host("h2"), host("h3", torch="2.8.0+cu126", torch_cuda="12.6"))
     assert {r.subject for _, r in drift_results(hosts) if r.status is Status.FAIL} == {"torch", "CUDA build"}
+
+
+def test_a_host_without_torch_is_one_fail_not_three() -> None:
+    """Its CUDA build and NCCL are read from torch: missing with it, they are the torch row's consequence (with a
+    CUDA torch on the others they made two more fail rows and two more table columns)."""
+    hosts = (host("h1"), host("h2"), host("h3", torch=None, torch_cuda=None, nccl=None))
+    assert [(h, r.subject, r.status) for h, r in drift_results(hosts)] == [("h3", "torch", Status.FAIL)]
+    table = drift_table(environments(hosts))
+    assert table[0] == ["host", "torch"] and table[3] == ["h3", "-"]
