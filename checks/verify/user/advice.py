@@ -40,8 +40,7 @@ def candidates(asked: dict[str, Any], cores: float, cuda: bool) -> list[dict[str
 
 
 def mean_step_s(run: CommandRun, warmup: int, steps: int) -> float | None:
-    found = j.ranks(run.events, warmup, steps, 0)
-    lead = next((r for r in found if r.key == 0), found[0] if found else None)
+    lead = j.rerun_lead(run, warmup, steps)
     figs = j.rank_figures(lead) if lead else None
     return figs.fig.mean_s if figs else None
 

@@ -343,10 +343,21 @@ def _step_block(lead: Rank, figs: RankFigures) -> StepBlock:
     )
 
 
+def rank_zero(found: Sequence[Rank]) -> Rank | None:
+    """Rank 0, else the first process (a command without ranks)."""
+    return next((r for r in found if r.key == 0), found[0] if found else None)
+
+
+def rerun_lead(run: CommandRun, warmup: int, steps: int) -> Rank | None:
+    """A re-run's rank 0 (or only process), its first ``warmup`` steps apart: DDP paces every rank to the slowest,
+    so its steps time the whole re-run."""
+    return rank_zero(ranks(run.events, warmup, steps, 0))
+
+
 def pace_setter(found: Sequence[Rank], cfg: VerifyConfig) -> Rank | None:
     """The rank whose breakdown explains the step: the straggler where one is found (the others spend the time it
     costs waiting inside backward, which would read as compute), else rank 0 (else the first process)."""
-    first = next((r for r in found if r.key == 0), found[0] if found else None)
+    first = rank_zero(found)
     slow = distributed.straggler(rank_rows(found).per_rank, cfg) if len(found) > 1 else None
     return next((r for r in found if slow and r.key == slow["rank"]), first)
 

@@ -58,8 +58,7 @@ def wanted(precision: str | None, ab: bool) -> list[str]:
 
 def first_losses(run: CommandRun) -> list[float]:
     """Rank 0's (or the only process's) losses from step 1, in order."""
-    found = j.ranks(run.events, 0, 10**9, 0)
-    lead = next((r for r in found if r.key == 0), found[0] if found else None)
+    lead = j.rerun_lead(run, 0, 10**9)
     return [float(s["loss"]) for s in (lead.steps if lead else []) if s.get("loss") is not None]
 
 
@@ -88,8 +87,7 @@ def _row(change: str, run: CommandRun, warmup: int, base_losses: Sequence[float]
 
 
 def _mean_step_s(run: CommandRun, warmup: int) -> float | None:
-    found = j.ranks(run.events, warmup, RERUN_STEPS, 0)
-    lead = next((r for r in found if r.key == 0), found[0] if found else None)
+    lead = j.rerun_lead(run, warmup, RERUN_STEPS)
     figs = j.rank_figures(lead) if lead and len(lead.steps) >= RERUN_STEPS else None
     return figs.fig.mean_s if figs else None
 

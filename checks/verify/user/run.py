@@ -118,16 +118,19 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
             hint="verify -- COMMAND times torch training scripts; check that the command is the training one",
         )
     cuts: list[Cut] = []
-    advice = _advice(request, run, stop, cwd, cores, say, started + budget - stopper.TAIL_S, cuts)
-    model = None if advice else _model_advice(request, run, stop, cwd, say, started + budget - stopper.TAIL_S, cuts)
-    saved = _saved(run, stop, started + budget - stopper.TAIL_S)
-    swept = _sweep(request, run, stop, cwd, say, started + budget - stopper.TAIL_S, cuts) if request.sweep else None
-    oom = _largest(request, run, cwd, say, started + budget - stopper.TAIL_S) if sweeper.oom(run) else None
+    found = j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)  # every process's steps, read once
+    deadline = started + budget - stopper.TAIL_S
+    measured = _measured(request, run, found)
+    advice = _advice(request, measured, stop, cwd, cores, say, deadline, cuts)
+    model = None if advice else _model_advice(request, run, measured, stop, cwd, say, deadline, cuts)
+    saved = _saved(run, found, deadline)
+    swept = _sweep(request, run, found, cwd, say, deadline, cuts) if request.sweep else None
+    oom = _largest(request, run, cwd, say, deadline) if sweeper.oom(run) else None
     results, measurements, verdicts = j.judge(
         run, trace, setting, cfg.verify, stop.warmup, stop.steps, stop.seconds, gate_rows, gpu, gpu_error, advice,
         swept, oom, model, saved,
     )  # fmt: skip
-    steps = [s for r in j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)[:1] for s in r.steps]
+    steps = [s for r in found[:1] for s in r.steps]
     title = f"invoke verify -- {request.command[0]}: {verdicts[0].id if verdicts else 'cant-tell'}"
     block, ddp = measurements.steps, measurements.ddp
     problems = v.write_outputs(
@@ -135,7 +138,7 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
         comm_share=ddp.comm_share if ddp else None, step_s=block.step_time.median_s if block else None,
         samples_per_s=block.samples_per_s if block else None,
     )  # fmt: skip
-    ended = stop_facts(run, stop)
+    ended = stop_facts(run, found, stop)
     cut = stopper.measure_cut(ended, budget) if ended is not None else None
     cuts = [cut, *cuts] if cut is not None else cuts
     seconds = time.monotonic() - started
@@ -157,9 +160,8 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
     )
 
 
-def stop_facts(run: CommandRun, stop: StopRule) -> StopFacts | None:
+def stop_facts(run: CommandRun, found: Sequence[j.Rank], stop: StopRule) -> StopFacts | None:
     """How the measured steps of the command ended (the lead process's), for the report."""
-    found = j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)
     if not found:
         return None
     lead, spec = found[0], stop.stop
@@ -190,17 +192,16 @@ class _Measured:
     base: j.RankFigures
 
 
-def _measured(request: CommandRequest, run: CommandRun, stop: StopRule) -> _Measured | None:
+def _measured(request: CommandRequest, run: CommandRun, found: list[j.Rank]) -> _Measured | None:
     """The measured run, where re-runs of the command can be compared with it (None: they cannot)."""
     cfg = request.config.verify
     if cfg.command_advice_s <= 0 or run.interrupted or run.ended not in ("stopped", "exited"):
         return None
-    found = j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)
     lead = j.pace_setter(found, cfg)
     if lead is None or not _whole_world(lead, len(found)):
         return None  # a rank on another node would wait for a rendezvous this re-run never joins: not measured
     figs = j.rank_figures(lead)
-    base = j.rank_figures(next((r for r in found if r.key == 0), lead))
+    base = j.rank_figures(j.rank_zero(found) or lead)
     return None if figs is None or base is None else _Measured(found, lead, figs, base)
 
 
@@ -221,7 +222,7 @@ def _rerun_seconds(
 
 def _advice(
     request: CommandRequest,
-    run: CommandRun,
+    m: _Measured | None,
     stop: StopRule,
     cwd: str,
     cores: float,
@@ -234,7 +235,6 @@ def _advice(
     torchrun on this box every rank's loaders get the candidate (the re-run starts them all), the usable cores are
     shared among the ranks, and the steps compared are rank 0's (DDP paces every rank to the slowest)."""
     cfg = request.config.verify
-    m = _measured(request, run, stop)
     if m is None or m.lead.loader is None or m.figs.fig.shares["data_wait"] < cfg.share_warn:
         return None
     seconds = _rerun_seconds(request, stop, deadline, cuts, "the loader re-runs")
@@ -249,12 +249,18 @@ def _advice(
 
 
 def _model_advice(
-    request: CommandRequest, run: CommandRun, stop: StopRule, cwd: str, say: Say, deadline: float, cuts: list[Cut]
+    request: CommandRequest,
+    run: CommandRun,
+    m: _Measured | None,
+    stop: StopRule,
+    cwd: str,
+    say: Say,
+    deadline: float,
+    cuts: list[Cut],
 ) -> dict[str, Any] | None:
     """For a compute-bound run (no data, copy or checkpoint share at its threshold): time model-side changes on
     the command itself (``checks/verify/user/modelfix.py``), within what the loader re-runs would have had."""
     cfg = request.config.verify
-    m = _measured(request, run, stop)
     if m is None:
         return None
     shares = m.figs.fig.shares
@@ -269,10 +275,9 @@ def _model_advice(
     return modelfix.measure(request.command, cwd, changes, run, seconds, cfg.advice_min_gain)
 
 
-def _saved(run: CommandRun, stop: StopRule, deadline: float) -> tuple[str, dict[str, Any]] | None:
+def _saved(run: CommandRun, found: Sequence[j.Rank], deadline: float) -> tuple[str, dict[str, Any]] | None:
     """The last checkpoint rank 0 (or the only process) saved to a file, and what it holds, read in a child."""
-    found = j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)
-    zero = next((r for r in found if r.key == 0), found[0] if found else None)
+    zero = j.rank_zero(found)
     path = saved_file.last_saved(run.events, [zero.pid] if zero else sorted(run.pids))
     if path is None:
         return None
@@ -286,12 +291,17 @@ def _whole_world(lead: j.Rank, seen: int) -> bool:
 
 
 def _sweep(
-    request: CommandRequest, run: CommandRun, stop: StopRule, cwd: str, say: Say, deadline: float, cuts: list[Cut]
+    request: CommandRequest,
+    run: CommandRun,
+    found: list[j.Rank],
+    cwd: str,
+    say: Say,
+    deadline: float,
+    cuts: list[Cut],
 ) -> dict[str, Any]:
     """--sweep: the command re-run at doubling batch sizes until the knee, within what the budget leaves."""
     if run.interrupted or run.ended not in ("stopped", "exited"):
         return {"skipped": f"the measured run {j.ENDED.get(run.ended, run.ended)}"}
-    found = j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)
     first = sweeper.start(j.pace_setter(found, request.config.verify))
     if isinstance(first, str):
         return {"skipped": first}
@@ -306,8 +316,7 @@ def _sweep(
 def _largest(request: CommandRequest, run: CommandRun, cwd: str, say: Say, deadline: float) -> j.OomSearch:
     """Out of memory at the asked batch: the largest batch that fits, by re-runs within the budget."""
     say("verify: the command ran out of memory: re-running it at smaller batch sizes for the largest that fits")
-    found, where, runs = sweeper.largest(request.command, cwd, run, deadline)
-    return j.OomSearch(found, where, runs)
+    return sweeper.largest(request.command, cwd, run, deadline)
 
 
 def estimate(stop: StopRule, step_s: float) -> str:

@@ -79,8 +79,7 @@ def row_of(run: CommandRun, batch: int, warmup: int, steps: int) -> dict[str, An
     """One batch size's row: its median step, samples/s and peak; or ``oom``; or what else ended it."""
     if oom(run):
         return {"batch": batch, "oom": True}
-    found = j.ranks(run.events, warmup, steps, 0)
-    lead = next((r for r in found if r.key == 0), found[0] if found else None)
+    lead = j.rerun_lead(run, warmup, steps)
     figs = j.rank_figures(lead) if lead else None
     if figs is None or lead is None or len(lead.steps) < steps:
         last = run.traceback()[-1:] if run.ended == "crashed" else []
@@ -129,16 +128,18 @@ def _flat(rows: list[dict[str, Any]], knee: float) -> bool:
     return bool(a and b and b < a / knee)
 
 
-def largest(argv: Sequence[str], cwd: str, run: CommandRun, deadline: float) -> tuple[Oom | None, str, int]:
+def largest(argv: Sequence[str], cwd: str, run: CommandRun, deadline: float) -> j.OomSearch:
     """Out of memory at the asked batch: the largest that fits (the ``Oom`` record), the DataLoader's site, and
-    how many re-runs it took; None with the reason in place of the site where the batch cannot be set."""
+    how many re-runs it took; no record, the reason in place of the site, where the batch cannot be set."""
     loaders = [e for e in run.events if e.get("event") == "loader"]
     if not loaders:
-        return None, "the command ran out of memory before it built a torch.utils.data.DataLoader", 0
+        return j.OomSearch(None, "the command ran out of memory before it built a torch.utils.data.DataLoader", 0)
     loader = loaders[-1]
     asked, site = (loader.get("asked") or {}).get("batch_size"), str(loader.get("site") or "?")
     if not isinstance(asked, int) or asked < 1 or loader.get("batch_size") is None:
-        return None, f"the DataLoader at {site} batches with a batch_sampler: verify cannot set its size", 0
+        return j.OomSearch(
+            None, f"the DataLoader at {site} batches with a batch_sampler: verify cannot set its size", 0
+        )
     tries: list[int] = []
 
     def fits(batch: int) -> bool:
@@ -152,4 +153,4 @@ def largest(argv: Sequence[str], cwd: str, run: CommandRun, deadline: float) -> 
 
     message = next((line for line in reversed(run.traceback()) if any(w in line for w in OOM_WORDS)), "")
     fit = largest_fit(fits, asked)
-    return Oom(batch=asked, message=message[:300], largest_fit=fit), site, len(tries)
+    return j.OomSearch(Oom(batch=asked, message=message[:300], largest_fit=fit), site, len(tries))
