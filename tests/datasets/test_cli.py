@@ -70,7 +70,7 @@ def test_usage_errors_are_one_line_exit_2(here: Here, tmp_path: Path) -> None:
 
 
 def test_a_negative_worker_count_is_refused_naming_the_flag(here: Here, photo_tree: Path, tmp_path: Path) -> None:
-    """``--workers -2`` was accepted (issue 37); 0 is documented: the usable cores less reserve_cores."""
+    """``--workers -2`` was accepted before; 0 is documented: the usable cores less reserve_cores."""
     for bad in ("-2", "-1"):
         line = assert_usage_error(here(tmp_path, *stage_args(photo_tree, tmp_path / "ds", "--workers", bad)))
         assert f"--workers {bad}" in line and "0 for the usable cores" in line
@@ -80,7 +80,7 @@ def test_a_negative_worker_count_is_refused_naming_the_flag(here: Here, photo_tr
 
 
 def test_a_fifo_in_the_source_is_skipped_with_a_word_and_nothing_is_left_behind(tmp_path: Path) -> None:
-    """A FIFO named like a photo made stage-data hang with no output and leave .DEST.staging (issue 37)."""
+    """A FIFO named like a photo used to make stage-data hang with no output and leave .DEST.staging."""
     src = image_tree(tmp_path / "src", per_class=3, classes=("cat", "dog"))
     os.mkfifo(src / "cat" / "pipe.jpg")
     run = invoke(tmp_path, *stage_args(src, tmp_path / "ds", "--workers", "1"), timeout=60)

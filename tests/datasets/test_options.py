@@ -77,7 +77,7 @@ def test_summary_counts_one_of_a_thing_in_the_singular() -> None:
 
 
 def test_negative_worker_and_reserve_counts_are_refused_naming_the_flag() -> None:
-    """``--workers -2`` was accepted (issue 37). 0 workers is documented (the usable cores less reserve_cores), and
+    """``--workers -2`` was accepted before. 0 workers is documented (the usable cores less reserve_cores), and
     -1 is the task's own "from the configuration" for --reserve-cores."""
     cfg = make_config().stage
     for flags, needle in (

@@ -27,7 +27,7 @@ def small_photos(root: Path, width: int = 64, height: int = 48) -> Path:
 
 
 def test_a_size_above_the_photos_is_said_before_the_work_with_its_figures(tmp_path: Path) -> None:
-    """--size 4096 made 1.1 GiB of small photos without a word (issue 37); here 256 px from 48 px photos."""
+    """--size 4096 made 1.1 GiB of small photos without a word before; here 256 px from 48 px photos."""
     said: list[str] = []
     src = small_photos(tmp_path / "src")
     req = jobs.request(src, tmp_path / "ds", images={"size": 256}, workers=1)

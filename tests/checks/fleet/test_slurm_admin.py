@@ -1,4 +1,4 @@
-"""Slurm as its admins and users run it (issue 37 point 2), on the real two-node cluster of tests/slurmcluster.py:
+"""Slurm as its admins and users run it, on the real two-node cluster of tests/slurmcluster.py:
 a job script submitted from a project folder runs the user's command there, the hook judges the CPU-only nodes as
 CPU nodes, the hinted ``--drain`` is accepted in a job, and a rendezvous address no node resolves fails fast.
 Skipped with the reason where not root or Slurm is not installed.
