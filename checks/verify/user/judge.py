@@ -576,7 +576,16 @@ def model_fix(advice: dict[str, Any], rule_fix: str) -> str:
     shown = "; ".join(
         f"{r['change']}: {r['speedup']:.2f}x" + ("" if r.get("loss_agrees") else " (loss moved)") for r in tried
     )
-    return _none_faster("model-side change", advice, shown, rule_fix)
+    # The rule's own list ("bf16 autocast, torch.compile") would advise again what was just measured: name only what
+    # was not timed.
+    untimed = [UNTIMED[c] for c in advice.get("not_timed", [])]
+    rest = "the model's math is the limit here; " + "; ".join(
+        [*(["not timed: " + ", ".join(untimed)] if untimed else []), "a faster GPU"]
+    )
+    return _none_faster("model-side change", advice, shown, rest)
+
+
+UNTIMED = {"bf16": "bf16 autocast", "channels_last": "channels_last", "compile": "torch.compile (--ab times it)"}
 
 
 def _none_faster(what: str, advice: dict[str, Any], shown: str, rule_fix: str) -> str:

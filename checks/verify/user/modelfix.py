@@ -18,7 +18,8 @@ run's: a change that moves the numbers more is reported and never advised.
 ``measurements.model_advice``: ``baseline_mean_step_s``, ``baseline_runs``, ``candidates`` (``change``, ``ended``, ``mean_step_s``,
 ``speedup``, ``loss_agrees``, ``first_loss``, ``baseline_first_loss``, ``models``; or ``skipped``), ``min_gain``,
 ``faster`` (the best candidate that measured ``min_gain`` faster with the loss agreeing, or null), ``change`` (the
-code to write), ``seconds``, ``interrupted``.
+code to write), ``not_timed`` (changes that apply but were not timed: the budget, or compile without ``--ab``),
+``seconds``, ``interrupted``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ CHANGES: dict[str, dict[str, Any]] = {
     "channels_last": {"channels_last": True},
     "compile": {"compile": True},
 }
+NO_CONV = "no 4-D weights (no convolution): channels_last changes nothing"
 CODE = {
     "bf16": "with torch.autocast(device_type, dtype=torch.bfloat16): around the forward pass and the loss",
     "channels_last": "model.to(memory_format=torch.channels_last) and inputs .contiguous(memory_format=torch.channels_last)",
@@ -115,7 +117,7 @@ def measure(
         if change == "" and baselines and not any(r.get("speedup") for r in _rated(rows, baselines)):
             break  # the closing baseline only checks a measured change against drift
         if change == "channels_last" and conv is False:
-            rows.append({"change": change, "skipped": "no 4-D weights (no convolution): channels_last changes nothing"})
+            rows.append({"change": change, "skipped": NO_CONV})
             continue
         left = budget_s - (time.monotonic() - start)
         if left <= max(longest, 1.0):
@@ -144,6 +146,11 @@ def measure(
         "min_gain": min_gain,
         "faster": faster,
         "change": CODE[faster["change"]] if faster else None,
+        "not_timed": [
+            c
+            for c in CHANGES
+            if c not in {r["change"] for r in rows if "mean_step_s" in r} and _applies(c, changes, rows)
+        ],
         "seconds": round(time.monotonic() - start, 1),
         "interrupted": any(r.get("ended") == "interrupted" for r in rows),
     }
@@ -155,6 +162,15 @@ def pick(rows: Sequence[dict[str, Any]], min_gain: float) -> dict[str, Any] | No
     good = [r for r in rows if r.get("speedup") and r.get("loss_agrees")]
     best = max(good, key=lambda r: r["speedup"], default=None)
     return best if best and best["speedup"] >= 1 + min_gain else None
+
+
+def _applies(change: str, asked: Sequence[str], rows: Sequence[dict[str, Any]]) -> bool:
+    """A change worth naming untimed: asked but not timed (the budget, an interrupt), or compile without --ab; not
+    bf16 for a run already in 16 bits, not channels_last without 4-D weights."""
+    if change == "compile":
+        return True
+    skipped = next((r.get("skipped", "") for r in rows if r["change"] == change), "")
+    return change in asked and not skipped.startswith(NO_CONV)
 
 
 def _rated(rows: list[dict[str, Any]], baselines: Sequence[float]) -> list[dict[str, Any]]:
