@@ -1,11 +1,11 @@
 """gpu-preflight tasks: ``invoke bootstrap``, ``snapshot``, ``alloc-conf``, ``stage-data``, ``verify``, ``watch``,
 ``diff``, ``lock``, ``plan``.
 
-The CLI only. A task's flags are one frozen dataclass, a field per flag, in ``checks/taskflags.py``. Each task
+The CLI only. A task's flags are one frozen dataclass, a field per flag, in ``checks/cli/taskflags.py``. Each task
 turns its flags into a package's request, calls one function of the package, prints what comes back and picks the
-exit code. Run by ``invoke``, the last line hands the command
-line to the project's own Invoke program (``checks/cli.py``: flag and configuration mistakes as one line, exit 2);
-imported, this file only defines the tasks.
+exit code. Run by ``invoke``, the last line hands the command line to the project's own Invoke program
+(``checks/cli/program.py``: flag and configuration mistakes as one line, exit 2); imported, this file only defines
+the tasks.
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ from typing import TYPE_CHECKING
 
 from invoke import Collection, Context
 
-from checks import cli
-from checks import taskflags as fl
+from checks.cli import program
+from checks.cli import taskflags as fl
+from checks.cli.flags import fill, task
+from checks.cli.terminal import check_output_path, emit, exit_with, interruptible, say, text_stream
 from checks.config import PreflightConfig, load_defaults, make_config
 from checks.errors import ExitStatus, PreflightError, terminate_as_interrupt
-from checks.flags import fill, task
 from checks.fleet import run as fleet_run
 from checks.fleet.render import render_fleet
 from checks.machine import bootstrap as bootstrap_run
 from checks.machine.runner import SnapshotRequest, record_snapshot
 from checks.render import render_text
-from checks.terminal import check_output_path, emit, exit_with, interruptible, say, text_stream
 from provision.alloc_env import diff
 from provision.hosts import select_hosts
 
@@ -365,4 +365,4 @@ ns = Collection(
     loaded_from=str(CHECKOUT),
 )
 ns.configure({"preflight": load_defaults()})
-cli.take_over(ns)  # run by `invoke`: the project's program takes the command line from here
+program.take_over(ns)  # run by `invoke`: the project's program takes the command line from here

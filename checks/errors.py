@@ -1,6 +1,6 @@
 """The project's one error type (a plain exception carrying a hint and an exit code), and how signals stop work.
 
-Nothing here knows the CLI framework: the task layer (``checks/cli.py``) turns a ``PreflightError`` into its one
+Nothing here knows the CLI framework: the task layer (``checks/cli/program.py``) turns a ``PreflightError`` into its one
 line on stderr and its exit code.
 """
 

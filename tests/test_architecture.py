@@ -4,7 +4,8 @@ The table "What may import what" in docs/architecture.md is the rule; this test 
 the code cannot drift apart. It walks every module of tasks.py, checks/, datasets/ and provision/ with ``ast``
 (imports inside functions count too) and fails on: an import the table does not allow (an upward import), a
 circle between modules, a third-party hardware library (pynvml, psutil) outside the probe package, a path under
-/proc or /sys or the mount table read outside it, and ``sh`` or ``fabric`` outside the one place each belongs.
+/proc or /sys or the mount table read outside it, and ``sh``, ``fabric`` or ``invoke`` outside the one place each
+belongs.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ DOC = REPO / "docs" / "architecture.md"
 ROOTS = ("checks", "datasets", "provision")
 PROBE = "checks.probe"
 # Third-party modules with one home each: the hardware libraries live behind the seam, the shell-command library
-# in stage-data's transfer module, SSH in provision/.
+# in stage-data's transfer module, SSH in provision/, the CLI framework in tasks.py and the CLI layer under it
+# (fabric's Connection is an Invoke Context, so provision/ reaches Invoke through fabric, never by name).
 OWNERS = {
     "pynvml": (PROBE,),
     "psutil": (PROBE,),
     "sh": ("datasets.transfer",),
     "fabric": ("provision",),
     "paramiko": ("provision",),
+    "invoke": ("tasks", "checks.cli"),
 }
 PSEUDO_PATH = re.compile(r"^/(proc|sys)(/|$)|mountinfo")
 

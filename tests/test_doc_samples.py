@@ -206,9 +206,9 @@ PASTED = [p for doc in DOCS for p in pasted(doc)]
 def parse(args: tuple[str, ...]) -> list[str]:
     """Parse ``invoke ARGS`` as the tool's program does, up to running anything; return the tasks it would run."""
     import tasks
-    from checks import cli
+    from checks.cli.program import PreflightProgram
 
-    program = cli.PreflightProgram(namespace=tasks.ns, name="invoke", binary="invoke")
+    program = PreflightProgram(namespace=tasks.ns, name="invoke", binary="invoke")
     keep = sys.dont_write_bytecode  # Invoke's parse_core sets it from --write-pyc, for this whole process
     try:
         program.create_config()

@@ -1,5 +1,5 @@
 """Tests of the Invoke tasks: end to end as a user runs them (``python -m invoke ...`` from the checkout), and
-in-process (``here``: the same argv through checks.cli's program over tasks.ns) where a process is not the point.
+in-process (``here``: the same argv through checks.cli.program's PreflightProgram over tasks.ns) where a process is not the point.
 
 Every child (and every in-process run) gets a temporary HOME (bootstrap writes the allocator block into ~/.bashrc and ~/.profile) and an
 environment without inherited ``INVOKE_PREFLIGHT_*`` / ``PYTORCH_*ALLOC_CONF`` variables. This box has no
@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 import tasks
-from checks import cli
+from checks.cli.program import INPUT_FLAGS
 from tests.fakes.cli import REPO, Here, Run, assert_usage_error, by_id, child_env, default_sigint, invoke, pid_gone
 
 pytestmark = pytest.mark.slow
@@ -604,7 +604,7 @@ def test_fractional_values_for_float_keys_are_accepted(
 
 
 # --- 5b. flag errors: Invoke's parser, made usage errors ---------------------------------------------------
-# The parser is the point: these run in this process (``here``: checks.cli's program, as ``python -m invoke`` hands
+# The parser is the point: these run in this process (``here``: checks.cli.program's PreflightProgram, as ``python -m invoke`` hands
 # over to it). The real entry point's usage errors and help: test_unknown_task_names_the_closest_task,
 # test_h_after_a_task_shows_that_tasks_help, test_a_config_file_that_does_not_exist_is_a_usage_error.
 
@@ -654,10 +654,10 @@ def test_bad_flag_value_is_a_one_line_usage_error(
     assert rc_bytes(home) == {".bashrc": None, ".profile": None}
 
 
-@pytest.mark.parametrize("task", sorted(cli.INPUT_FLAGS))
+@pytest.mark.parametrize("task", sorted(INPUT_FLAGS))
 def test_every_input_flag_hint_names_a_flag_its_task_has(here: Here, home: Path, task: str) -> None:
     # The table is by hand; a renamed flag would drop its hint to the generic one, and this says so.
-    assert_usage_error(here(home, task, "word"), f"did you mean {cli.INPUT_FLAGS[task]} word?")
+    assert_usage_error(here(home, task, "word"), f"did you mean {INPUT_FLAGS[task]} word?")
 
 
 def test_unknown_task_names_the_closest_task(home: Path) -> None:

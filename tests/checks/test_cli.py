@@ -1,4 +1,4 @@
-"""The Invoke hooks of checks/cli.py, in-process: a PreflightProgram over a small collection, argv as a list.
+"""The Invoke hooks of checks/cli/program.py, in-process: a PreflightProgram over a small collection, argv as a list.
 
 The real CLI (``python -m invoke`` from the checkout) is tested end to end in tests/test_tasks.py; here each
 mistake is one fast run of the program, and the pieces (usage_error, check_env_overrides) are unit tests.
@@ -16,10 +16,20 @@ import pytest
 from invoke import Collection, Context, Program, task
 from invoke.exceptions import ParseError
 
-from checks import TOOL_VERSION, cli, flags
+from checks import TOOL_VERSION
+from checks.cli import flags
+from checks.cli.flags import flag
+from checks.cli.program import (
+    CheckedConfig,
+    PreflightProgram,
+    env_names,
+    lookalikes,
+    take_over,
+    usage_error,
+    with_placeholder,
+)
 from checks.config import load_defaults
 from checks.errors import PreflightError
-from checks.flags import flag
 
 seen: list[dict[str, Any]] = []
 
@@ -53,9 +63,9 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     seen.clear()
     ns = Collection(train, boom, launch)
     ns.configure({"preflight": load_defaults()})
-    program = cli.PreflightProgram(namespace=ns, name="invoke", binary="invoke")
+    program = PreflightProgram(namespace=ns, name="invoke", binary="invoke")
     # keep the user's own ~/.invoke.yaml and /etc/invoke.yaml out of the test
-    program.config_class = lambda **kw: cli.CheckedConfig(system_prefix=f"{tmp_path}/etc-", user_prefix=f"{tmp_path}/u-", **kw)  # type: ignore[assignment]  # fmt: skip
+    program.config_class = lambda **kw: CheckedConfig(system_prefix=f"{tmp_path}/etc-", user_prefix=f"{tmp_path}/u-", **kw)  # type: ignore[assignment]  # fmt: skip
     try:
         program.run(["invoke", *argv])
         code = 0
@@ -142,9 +152,9 @@ def test_the_flags_that_found_tasks_py_are_accepted(
 
 
 def test_usage_error_leaves_other_exceptions_alone() -> None:
-    assert cli.usage_error(ValueError("from a broken task definition"), ()) is None
-    assert cli.usage_error(KeyError("x"), ()) is None
-    assert isinstance(cli.usage_error(ParseError("something else!"), ()), PreflightError)
+    assert usage_error(ValueError("from a broken task definition"), ()) is None
+    assert usage_error(KeyError("x"), ()) is None
+    assert isinstance(usage_error(ParseError("something else!"), ()), PreflightError)
 
 
 # --- configuration files ------------------------------------------------------------------------------------
@@ -211,7 +221,7 @@ def test_the_user_file_may_hold_other_projects_keys_but_no_misspelling(tmp_path:
     project.parent.mkdir()
     project.write_text("preflight: {host: {nofile_min: 7}}\n")
     user.write_text("run: {echo: false}\ndeploy: {region: eu}\n")  # another Invoke project's own section
-    config = cli.CheckedConfig(system_prefix=f"{tmp_path}/etc-", user_prefix=f"{tmp_path}/u-")
+    config = CheckedConfig(system_prefix=f"{tmp_path}/etc-", user_prefix=f"{tmp_path}/u-")
     config.set_project_location(str(project.parent))
     config.load_project()
     assert config.preflight.host.nofile_min == 7 and config.deploy.region == "eu"
@@ -226,7 +236,7 @@ def test_the_user_file_may_hold_other_projects_keys_but_no_misspelling(tmp_path:
 
 def test_the_user_file_is_validated_before_the_project_file_loads(tmp_path: Path) -> None:
     (tmp_path / "u-invoke.yaml").write_text("preflight: {hostt: {}}\n")
-    config = cli.CheckedConfig(system_prefix=f"{tmp_path}/etc-", user_prefix=f"{tmp_path}/u-")
+    config = CheckedConfig(system_prefix=f"{tmp_path}/etc-", user_prefix=f"{tmp_path}/u-")
     config.set_project_location(str(tmp_path / "project"))
     with pytest.raises(PreflightError, match=r"u-invoke\.yaml"):
         config.load_project()
@@ -236,7 +246,7 @@ def test_the_user_file_is_validated_before_the_project_file_loads(tmp_path: Path
 
 
 def test_env_names_follow_invokes_underscore_scheme() -> None:
-    names = cli.env_names(load_defaults())
+    names = env_names(load_defaults())
     assert names["INVOKE_PREFLIGHT_GPU_POWER_MIN_FRACTION"][0] == ("gpu", "power_min_fraction")
     assert "INVOKE_PREFLIGHT_HOST_NOFILE_MIN" in names
 
@@ -295,19 +305,19 @@ def test_take_over_runs_the_command_line_of_invokes_program_loading_tasks_py(
     ns = Collection(train)
     ns.configure({"preflight": load_defaults()})
     seen.clear()
-    cli.take_over(ns)  # imported, not loaded by Invoke's program: nothing runs
+    take_over(ns)  # imported, not loaded by Invoke's program: nothing runs
     assert seen == []
     stock.argv = ["invoke", "train", "--steps", "3"]  # what Program.run sets before it loads tasks.py
     with pytest.raises(SystemExit) as done:
-        cli.take_over(ns)
+        take_over(ns)
     assert done.value.code == 0 and seen[0]["steps"] == 3
     stock.argv = ["invoke", "train", "--step", "3"]
     with pytest.raises(SystemExit) as refused:
-        cli.take_over(ns)
+        take_over(ns)
     assert refused.value.code == 2 and "train has no flag --step" in capsys.readouterr().err
     stock.collection = ns  # Invoke's program has loaded its collection: this is no longer its load
     seen.clear()
-    cli.take_over(ns)
+    take_over(ns)
     assert seen == []
 
 
@@ -320,7 +330,7 @@ def test_the_program_that_takes_over_prints_gpu_preflights_version(
     monkeypatch.setenv("HOME", str(tmp_path))
     stock.argv = ["invoke", "--version"]
     with pytest.raises(SystemExit):
-        cli.take_over(Collection(train))
+        take_over(Collection(train))
     assert capsys.readouterr().out == f"gpu-preflight {TOOL_VERSION} (Invoke {invoke.__version__})\n"
 
 
@@ -350,8 +360,8 @@ def test_h_after_a_task_shows_its_help_even_when_a_flag_starts_with_h(
 ) -> None:
     ns = Collection(fleet)
     for _ in range(2):  # a second program over the same task still has the help texts
-        program = cli.PreflightProgram(namespace=ns, name="invoke", binary="invoke")
-        program.config_class = lambda **kw: cli.CheckedConfig(system_prefix=f"{tmp_path}/etc-", user_prefix=f"{tmp_path}/u-", **kw)  # type: ignore[assignment]  # fmt: skip
+        program = PreflightProgram(namespace=ns, name="invoke", binary="invoke")
+        program.config_class = lambda **kw: CheckedConfig(system_prefix=f"{tmp_path}/etc-", user_prefix=f"{tmp_path}/u-", **kw)  # type: ignore[assignment]  # fmt: skip
         seen.clear()
         with pytest.raises(SystemExit) as exc:
             program.run(["invoke", "fleet", "-h"])
@@ -371,8 +381,8 @@ def compare(c: Context, a: str, b: str) -> None:
 def test_h_after_a_task_with_positional_arguments_is_not_taken_as_one(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]
 ) -> None:
-    program = cli.PreflightProgram(namespace=Collection(compare), name="invoke", binary="invoke")
-    program.config_class = lambda **kw: cli.CheckedConfig(system_prefix=f"{tmp_path}/etc-", user_prefix=f"{tmp_path}/u-", **kw)  # type: ignore[assignment]  # fmt: skip
+    program = PreflightProgram(namespace=Collection(compare), name="invoke", binary="invoke")
+    program.config_class = lambda **kw: CheckedConfig(system_prefix=f"{tmp_path}/etc-", user_prefix=f"{tmp_path}/u-", **kw)  # type: ignore[assignment]  # fmt: skip
     seen.clear()
     with pytest.raises(SystemExit) as exc:
         program.run(["invoke", *argv])
@@ -386,7 +396,7 @@ def test_a_flag_that_takes_a_fraction_shows_its_placeholder(capsys: pytest.Captu
     assert code == 0 and err == ""
     names = [line.strip().split("  ")[0] for line in out.splitlines() if "--price" in line or "--steps" in line]
     assert names == ["-p NUM, --price=NUM", "-s INT, --steps=INT"]  # Invoke itself writes only INT and STRING
-    assert cli.with_placeholder("-q, --quick", {"--price"}) == "-q, --quick"
+    assert with_placeholder("-q, --quick", {"--price"}) == "-q, --quick"
 
 
 def test_a_configuration_file_that_is_not_read_is_named_with_what_is(tmp_path: Path) -> None:
@@ -397,12 +407,12 @@ def test_a_configuration_file_that_is_not_read_is_named_with_what_is(tmp_path: P
     (here / "preflight.yaml").write_text("verify: {}\n")  # a name Invoke never reads
     read = project / "invoke.yaml"
     read.write_text("preflight: {}\n")
-    lines = cli.lookalikes([read], str(project), here)
+    lines = lookalikes([read], str(project), here)
     assert [line.split(" is not read")[0] for line in lines] == [
         f"gpu-preflight: warning: {here / 'invoke.yml'}",
         f"gpu-preflight: warning: {here / 'preflight.yaml'}",
     ]
     assert all(f"configuration files read: {read} (" in line for line in lines)
-    assert cli.lookalikes([read], str(project), project) == []  # the project's own file is read: no warning
-    none = cli.lookalikes([], None, here)[0]
+    assert lookalikes([read], str(project), project) == []  # the project's own file is read: no warning
+    none = lookalikes([], None, here)[0]
     assert "read: none (the defaults and INVOKE_PREFLIGHT_* variables apply)" in none

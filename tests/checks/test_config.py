@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from checks.cli import check_env_overrides
+from checks.cli.program import check_env_overrides
 from checks.config import PreflightConfig, load_defaults, make_config
 from checks.errors import ExitStatus, PreflightError
 

@@ -1,5 +1,5 @@
 """Running the tool as a user does, for the tests: ``python -m invoke ...`` from the checkout in a child process
-(``invoke``), or the same argv through checks.cli's program over tasks.ns in this process (``in_process``, the
+(``invoke``), or the same argv through checks.cli.program's PreflightProgram over tasks.ns in this process (``in_process``, the
 ``here`` fixture of tests/conftest.py).
 
 Every run gets the HOME it is given and an environment without inherited ``INVOKE_PREFLIGHT_*`` /
@@ -84,12 +84,12 @@ def in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
         for name, value in {"HOME": str(home), "NO_COLOR": "1", **(env or {}), **extra}.items():
             monkeypatch.setenv(name, value)
         import tasks  # here, not at the top: a test that never runs a task in-process does not import them
-        from checks import cli
+        from checks.cli.program import PreflightProgram
 
         capsys.readouterr()
         start, code = time.monotonic(), 0
         try:
-            cli.PreflightProgram(namespace=tasks.ns, name="invoke", binary="invoke").run(["invoke", *args])
+            PreflightProgram(namespace=tasks.ns, name="invoke", binary="invoke").run(["invoke", *args])
         except SystemExit as exc:
             code = int(exc.code or 0)
         out, err = capsys.readouterr()

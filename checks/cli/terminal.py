@@ -1,6 +1,6 @@
 """What the tasks say on the terminal: a report's text and its JSON, progress lines, and the exit code.
 
-The CLI layer's own helpers (tasks.py and ``checks/cli.py`` only): library code never prints and never exits.
+The CLI layer's own helpers (tasks.py and ``checks/cli/program.py`` only): library code never prints and never exits.
 """
 
 from __future__ import annotations

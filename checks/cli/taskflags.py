@@ -1,8 +1,8 @@
-"""Every task's flags: one frozen dataclass per task, a field per flag (see ``checks/flags.py`` for how a field
+"""Every task's flags: one frozen dataclass per task, a field per flag (see ``checks/cli/flags.py`` for how a field
 becomes a flag). A flag that means the same in several tasks is declared once, in a class those tasks inherit.
 
 To add a flag to a task: add a field to its class here and read it in the task (``tasks.py``); where the package's
-request has a field of the same name, ``checks.flags.fill`` copies it over.
+request has a field of the same name, ``checks.cli.flags.fill`` copies it over.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from checks.cli.flags import command, flag
 from checks.config import VerifyConfig
 from checks.errors import PreflightError
-from checks.flags import command, flag
 
 JSON_TEXT = "also write the JSON report to PATH ('-' for stdout; the text then goes to stderr)"
 

@@ -14,7 +14,7 @@ fields; when Invoke calls it, the function receives one instance of the class::
     def snapshot(c: Context, f: SnapshotFlags) -> None: ...
 
 A field made with :func:`command` is no flag: it receives the words after ``--`` (``invoke verify -- python
-train.py``), and only a task that has one accepts them (``checks/cli.py`` refuses them for any other).
+train.py``), and only a task that has one accepts them (``checks/cli/program.py`` refuses them for any other).
 
 Every task flag gets the first free letter of its name as a short flag, as Invoke gives them, except ``-h``: after a
 task it stays the core help flag (``invoke bootstrap -h`` shows bootstrap's help; ``--hosts`` has no short flag).

@@ -15,7 +15,7 @@ keeps Invoke's for finding it. ``PreflightProgram`` overrides documented steps o
   ...")``, and lets a value its flag's type cannot cast (``--steps abc``) escape as a ``ValueError`` traceback.
   Each becomes a ``PreflightError`` naming the task and the flag, with the closest real flag or task and the
   ``invoke --help TASK`` that lists them. The words after ``--`` go to the task whose flags declare a command
-  (:func:`checks.flags.command`); any other task refuses them;
+  (:func:`checks.cli.flags.command`); any other task refuses them;
 - ``run`` prints a ``PreflightError`` from any step (configuration, parsing, a task's body) as its one line and
   exits with its code. The library raises plain exceptions; this is the one place they become exit codes.
 
@@ -453,7 +453,7 @@ NOTHING_AFTER_DASHES = "nothing after --: put your training command after it, or
 
 
 def command_field(task: Any) -> str | None:
-    """The flags field that receives the words after ``--`` (``checks.flags.command``), or None for a task without."""
+    """The flags field that receives the words after ``--`` (``checks.cli.flags.command``), or None for a task without."""
     return getattr(task, "command_field", None)
 
 
