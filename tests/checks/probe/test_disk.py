@@ -6,6 +6,7 @@ with a read-only bind mount or a tiny tmpfs, so nothing outside the test changes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -13,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +27,7 @@ from checks.probe.diskio import SCRATCH_PREFIX, drop_cache, resident_fraction, s
 from checks.probe.fio import fio_available
 from checks.probe.mounts import read_mounts
 from tests.factories import config
+from tests.waiting import until
 
 REPO = Path(__file__).resolve().parents[3]
 FAST = replace(config().disk, budget_s=1.0, max_file_mib=64, max_small_files=200, checkpoint_gib=0.0625)
@@ -154,11 +155,7 @@ def test_sigterm_mid_measurement_removes_the_test_files(tmp_path: Path) -> None:
     )
     proc = subprocess.Popen([sys.executable, "-c", child, str(REPO), str(tmp_path)], stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 30
-        while not scratch_left(tmp_path):
-            assert proc.poll() is None and time.monotonic() < deadline, "the measurement never started"
-            time.sleep(0.02)
-        time.sleep(0.3)
+        until(lambda: written(tmp_path, proc), 30, what="the measurement to write its first bytes")
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
     finally:
@@ -167,6 +164,16 @@ def test_sigterm_mid_measurement_removes_the_test_files(tmp_path: Path) -> None:
             proc.wait()
     assert proc.returncode != 0
     assert scratch_left(tmp_path) == []
+
+
+def written(parent: Path, proc: subprocess.Popen[bytes]) -> int:
+    """Bytes in the test files under ``parent`` so far (the measurement is under way once there are any)."""
+    assert proc.poll() is None, f"the measurement ended first: {proc.stderr.read() if proc.stderr else b''!r}"
+    total = 0
+    for f in parent.glob(f"{SCRATCH_PREFIX}*/**/*"):
+        with contextlib.suppress(OSError):  # a file the measurement removed between the listing and the stat
+            total += f.stat().st_size if f.is_file() else 0
+    return total
 
 
 MAKER = """

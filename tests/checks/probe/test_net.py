@@ -22,6 +22,7 @@ import requests
 from checks.probe.net import download, measure_downloads
 from checks.probe.tcp import free_port, route
 from tests.loopback import serve
+from tests.waiting import until
 
 REPO = Path(__file__).resolve().parents[3]
 MIB = 1024**2
@@ -49,7 +50,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             for i in range(0, len(BODY), 1024):
                 self.wfile.write(BODY[i : i + 1024])
                 self.wfile.flush()
-                time.sleep(0.2)
+                time.sleep(0.2)  # the trickle itself: what the time bound cuts
 
     def log_message(self, *args: object) -> None:
         pass
@@ -140,6 +141,7 @@ def served(*extra: str) -> Iterator[tuple[subprocess.Popen[str], dict]]:
 
 
 @pytest.mark.slow
+@pytest.mark.measures  # a rate and a duration against bounds
 def test_builtin_tcp_both_ways_and_rtt_on_loopback() -> None:
     with served() as (_, info):
         port = str(info["port"])
@@ -152,6 +154,7 @@ def test_builtin_tcp_both_ways_and_rtt_on_loopback() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.measures  # iperf3's rate against a bound
 @pytest.mark.skipif(subprocess.run(["which", "iperf3"], capture_output=True).returncode != 0, reason="needs iperf3")
 def test_iperf3_server_skips_a_port_that_is_taken_and_dies_with_the_agent() -> None:
     with socket.socket() as taken:
@@ -163,8 +166,12 @@ def test_iperf3_server_skips_a_port_that_is_taken_and_dies_with_the_agent() -> N
             result = agent("iperf3", "127.0.0.1", str(info["iperf3_port"]), "--seconds", "1", "--omit", "0")
             children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert result["tool"] == "iperf3" and result["mbit_s"] > 100
-    time.sleep(0.5)
-    assert children and not any(Path(f"/proc/{pid}").exists() for pid in children)
+    assert children
+    until(
+        lambda: not [p for p in children if Path(f"/proc/{p}").exists()],
+        10,
+        what=f"the agent's children {children} to exit",
+    )
 
 
 def test_route_and_free_port() -> None:
