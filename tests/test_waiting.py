@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,9 +38,42 @@ def test_until_asks_once_more_at_the_deadline() -> None:
     assert len(calls) >= 2 and calls[-1] - calls[0] >= 0.1
 
 
-def test_until_lets_the_predicate_fail_the_test_itself() -> None:
-    def started() -> bool:
-        raise AssertionError("the process exited with 1")
+def test_until_retries_an_assertion_and_shows_the_last_one() -> None:
+    left = iter([[101, 102], [102], [102]])
 
-    with pytest.raises(AssertionError, match="exited with 1"):
-        until(started, 5, what="the process to start")
+    def nothing_left() -> bool:
+        pids = next(left, [102])
+        assert pids == [], f"still running: {pids}"
+        return True
+
+    with pytest.raises(
+        pytest.fail.Exception, match=r"for the workers to end; last seen: AssertionError: still running: \[102\]"
+    ):
+        until(nothing_left, 0.1, what="the workers to end")
+    assert until(lambda: True, 1, what="anything")
+
+
+def test_until_lets_any_other_error_fail_the_test_at_once() -> None:
+    def started() -> bool:
+        raise ProcessLookupError("no such process")
+
+    start = time.monotonic()
+    with pytest.raises(ProcessLookupError):
+        until(started, 30, what="the process to start")
+    assert time.monotonic() - start < 10  # not the 30 s timeout
+
+
+def test_until_fails_at_once_when_the_process_that_should_bring_the_event_has_ended(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    proc.wait()
+    start = time.monotonic()
+    with pytest.raises(pytest.fail.Exception, match=r"^the process ended \(exit 3\) before the marker; last seen: F"):
+        until((tmp_path / "marker").exists, 30, what="the marker", while_running=proc)
+    assert time.monotonic() - start < 10  # not the 30 s timeout
+
+
+def test_until_takes_the_event_even_from_a_process_that_has_just_ended(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen([sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"])
+    proc.wait()
+    assert until(marker.exists, 5, what="the marker", while_running=proc)

@@ -7,9 +7,10 @@ backoff and, on timeout, fails the test with what it waited for and the last val
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -19,20 +20,40 @@ FIRST_S = 0.01  # the first pause: most events here (a process started, a port o
 MAX_S = 0.25  # the longest pause: at most this late after the event on a slow one
 
 
-def until(predicate: Callable[[], T], timeout: float, *, what: str) -> T:
-    """Call ``predicate`` until it returns something truthy and return that; fail after ``timeout`` seconds.
+def until(
+    predicate: Callable[[], T | None],
+    timeout: float,
+    *,
+    what: str,
+    while_running: subprocess.Popen[Any] | None = None,
+) -> T:
+    """Call ``predicate`` until it returns something truthy and return that; fail after ``timeout`` seconds, or
+    at once when ``while_running`` (the process that should bring the event) has exited first.
 
-    The pause between calls starts at ``FIRST_S`` and doubles up to ``MAX_S``. The predicate is called once more
-    at the deadline, so a slow last pause cannot cost a pass. A predicate that raises fails the test with its error.
+    A predicate may also assert: an ``AssertionError`` means "not yet", and the last one is what the failure
+    shows (``assert left == [], cmdlines`` says what was left). Any other error fails the test at once. The pause
+    between calls starts at ``FIRST_S`` and doubles up to ``MAX_S``; the predicate is called once more at the
+    deadline, so a slow last pause cannot cost a pass.
     """
     deadline = time.monotonic() + timeout
     pause = FIRST_S
     while True:
-        seen = predicate()
-        if seen:
-            return seen
+        seen: object
+        try:
+            seen = predicate()
+        except AssertionError as exc:
+            seen = exc
+        else:
+            if seen:
+                return seen
+        if while_running is not None and while_running.poll() is not None:
+            pytest.fail(f"the process ended (exit {while_running.returncode}) before {what}; last seen: {_shown(seen)}")
         left = deadline - time.monotonic()
         if left <= 0:
-            pytest.fail(f"waited {timeout:g} s for {what}; last seen: {seen!r}")
+            pytest.fail(f"waited {timeout:g} s for {what}; last seen: {_shown(seen)}")
         time.sleep(min(pause, left))
         pause = min(pause * 2, MAX_S)
+
+
+def _shown(seen: object) -> str:
+    return f"AssertionError: {seen}" if isinstance(seen, AssertionError) else repr(seen)
