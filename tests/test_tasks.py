@@ -30,6 +30,7 @@ import pytest
 import tasks
 from checks.cli.program import INPUT_FLAGS
 from tests.fakes.cli import REPO, Here, Run, assert_usage_error, by_id, child_env, default_sigint, invoke, pid_gone
+from tests.waiting import until
 
 pytestmark = pytest.mark.slow
 
@@ -189,7 +190,7 @@ import os, time
 with open(os.environ["FAKE_TORCH_PID"] + ".tmp", "w") as fh:
     fh.write(str(os.getpid()))
 os.replace(os.environ["FAKE_TORCH_PID"] + ".tmp", os.environ["FAKE_TORCH_PID"])
-time.sleep(60)
+time.sleep(60)  # the hang
 """
 
 
@@ -767,10 +768,8 @@ def test_ctrl_c_exits_130_with_one_line(home: Path, tmp_path: Path) -> None:
         preexec_fn=default_sigint,
     )
     try:
-        deadline = time.monotonic() + 30
-        while not pid_file.exists():  # the torch probe is running: bootstrap sits in its wait loop
-            assert proc.poll() is None and time.monotonic() < deadline, "bootstrap never reached the torch probe"
-            time.sleep(0.05)
+        # the torch probe is running: bootstrap sits in its wait loop
+        until(pid_file.exists, 30, what="bootstrap to start the torch probe", while_running=proc)
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: SIGINT to the foreground process group
         out, err = proc.communicate(timeout=30)
     finally:

@@ -19,6 +19,7 @@ import pytest
 
 from tests.datasets.photos import image_tree
 from tests.fakes.cli import REPO, Here, assert_usage_error, child_env, default_sigint, invoke, pid_gone
+from tests.waiting import until
 
 pytestmark = pytest.mark.slow
 OUTPUTS = ("images.npy", "labels.npy", "classes.json")
@@ -149,7 +150,7 @@ def test_kill_9_at_random_points_then_resume_is_byte_identical(
     dest, rng, kills = tmp_path / "killed", random.Random(20261129), 0
     for _ in range(5):
         proc = _start(tmp_path, stage_args(big_tree, dest, "--workers", "2"))
-        time.sleep(rng.uniform(0.3, duration))
+        time.sleep(rng.uniform(0.3, duration))  # a random point of the run: what the test is about
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1
@@ -166,21 +167,21 @@ def test_kill_9_at_random_points_then_resume_is_byte_identical(
     assert doc["counts"] == {"inputs": 305, "staged": 300, "rejected": 5, "tokens": 0}
 
 
+def _with_workers(tree: dict[int, int], n: int) -> dict[int, int] | None:
+    """``tree`` once it holds ``n`` decode workers (grandchildren of the staging process), else None."""
+    return tree if len([p for p, depth in tree.items() if depth == 2]) >= n else None
+
+
 def test_killed_parent_leaves_no_worker_behind(big_tree: Path, tmp_path: Path) -> None:
     """The decode workers are forks of a fork server (grandchildren): kill -9 of the staging process ends them all."""
     proc = _start(tmp_path, stage_args(big_tree, tmp_path / "ds", "--workers", "2"))
-    deadline = time.monotonic() + 20
-    tree: dict[int, int] = {}
-    while time.monotonic() < deadline and len([p for p, depth in tree.items() if depth == 2]) < 2:
-        time.sleep(0.05)
-        tree = _descendants(proc.pid)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert len([p for p, depth in tree.items() if depth == 2]) == 2, f"no decode workers seen: {tree}"
-    end = time.monotonic() + 5
-    while time.monotonic() < end and not all(pid_gone(p) for p in tree):
-        time.sleep(0.05)
-    assert all(pid_gone(p) for p in tree), [p for p in tree if not pid_gone(p)]
+    try:
+        tree = until(lambda: _with_workers(_descendants(proc.pid), 2), 20, what="two decode workers")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert len([p for p, depth in tree.items() if depth == 2]) == 2, tree
+    until(lambda: all(pid_gone(p) for p in tree), 5, what=f"every process of {tree} to end")
 
 
 def test_ctrl_c_ends_the_workers_exits_130_and_the_same_command_resumes(
@@ -199,11 +200,14 @@ def test_ctrl_c_ends_the_workers_exits_130_and_the_same_command_resumes(
     )
     journal = tmp_path / ".ds.staging" / "journal.jsonl"
     try:
-        deadline, tree = time.monotonic() + 30, dict[int, int]()
-        while '"chunk"' not in (journal.read_text() if journal.exists() else ""):
-            assert proc.poll() is None and time.monotonic() < deadline, "no chunk decoded before the run ended"
+        tree = dict[int, int]()
+
+        def decoded() -> bool:
+            nonlocal tree
             tree = _descendants(proc.pid) or tree
-            time.sleep(0.02)
+            return '"chunk"' in (journal.read_text() if journal.exists() else "")
+
+        until(decoded, 30, what="a chunk decoded (in the journal)", while_running=proc)
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: SIGINT to the foreground process group
         out, err = proc.communicate(timeout=30)
     finally:
@@ -212,10 +216,9 @@ def test_ctrl_c_ends_the_workers_exits_130_and_the_same_command_resumes(
             proc.wait()
     assert proc.returncode == 130, f"{proc.returncode}\n{out}\n{err}"
     assert "Traceback" not in out + err, err
-    end = time.monotonic() + 5  # the fork server and the resource tracker see the pipes close and leave
-    while time.monotonic() < end and not all(pid_gone(p) for p in tree):
-        time.sleep(0.05)
-    assert tree and all(pid_gone(p) for p in tree), [p for p in tree if not pid_gone(p)]
+    assert tree
+    # the fork server and the resource tracker see the pipes close and leave
+    until(lambda: all(pid_gone(p) for p in tree), 5, what=f"every process of {tree} to end")
     assert (tmp_path / ".ds.staging").is_dir() and not dest.exists()
     resumed = invoke(tmp_path, *stage_args(big_tree, dest, "--workers", "2"))
     assert resumed.code == 0 and "resumed:" in resumed.out, resumed.why()

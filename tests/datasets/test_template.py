@@ -145,7 +145,9 @@ def test_a_batch_stays_intact_until_keep_more_are_taken_and_its_buffer_is_reused
     images, _ = arrays(staged)
     it = iter(loader)
     held = [next(it)[0] for _ in range(module.KEEP)]  # the current batch and those before it, within the rule
-    time.sleep(0.3)  # the reading threads run as far ahead as the ring lets them
+    # A stall to provoke, not a wait: reading threads that broke the rule would overwrite a held batch in this
+    # time; ones that keep it only stop, so there is no event to wait for.
+    time.sleep(0.3)
     for k, batch in enumerate(held):
         assert (batch.numpy() == images[16 * k : 16 * (k + 1)]).all(), f"batch {k} was overwritten within the rule"
     later = [next(it)[0] for _ in range(loader.ring - module.KEEP)]

@@ -5,7 +5,9 @@ host suites)."""
 from __future__ import annotations
 
 import _thread
+import concurrent.futures
 import signal
+import sys
 import threading
 import time
 
@@ -13,6 +15,7 @@ import pytest
 
 from provision.flow import at_once, in_parallel, json_tail, module_script
 from provision.remote import Completed, Prepared
+from tests.waiting import until
 
 
 def test_a_module_runs_from_the_checkout_with_the_hosts_python_and_quoted_arguments() -> None:
@@ -38,18 +41,30 @@ def test_jobs_side_by_side_come_back_in_order() -> None:
     assert at_once([lambda: time.sleep(5)], join_s=0.1) == [None]  # one that does not finish in time
 
     def slow() -> str:
-        time.sleep(0.2)
+        time.sleep(0.2)  # finishes after the fast one: the futures still come back in the jobs' order
         return "slow"
 
     futures = in_parallel([slow, lambda: "fast"], 2, threading.Event())
     assert [f.result() for f in futures] == ["slow", "fast"]
 
 
+def main_waits_on_its_jobs() -> bool:
+    """The main thread is inside in_parallel's wait for its futures (not still submitting them: Ctrl-C there is
+    not this test's case)."""
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    called = None
+    while frame is not None:
+        if frame.f_code.co_name == "in_parallel":
+            return called is not None and called.f_code is concurrent.futures.wait.__code__
+        called, frame = frame, frame.f_back
+    return False
+
+
 def test_ctrl_c_while_waiting_sets_stop_and_the_jobs_reach_it_before_it_is_raised() -> None:
     stop, seen = threading.Event(), list[bool]()
 
     def job() -> None:
-        time.sleep(0.3)  # in_parallel is waiting by now
+        until(main_waits_on_its_jobs, 10, what="in_parallel to wait on its jobs")
         _thread.interrupt_main()  # what Ctrl-C does to the main thread
         seen.append(stop.wait(10))
 

@@ -24,6 +24,7 @@ import pytest
 
 from tests.fakes.cli import default_sigint
 from tests.netns import Cluster, cluster, controller_env, python_for_hosts, unavailable
+from tests.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 
@@ -121,6 +122,7 @@ def test_every_live_host_reports_and_the_stopped_one_is_a_clean_fail_row(fleet: 
     assert [(r["id"], r["status"]) for r in h5] == [("host-bootstrap", "fail")]
 
 
+@pytest.mark.measures  # the all-reduce's rate against a bound
 def test_allreduce_runs_across_the_hosts_and_is_compared_with_the_link(fleet: Any) -> None:
     _, doc, _ = fleet
     rows = doc["measurements"]["allreduce"]
@@ -140,12 +142,24 @@ def test_text_report_has_the_table_and_the_matrix(fleet: Any) -> None:
 
 
 def test_nothing_is_left_running_or_lying_around(ctl: Controller, fleet: Any) -> None:
-    time.sleep(1)
-    sshd = {h.sshd.pid for h in ctl.cluster.hosts if h.sshd is not None}
-    leftovers = [p for p in ctl.cluster.processes_under(ctl.cluster.root) if p not in sshd and not _is_sshd(p)]
-    assert leftovers == [], [Path(f"/proc/{p}/cmdline").read_bytes() for p in leftovers]
+    until(lambda: _nothing_running(ctl), 10, what="the remote processes to end")
     for host in ctl.cluster.hosts:
         assert list((host.root / "tmp").iterdir()) == [], host.name
+
+
+def _nothing_running(ctl: Controller) -> bool:
+    """True once no process but the hosts' sshd runs under the cluster's folders (asserts, naming them, before)."""
+    sshd = {h.sshd.pid for h in ctl.cluster.hosts if h.sshd is not None}
+    left = [p for p in ctl.cluster.processes_under(ctl.cluster.root) if p not in sshd and not _is_sshd(p)]
+    assert left == [], [_cmdline(p) for p in left]
+    return True
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b"(ended)"
 
 
 def _is_sshd(pid: int) -> bool:
@@ -205,10 +219,7 @@ def test_each_way_a_host_can_fail_is_one_row_and_the_others_finish(ctl: Controll
     proc = subprocess.Popen(ctl.argv("--hosts-file", str(hostfile), "--json", "-"), cwd=REPO, env=ctl.env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while not marker.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "h4 never started its bootstrap"
-            time.sleep(0.05)
+        until(marker.exists, 60, what="h4 to start its bootstrap", while_running=proc)
         subprocess.run(["ip", "link", "set", h4.veth_outside, "down"], check=True)  # h4 drops off the network
         out, err = proc.communicate(timeout=120)
     finally:
@@ -253,10 +264,12 @@ def test_ctrl_c_stops_remote_processes_and_removes_their_files(ctl: Controller) 
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=default_sigint)  # fmt: skip
     try:
-        deadline = time.monotonic() + 90
-        while not all(_scratch(h.home) for h in hosts):  # both remote bootstraps are writing disk test files
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
-            time.sleep(0.05)
+        until(
+            lambda: all(_scratch(h.home) for h in hosts),
+            90,
+            what="both remote bootstraps to write disk test files",
+            while_running=proc,
+        )
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -265,10 +278,7 @@ def test_ctrl_c_stops_remote_processes_and_removes_their_files(ctl: Controller) 
             proc.wait()
     assert proc.returncode == 130, err[-2000:]
     assert err.strip().splitlines()[-1] == "gpu-preflight: interrupted"
-    time.sleep(2)
-    sshd = {h.sshd.pid for h in ctl.cluster.hosts if h.sshd is not None}
-    left = [p for p in ctl.cluster.processes_under(ctl.cluster.root) if p not in sshd and not _is_sshd(p)]
-    assert left == [], [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
+    until(lambda: _nothing_running(ctl), 10, what="the remote processes to end")
     for host in hosts:
         assert not _scratch(host.home) and list((host.root / "tmp").iterdir()) == [], host.name
 
