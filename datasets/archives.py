@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import IO
 
+from checks.units import MIB
 from datasets.errors import UsageError
 
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
@@ -104,7 +105,7 @@ def _write(src: IO[bytes], target: Path, mtime: float) -> None:
     if target.is_symlink() or (target.exists() and not target.is_file()):
         raise UsageError(f"archive member {target.name!r} collides with a folder or link; refusing to extract")
     with target.open("wb") as out:
-        shutil.copyfileobj(src, out, 1 << 20)
+        shutil.copyfileobj(src, out, MIB)
     os.utime(target, (mtime, mtime))
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from checks.config import DiskConfig, StageConfig
+from checks.units import size_binary
 from datasets.errors import UsageError
 from datasets.inventory import Columns
-from datasets.places import gib
 from datasets.request import ImageJob, Outcome, Request, TextJob
 from datasets.sources import Fetch
 from datasets.words import count
@@ -91,7 +91,7 @@ def summary(outcome: Outcome, seconds: float) -> str:
     """Return the one line that ends a run: what, where, how fast (over what this run itself decoded)."""
     contents = outcome.manifest.contents
     counts = contents.counts
-    size = gib(sum(o.bytes for o in contents.outputs.values()))
+    size = size_binary(sum(o.bytes for o in contents.outputs.values()))
     text = contents.kind == "text"
     if outcome.noop:
         what = count(counts.staged, "document" if text else "image")

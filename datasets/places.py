@@ -22,9 +22,8 @@ from pathlib import Path
 from checks.facts import LocationFacts
 from checks.machine.disk import data_score, rate
 from checks.probe.mounts import STAT_TIMEOUT_S, fs_kind, holder, mount_table, with_timeout
+from checks.units import size_binary
 from datasets.errors import StageFailure
-
-GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -48,12 +47,7 @@ class Place:
 
     def describe(self) -> str:
         """Name the place for messages: path, filesystem type, free space."""
-        return f"{self.path} ({self.fstype}, {gib(self.free)} free)"
-
-
-def gib(n: float) -> str:
-    """Format a byte count for people: MiB below a GiB, GiB above."""
-    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+        return f"{self.path} ({self.fstype}, {size_binary(self.free)} free)"
 
 
 def mount_point(path: Path, table: list[tuple[str, str]]) -> str:
@@ -207,7 +201,7 @@ def check_space(
     ]
     options = others + ([smaller] if smaller else [])
     raise StageFailure(
-        f"not enough free space at {existing_ancestor(where)} ({place.fstype}): {what} need {gib(needed)}, "
-        f"{gib(place.free)} free",
+        f"not enough free space at {existing_ancestor(where)} ({place.fstype}): {what} need {size_binary(needed)}, "
+        f"{size_binary(place.free)} free",
         hint="alternatives: " + "; ".join(options) if options else "free some space or pick another --dest",
     )

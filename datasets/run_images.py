@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
+from checks.units import MIB, size_binary
 from datasets import decode, finalize, manifest, npyfile, resize
 from datasets.errors import StageFailure
 from datasets.images import Resize
 from datasets.inventory import Inventory
 from datasets.journal import Journal
 from datasets.manifest import Classes, Contents, Counts, Output, Reject, Timings
-from datasets.places import gib
 from datasets.progress import Progress
 from datasets.request import Request, allowed_rejects
 from datasets.words import count
@@ -31,14 +31,14 @@ def estimate(req: Request, inv: Inventory, work: Path | None) -> tuple[int, str,
     """Return (bytes still needed, what for, a smaller alternative) for decoding ``inv`` (``work``: None before
     a staging folder exists)."""
     n, s = len(inv.paths), req.images.size
-    total = n * s * s * 3 + n * 8 + (1 << 20)
+    total = n * s * s * 3 + n * 8 + MIB
     if req.format == "pt":
         total += req.images.shard_size * s * s * 3  # one shard exists twice while it is written
     held = (
         0 if work is None else npyfile.allocated_bytes(work / "out" / SLOTS) + npyfile.allocated_bytes(work / RESERVE)
     )
     half = max(8, s // 2)
-    smaller = f"--size {half} needs {gib(n * half * half * 3)}"
+    smaller = f"--size {half} needs {size_binary(n * half * half * 3)}"
     return max(0, total - held), f"{n:,} images x {s}x{s}x3 bytes", smaller
 
 

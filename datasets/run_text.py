@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from checks.units import MIB
 from datasets import text_stage
 from datasets.errors import StageFailure
 from datasets.inventory import Inventory
@@ -20,7 +21,7 @@ from datasets.words import count
 def estimate(req: Request, inv: Inventory, work: Path | None) -> tuple[int, str, str]:
     """Return (bytes still needed, what for, alternative): at most one token per input byte."""
     itemsize = 4 if req.text.token_dtype == "uint32" else 2
-    return inv.total_bytes * itemsize + (1 << 20), f"{inv.total_bytes:,} bytes of text as tokens", ""
+    return inv.total_bytes * itemsize + MIB, f"{inv.total_bytes:,} bytes of text as tokens", ""
 
 
 def run(req: Request, inv: Inventory, work: Path, journal: Journal, progress: Progress) -> Contents:

@@ -20,6 +20,7 @@ import requests
 import sh
 
 from checks.probe.net import redact, scrub
+from checks.units import MIB
 from datasets.errors import StageFailure
 
 # Worth retrying (docs/sources.md#rsync-resume): socket I/O, protocol stream, signal, partial transfer, vanished
@@ -242,7 +243,7 @@ def file_sha256(path: Path, progress: Callable[[int], object] | None = None) -> 
     """Hash a file in 1 MiB blocks; ``progress`` hears the size of each block."""
     h = hashlib.sha256()
     with path.open("rb") as fh:
-        while block := fh.read(1 << 20):
+        while block := fh.read(MIB):
             h.update(block)
             if progress is not None:
                 progress(len(block))

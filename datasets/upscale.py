@@ -6,9 +6,9 @@ and says so with the figures (the sources' short side, S, the bytes it costs, an
 
 from __future__ import annotations
 
+from checks.units import size_binary
 from datasets.images import short_sides
 from datasets.inventory import Inventory
-from datasets.places import gib
 from datasets.request import ImageJob
 
 SAMPLE = 50  # headers read, spread evenly over the inputs: enough for a median, milliseconds on a local disk
@@ -27,7 +27,7 @@ def warning(job: ImageJob, inv: Inventory) -> str | None:
     return (
         f"--size {s} enlarges the source images ~{s / median:.0f}x: their short side is {_span(sides)} px "
         f"(median {median} px, {len(sides)} of {n:,} images read); as {s}x{s}x3 rows they take "
-        f"{gib(n * s * s * 3)} in all, where --size {median} would take {gib(n * median * median * 3)}"
+        f"{size_binary(n * s * s * 3)} in all, where --size {median} would take {size_binary(n * median * median * 3)}"
     )
 
 

@@ -17,8 +17,8 @@ from checks.errors import PreflightError
 from checks.facts import MachineFacts
 from checks.machine.measurements import environment
 from checks.snapshot import load_snapshot
+from checks.units import GIB, MIB
 
-GIB, MIB = 1024**3, 1024**2
 # Fields a bootstrap report's measurements.environment carries (checks/machine/measurements.py).
 REPORT_FIELDS = ("os", "glibc", "python", "torch", "torch_cuda", "nccl", "cudnn", "driver", "driver_cuda", "nvcc")
 

@@ -10,8 +10,8 @@ from checks.fleet.drift import drift_table, environments
 from checks.fleet.report import FleetReport, Tagged
 from checks.render import render_result
 from checks.result import Result, Status
+from checks.units import MIB
 
-MIB = 1024**2
 _ORDER = (Status.FAIL, Status.ERROR, Status.WARN)
 
 

@@ -11,6 +11,7 @@ import dataclasses
 from checks.config import PreflightConfig
 from checks.facts import MachineFacts
 from checks.result import Result, fail, ok, skip, warn
+from checks.units import MIB
 
 
 def _options(text: str) -> dict[str, str]:
@@ -23,7 +24,7 @@ def _matches(key: str, wanted: str, parsed: dict[str, str]) -> bool:
     if key in parsed:
         return parsed[key].casefold() == wanted.casefold()
     if key.endswith("_mb") and key[:-3] in parsed and wanted.isdigit():
-        return parsed[key[:-3]] == str(int(wanted) * 1024 * 1024)
+        return parsed[key[:-3]] == str(int(wanted) * MIB)  # PyTorch reads max_split_size_mb as MiB
     return False
 
 

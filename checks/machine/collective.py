@@ -22,9 +22,9 @@ from checks.machine.grading import grade, graded
 from checks.machine.nccl_env import broken_socket
 from checks.machine.topology import answering, p2p_ok, pair_of, path_name
 from checks.result import Result, fail, ok, skip
+from checks.units import MIB
 
 EXPECTATIONS_FILE = Path(__file__).resolve().parents[2] / "templates" / "nccl.yaml"
-MIB = 1024**2
 _NVLINK_GB_S = {True: 50.0, False: 25.0}  # per link and way: NVLink 5 (cc 10+), 2-4 (docs/sources.md#nvlink-per-link)
 
 

@@ -11,8 +11,7 @@ from typing import Any
 from checks.config import DiskConfig, PreflightConfig
 from checks.facts import LocationFacts, MachineFacts, MountFacts
 from checks.result import Result, fail, ok, skip, warn
-
-GIB = 1024**3
+from checks.units import GIB, size_binary
 
 
 def rate(mb_s: float | None) -> str:
@@ -22,10 +21,9 @@ def rate(mb_s: float | None) -> str:
     return f"{mb_s / 1000:.1f} GB/s" if mb_s >= 1000 else f"{mb_s:.0f} MB/s"
 
 
-def size(nbytes: int | None) -> str:
-    if nbytes is None:
-        return "?"
-    return f"{nbytes / 1024**4:.1f} TiB" if nbytes >= 1024**4 else f"{nbytes / GIB:.0f} GiB"
+def _free(nbytes: int | None) -> str:
+    """Free space in binary units, ``?`` where the mount could not be read."""
+    return "?" if nbytes is None else size_binary(nbytes)
 
 
 def _not_measured(m: MachineFacts, check_id: str) -> Result | None:
@@ -59,7 +57,7 @@ def disk_mounts(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     if missing or m.disks is None:
         return [missing or skip("disk-mounts", "not measured")]
     mounts = m.disks.mounts
-    listed = ", ".join(f"{x.mountpoint} {x.fs_type} ({x.kind}) {size(x.free_bytes)} free" for x in mounts)
+    listed = ", ".join(f"{x.mountpoint} {x.fs_type} ({x.kind}) {_free(x.free_bytes)} free" for x in mounts)
     value = [
         {"mountpoint": x.mountpoint, "fs_type": x.fs_type, "kind": x.kind, "free_bytes": x.free_bytes} for x in mounts
     ]
@@ -91,7 +89,7 @@ def _stale_note(loc: LocationFacts) -> str:
     if not loc.stale_removed:
         return ""
     count, held = len(loc.stale_removed), loc.stale_removed_bytes
-    amount = f"{held / GIB:.1f} GiB" if held >= GIB else f"{held / 1024**2:.1f} MiB"
+    amount = size_binary(held)
     what = "a scratch directory" if count == 1 else f"{count} scratch directories"
     return f"; removed {what} ({amount}) left by a killed earlier run"
 
@@ -181,7 +179,7 @@ def disk_data(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
         return [_no_room("disk-data", locations, room)]
     summary = (
         f"stage data to {chosen.path}: {chosen.fs_type} ({chosen.kind}), {rate(chosen.cold_read_mb_s)} cold read, "
-        f"{(chosen.small_files_per_s or 0):,.0f} small files/s, {size(chosen.free_bytes)} free"
+        f"{(chosen.small_files_per_s or 0):,.0f} small files/s, {_free(chosen.free_bytes)} free"
         + _others(chosen, locations)
     )
     return [_data_verdict(chosen, only_network, summary, cfg.disk)]
@@ -207,7 +205,7 @@ def _no_room(check_id: str, locations: list[LocationFacts], room: int) -> Result
     if not locations:
         return fail(check_id, "no location could be measured (see disk-speed)", "fix the locations listed there")
     biggest = max(locations, key=lambda x: x.free_bytes or 0)
-    summary = f"no measured location has {size(room)} free; the most is {biggest.path} with {size(biggest.free_bytes)}"
+    summary = f"no measured location has {size_binary(room)} free; the most is {biggest.path} with {_free(biggest.free_bytes)}"
     return warn(check_id, summary, "attach or mount a larger local disk", value=biggest.path)
 
 

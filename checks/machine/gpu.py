@@ -14,8 +14,7 @@ from checks.machine import datasheet
 from checks.machine.datasheet import PCIE_X16_GB_S
 from checks.machine.grading import grade, graded
 from checks.result import Result, Status, fail, ok, skip, warn
-
-GIB = 1024**3
+from checks.units import GIB
 
 # Clock event reason bits (nvmlClocksEventReason*, docs/sources.md#nvml-api). Idle (0x1), application clocks
 # (0x2), sync boost (0x10) and display (0x100) are not problems and are ignored.

@@ -14,8 +14,8 @@ from checks.facts import AllreduceFacts, DownloadFacts, LinkFacts, MachineFacts
 from checks.machine import datasheet
 from checks.machine.grading import grade, graded
 from checks.result import Result, Status, fail, ok, skip, warn
+from checks.units import MIB
 
-MIB = 1024**2
 # NVLink 3 and 4 carry 25 GB/s per link and direction (18 x 25 = 450 GB/s on H100, 12 x 25 = 300 on A100:
 # docs/sources.md#nvlink-per-link).
 NVLINK_LINK_GB_S = 25.0

@@ -14,8 +14,7 @@ from checks.facts import MachineFacts
 from checks.machine.grading import grade, graded
 from checks.machine.topology import numa_reason
 from checks.result import Result, Status, fail, ok, warn
-
-GIB, MIB = 1024**3, 1024**2
+from checks.units import GIB, MIB
 
 
 def _gpu_count(m: MachineFacts) -> int:

@@ -12,8 +12,7 @@ from checks.config import PlanConfig
 from checks.machine.datasheet import GpuSpec
 from checks.plan.memory import SHARD_ORDER, Breakdown, Setup, largest_batch, per_gpu
 from checks.plan.model import ModelSize
-
-GiB = 1 << 30
+from checks.units import GIB
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,7 @@ class Option:
 
 
 def usable_bytes(spec: GpuSpec, cfg: PlanConfig) -> float:
-    return spec.memory_gb * GiB * cfg.nvml_total_fraction
+    return spec.memory_gb * GIB * cfg.nvml_total_fraction
 
 
 def _candidates(gpus: int, sharding: str, cfg: PlanConfig) -> list[tuple[int, str]]:
@@ -57,5 +56,5 @@ def option(
             return Option(spec, usable, False, True, n, s, mem, largest_batch(m, setup, cfg, usable, n, s))
     n, s = tried[-1]
     mem = per_gpu(m, setup, cfg, batch, n, s)
-    why = f"needs {mem.total / GiB:.1f} GiB per GPU at {n} x {s}, {usable / GiB:.1f} GiB usable"
+    why = f"needs {mem.total / GIB:.1f} GiB per GPU at {n} x {s}, {usable / GIB:.1f} GiB usable"
     return Option(spec, usable, False, False, n, s, mem, largest_batch(m, setup, cfg, usable, n, s), why)

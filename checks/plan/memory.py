@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from checks.config import PlanConfig
 from checks.plan.model import ModelSize
+from checks.units import MIB
 
-MiB = 1 << 20
 QLORA_BYTES = 0.516  # NF4 + double-quantised constants: 4.127 bits (docs/sources.md#qlora, QLoRA pp. 5-6)
 OPTIMIZER_BYTES = {"adamw": 8.0, "sgd": 4.0, "adam8bit": 2.0}
 SHARD_ORDER = ("ddp", "zero1", "zero2", "zero3")  # least communication first
@@ -113,8 +113,8 @@ def per_gpu(m: ModelSize, setup: Setup, cfg: PlanConfig, batch: int, gpus: int, 
         ddp_buckets=buckets,
         gathered=gathered,
         activations=acts,
-        cuda_context=cfg.cuda_context_mib * MiB,
-        nccl=cfg.nccl_mib * MiB if n > 1 else 0.0,
+        cuda_context=cfg.cuda_context_mib * MIB,
+        nccl=cfg.nccl_mib * MIB if n > 1 else 0.0,
         fragmentation=cfg.fragmentation_fraction * dynamic,
     )
 

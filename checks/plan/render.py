@@ -5,9 +5,8 @@ from __future__ import annotations
 from checks.plan.cards import Option
 from checks.plan.memory import states
 from checks.plan.run import PlanResult
-from checks.units import money
+from checks.units import GB, GIB, MIB, money
 
-GB = 1e9
 TERMS = (
     "weights",
     "grads",
@@ -23,7 +22,7 @@ TERMS = (
 
 
 def _gb(value: float) -> str:
-    return f"{value / GB:,.1f} GB" if value >= 0.05 * GB else f"{value / 2**20:,.0f} MiB"
+    return f"{value / GB:,.1f} GB" if value >= 0.05 * GB else f"{value / MIB:,.0f} MiB"
 
 
 def _row(o: Option, time: dict[str, float] | None) -> str:
@@ -70,7 +69,7 @@ def render_plan(p: PlanResult) -> str:
     lines += ["  " + _row(o, p.times.get(o.spec.model)) for o in p.options]
     lines.append("  usable GB: what one card holds, in the per-GPU column's GB (10^9 bytes); a card's \"80GB\" is GiB")
     if p.box:
-        lines.append(f"  * this box ({p.box[0]}): its free memory, {_gb(p.box[1])} ({p.box[1] / 2**30:,.1f} GiB)")
+        lines.append(f"  * this box ({p.box[0]}): its free memory, {_gb(p.box[1])} ({p.box[1] / GIB:,.1f} GiB)")
     lines.append("")
     lines.append(summary(p))
     return "\n".join(lines) + "\n"

@@ -21,8 +21,6 @@ from checks.errors import terminate_as_interrupt
 from checks.facts import DiskFacts, LocationFacts, MountFacts
 from checks.probe.diskio import (
     CHUNK,
-    GIB,
-    MIB,
     Budget,
     MeasureError,
     cold_read,
@@ -34,6 +32,7 @@ from checks.probe.diskio import (
 from checks.probe.fio import fio_available, fio_sequential
 from checks.probe.mounts import mount_of, read_mounts, statvfs
 from checks.probe.smallfiles import small_files
+from checks.units import GIB, MIB
 
 
 def candidates(mounts: list[MountFacts], cfg: DiskConfig, home: str, tmp: str) -> list[tuple[str, bool]]:

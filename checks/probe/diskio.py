@@ -26,9 +26,8 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from checks.probe.host import boot_id
+from checks.units import MIB
 
-MIB = 1024**2
-GIB = 1024**3
 CHUNK = 4 * MIB  # one write/read call, as fio --bs=4M
 SCRATCH_PREFIX = ".gpu-preflight-disk-"
 _OWNED = re.compile(re.escape(SCRATCH_PREFIX) + r"(?P<scope>[0-9a-f]{8})-(?P<pid>[1-9][0-9]*)-(?P<start>[0-9]+)-\w+")

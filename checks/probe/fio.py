@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from typing import Any
 
-MIB = 1024**2
+from checks.units import MIB
 
 
 def fio_available() -> bool:

@@ -17,7 +17,6 @@ from typing import TypeVar
 from checks.facts import MountFacts
 
 T = TypeVar("T")
-MIB = 1024**2
 STAT_TIMEOUT_S = 2.0  # preflight.disk.stat_timeout_s's default, for callers without the config
 
 # Filesystems that hold no data of their own (kernel interfaces, container plumbing, read-only images).

@@ -18,8 +18,8 @@ from urllib.parse import SplitResult, parse_qsl, quote, urlsplit, urlunsplit
 import requests
 
 from checks.facts import DownloadFacts, NetFacts
+from checks.units import MIB
 
-MIB = 1024**2
 CHUNK = 64 * 1024
 HIDDEN = "***"
 # A path segment this long mixing letters and digits is a token, a signature or a key more often than a name.

@@ -18,8 +18,8 @@ from typing import Any
 import psutil
 
 from checks.probe.nvml import Query, Unanswered, start_nvml, stop_nvml, uuid_key
+from checks.units import MIB
 
-MIB = 1024**2
 # nvmlDeviceGetPcieThroughput counts bytes over a 20 ms window per call (NVML API reference): two calls per
 # GPU per sample, so it is read only for the GPUs in focus.
 _PCIE_TX, _PCIE_RX = 0, 1  # NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES

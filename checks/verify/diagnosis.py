@@ -29,6 +29,7 @@ from typing import Any
 from checks.config import VerifyConfig
 from checks.machine.gpu import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
 from checks.result import Result
+from checks.units import GIB
 from checks.verify import advice as fixes
 from checks.verify import distributed
 from checks.verify.contract import DdpFigures
@@ -327,11 +328,11 @@ def _memory(s: Signals, cfg: VerifyConfig) -> Verdict | None:
     ev = {k: m.get(k) for k in ("total_bytes", "peak_reserved_bytes", "allocated_bytes", "num_alloc_retries")}
     fix = "activation checkpointing (~20% slower), bf16, a smaller micro-batch with gradient accumulation"
     if reserved >= cfg.near_oom_fraction * total:
-        summary = f"peak reserved memory is {_pct(reserved / total)} of the GPU's {total / 2**30:.0f} GiB"
+        summary = f"peak reserved memory is {_pct(reserved / total)} of the GPU's {total / GIB:.0f} GiB"
         return Verdict("near-oom", "critical", "high", summary, fix, 0.0, ev)
     fragmented = allocated and reserved / allocated >= cfg.fragmentation_ratio
     if retries or (fragmented and reserved >= cfg.fragmentation_min_fraction * total):
-        summary = f"allocator fragmentation: reserved {reserved / 2**30:.1f} GiB for {allocated / 2**30:.1f} GiB allocated, {retries} allocation retries"
+        summary = f"allocator fragmentation: reserved {reserved / GIB:.1f} GiB for {allocated / GIB:.1f} GiB allocated, {retries} allocation retries"
         fix = "PYTORCH_ALLOC_CONF=expandable_segments:True (invoke alloc-conf); max_split_size_mb only as a last resort"
         return Verdict("near-oom", "warn", "medium", summary, fix, 0.0, ev)
     return None
@@ -437,7 +438,7 @@ def _oom(oom: dict[str, Any]) -> Verdict:
     mem = oom.get("memory") or {}
     total = mem.get("total_bytes")
     where = (
-        f" ({(mem.get('peak_reserved_bytes') or 0) / 2**30:.1f} of {total / 2**30:.0f} GiB reserved at peak)"
+        f" ({(mem.get('peak_reserved_bytes') or 0) / GIB:.1f} of {total / GIB:.0f} GiB reserved at peak)"
         if total
         else ""
     )

@@ -30,7 +30,7 @@ from checks.errors import PreflightError
 from checks.facts import MachineFacts
 from checks.probe.launch import LaunchContext
 from checks.result import Result, Status, ok, skip
-from checks.units import percent, size
+from checks.units import percent, size_decimal
 from checks.verify.contract import (
     ChildResult,
     CommAb,
@@ -270,7 +270,7 @@ def comm_text(d: DdpFigures, target: float) -> tuple[str, str]:
     bw = f", at least {d.busbw_gbs:g} GB/s busbw" if d.busbw_gbs else ""
     summary = (
         f"{d.world_size} ranks ({d.backend}) wait {ms:.1f} ms per step for the gradient exchange, "
-        f"{percent(share)} of the step ({size(grad)} all-reduced per step{bw})"
+        f"{percent(share)} of the step ({size_decimal(grad)} all-reduced per step{bw})"
     )
     k = accumulation(share, target)
     ranked = []
@@ -293,7 +293,7 @@ def comm_text(d: DdpFigures, target: float) -> tuple[str, str]:
         ranked.append(
             (
                 0.0,
-                f"bf16 gradients ({hook}) halve the bytes, but {size(grad)} a step is latency, not bytes: little to gain",
+                f"bf16 gradients ({hook}) halve the bytes, but {size_decimal(grad)} a step is latency, not bytes: little to gain",
             )
         )
     ranked.append(

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from checks.units import size_binary
 from datasets.inventory import scan
-from datasets.places import gib
 from datasets.stage import stage
 from datasets.upscale import warning
 from tests.datasets import jobs
@@ -36,7 +36,10 @@ def test_a_size_above_the_photos_is_said_before_the_work_with_its_figures(tmp_pa
     assert np.load(out.dest / "images.npy", mmap_mode="r").shape == (6, 256, 256, 3)  # staged as asked
     [line] = [s for s in said if s.startswith("--size 256 enlarges")]
     assert "short side is 48 px" in line and "6 of 6 images read" in line, line
-    assert f"{gib(6 * 256 * 256 * 3)} in all" in line and f"--size 48 would take {gib(6 * 48 * 48 * 3)}" in line, line
+    assert (
+        f"{size_binary(6 * 256 * 256 * 3)} in all" in line
+        and f"--size 48 would take {size_binary(6 * 48 * 48 * 3)}" in line
+    ), line
 
 
 def test_no_word_when_the_photos_are_at_least_the_size(tmp_path: Path) -> None:

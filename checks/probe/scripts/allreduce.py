@@ -19,7 +19,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-MIB = 1024**2
+MIB = 1024**2  # checks.units.MIB: a standalone child script, it does not import the checkout
 
 
 def _route_interface(master: str) -> str | None:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-MIB = 1024**2
+MIB = 1024**2  # checks.units.MIB: a standalone child script, it does not import the checkout
 Timer = Callable[[Callable[[], object]], float]
 
 

@@ -21,7 +21,7 @@ from typing import Any
 # The sibling script (this folder is sys.path[0] when Python runs a script from it): one UUID rule for both.
 from gpu_bench import device_uuid
 
-MIB = 1024**2
+MIB = 1024**2  # checks.units.MIB: a standalone child script, it does not import the checkout
 
 
 def _time_copy(torch: Any, dst: Any, src: Any, cuda: bool) -> float:

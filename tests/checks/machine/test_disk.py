@@ -48,7 +48,7 @@ def test_too_slow_everywhere_fails_and_nothing_roomy_warns() -> None:
     slow = replace(LOCAL, cold_read_mb_s=60.0)
     assert one(disk_data(facts(slow), config()), "disk-data").status is Status.FAIL
     tiny = one(disk_data(facts(SMALL_ROOT), config()), "disk-data")
-    assert tiny.status is Status.WARN and "no measured location has 50 GiB free" in tiny.summary
+    assert tiny.status is Status.WARN and "no measured location has 50.0 GiB free" in tiny.summary
 
 
 def test_small_file_rate_decides_the_data_location() -> None:
