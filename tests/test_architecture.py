@@ -245,3 +245,113 @@ def test_the_picture_check_sees_a_missing_layer_and_a_wrong_floor() -> None:
         "checks.probe may import checks but is not drawn above it",
         "checks.plan may import checks but is not drawn above it",  # the same floor is not above
     ]
+
+
+# --- the maps: docs/architecture.md's rooms and docs/development.md's "where code lives" --------------------------
+
+DEV = REPO / "docs" / "development.md"
+CORE_LIMIT = 15  # modules directly in checks/ (with __init__): past it, a subject gets a folder of its own
+
+
+def rooms(doc: str) -> dict[str, str]:
+    """Rows of the table under "The rooms": ``| `checks/verify/` | text |`` -> {"checks/verify/": text}."""
+    section = doc.split("## The rooms", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|", 1)] for line in section.splitlines()]
+    return {cells[0].strip("`"): cells[1] for cells in rows if len(cells) == 2 and cells[0].startswith("`")}
+
+
+def code_map(doc: str) -> dict[str, str]:
+    """Entries of the block under "Where code lives": a path at the start of a line, then its text (on that line
+    and the indented lines under it) -> {"checks/verify/user/": text}."""
+    block = doc.split("## Where code lives", 1)[1].split("```", 2)[1]
+    entries: dict[str, str] = {}
+    heading = ""
+    for line in block.splitlines()[1:]:  # the first line is the block's language
+        if line[:1].strip():
+            heading, _, line = line.partition(" ")
+            entries[heading] = ""
+        if heading:
+            entries[heading] += " " + line.strip()
+    return entries
+
+
+def packages() -> list[str]:
+    """Every package folder of the tree (``checks/verify/user/``), and tasks.py."""
+    found = [
+        str(p.parent.relative_to(REPO)) + "/" for root in ROOTS for p in sorted((REPO / root).rglob("__init__.py"))
+    ]
+    return ["tasks.py", *found]
+
+
+def module_files() -> list[str]:
+    """Every Python file of the product but packages' ``__init__.py``: modules, child scripts, the injected files."""
+    return [str(p.relative_to(REPO)) for p in MODULES.values() if p.name != "__init__.py"]
+
+
+def named(name: str, text: str) -> bool:
+    return re.search(rf"(?<![\w/.]){re.escape(name)}(?![\w])", text) is not None
+
+
+def unmapped(entries: dict[str, str], files: list[str]) -> list[str]:
+    """Files the map does not name under the entry of their folder: ``checks/verify/user/judge.py`` wants
+    ``judge.py`` in the ``checks/verify/user/`` entry, or ``user/judge.py`` in ``checks/verify/``'s when
+    ``checks/verify/user/`` has no entry of its own; tasks.py is an entry itself."""
+    out = []
+    for path in files:
+        headings = [h for h in entries if path == h or (h.endswith("/") and path.startswith(h))]
+        if not headings:
+            out.append(f"{path}: no entry for its folder")
+            continue
+        heading = max(headings, key=len)
+        if path != heading and not named(path[len(heading) :], entries[heading]):
+            out.append(f"{path}: not named under {heading}")
+    return out
+
+
+def stale(entries: dict[str, str]) -> list[str]:
+    """Entries of a folder that is not there, and ``*.py`` names in an entry that are no file there (a module
+    renamed or moved without its map), read from the entry's folder or from the checkout's root."""
+    out = []
+    for heading, text in entries.items():
+        if heading.split("/")[0] not in (*ROOTS, "tasks.py"):
+            continue
+        if not (REPO / heading).exists():
+            out.append(f"{heading}: no such folder")
+        base = REPO / heading if heading.endswith("/") else REPO
+        out += [
+            f"{heading}: {name} is no file"
+            for name in re.findall(r"(?<![\w/.*])[\w/]+\.py\b", text)
+            if not (base / name).is_file() and not (REPO / name).is_file()
+        ]
+    return out
+
+
+def test_every_package_has_a_room_and_every_room_is_a_package() -> None:
+    table = rooms(DOC.read_text())
+    assert [p for p in packages() if p not in table] == []
+    assert [room for room in table if room not in packages()] == []
+
+
+def test_the_cores_room_names_every_core_module() -> None:
+    core = rooms(DOC.read_text())["checks/"]
+    assert [p.stem for p in sorted((REPO / "checks").glob("[!_]*.py")) if not named(f"`{p.stem}`", core)] == []
+
+
+def test_the_code_map_names_every_module_and_nothing_that_is_gone() -> None:
+    entries = code_map(DEV.read_text())
+    assert unmapped(entries, module_files()) == []
+    assert stale(entries) == []
+
+
+def test_the_map_check_sees_a_missing_module_a_missing_folder_and_a_stale_name() -> None:
+    entries = {"tasks.py": " the CLI", "checks/": " config.py gone.py", "checks/verify/": " run.py user/judge.py"}
+    files = ["tasks.py", "checks/config.py", "checks/units.py", "checks/verify/run.py", "checks/verify/user/judge.py"]
+    assert unmapped(entries, [*files, "datasets/stage.py"]) == [
+        "checks/units.py: not named under checks/",
+        "datasets/stage.py: no entry for its folder",
+    ]
+    assert stale(entries) == ["checks/: gone.py is no file"]
+
+
+def test_the_core_stays_small() -> None:
+    assert len(list((REPO / "checks").glob("*.py"))) <= CORE_LIMIT
