@@ -769,11 +769,15 @@ class ProcessFigures(Record):
 @dataclass(frozen=True)
 class CommandStep(Record):
     """What only a command's steps tell: micro-batches and samples per optimizer step (``samples_per_step`` None
-    when no batch's size could be read), and what its ``forward`` share holds."""
+    when no batch's size could be read), what its ``forward`` share holds, and tokens per optimizer step where the
+    batches are token ids (``input_ids`` [B, T], or a [B, T] integer tensor: B x T summed over the micro-batches;
+    left out otherwise)."""
 
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"tokens_per_step"})
     micro_batches_per_step: int
     samples_per_step: int | None
     forward_includes: str
+    tokens_per_step: int | None = None
 
 
 @dataclass(frozen=True)

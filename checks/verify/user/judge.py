@@ -131,6 +131,7 @@ class RankFigures:
     micro_batches: int
     samples_per_step: int | None
     checkpoint: Checkpoint | None
+    tokens_per_step: int | None = None  # batches of token ids: input_ids [B, T] (B x T), a [B, T] integer tensor
 
 
 def rank_figures(r: Rank) -> RankFigures | None:
@@ -144,13 +145,16 @@ def rank_figures(r: Rank) -> RankFigures | None:
     per_step = ckpt / len(r.steps)
     step_s = figs.mean_s + per_step
     rate = figs.samples_per_s or None
+    tokens = _median_int([s.get("tokens") or 0 for s in r.steps])
     figs = dataclasses.replace(
         figs,
         shares=breakdown(records, per_step),
         step_s=step_s,
         samples_per_s=rate,
+        tokens_per_s=tokens / figs.mean_s if tokens and figs.mean_s > 0 else None,
         checkpoint_s_per_step=per_step,
         samples_per_s_with_checkpoints=samples / step_s if rate else None,
+        tokens_per_s_with_checkpoints=tokens / step_s if tokens and step_s > 0 else None,
     )
     saves = sum(s["saves"] for s in r.steps)
     checkpoint = (
@@ -164,7 +168,12 @@ def rank_figures(r: Rank) -> RankFigures | None:
         else None
     )
     micro = _median_int([s["micro"] for s in r.steps]) or 1
-    return RankFigures(figs, micro, samples or None, checkpoint)
+    return RankFigures(figs, micro, samples or None, checkpoint, tokens or None)
+
+
+def _times(rate: float | None, world: int) -> float | None:
+    """A rank's rate for every rank (each trains its own batches)."""
+    return rate * world if rate else None
 
 
 def _every(steps: int, saves: int) -> float:
@@ -231,11 +240,13 @@ def judge(
     s = None
     if figs is not None and lead is not None:
         world = max(1, len(found))
-        with_ckpt = figs.fig.samples_per_s_with_checkpoints
+        f = figs.fig
         whole = dataclasses.replace(
-            figs.fig,
-            samples_per_s=(figs.fig.samples_per_s or 0) * world or None,
-            samples_per_s_with_checkpoints=with_ckpt * world if with_ckpt else with_ckpt,
+            f,
+            samples_per_s=_times(f.samples_per_s, world),
+            samples_per_s_with_checkpoints=_times(f.samples_per_s_with_checkpoints, world),
+            tokens_per_s=_times(f.tokens_per_s, world),
+            tokens_per_s_with_checkpoints=_times(f.tokens_per_s_with_checkpoints, world),
         )
         figs = dataclasses.replace(figs, fig=whole)
         s = verify_report.signals(setting, outcome, cfg, figs.fig, gate)
@@ -283,7 +294,9 @@ def judge(
         checkpoint=_checkpoint(figs.checkpoint if figs else None, saved),
         ddp=_judged_ddp(ddp, lead),
         command=command_facts(run, found),
-        command_step=None if figs is None else CommandStep(figs.micro_batches, figs.samples_per_step, FORWARD),
+        command_step=None if figs is None else CommandStep(
+            figs.micro_batches, figs.samples_per_step, FORWARD, figs.tokens_per_step
+        ),
         per_rank=tuple(per_rank(found)) if ddp is not None else None,
         command_advice=advice,
         model_advice=model,
@@ -336,9 +349,9 @@ def _step_block(lead: Rank, figs: RankFigures) -> StepBlock:
         step_breakdown=f.shares,
         step_time=StepTime(f.steps, f.median_s, f.p95_s, f.mean_s),
         samples_per_s=f.samples_per_s,
-        tokens_per_s=None,
+        tokens_per_s=f.tokens_per_s,
         samples_per_s_with_checkpoints=f.samples_per_s_with_checkpoints,
-        tokens_per_s_with_checkpoints=None,
+        tokens_per_s_with_checkpoints=f.tokens_per_s_with_checkpoints,
         enqueue_ratio=enqueue_ratio([step_record(s) for s in lead.steps]),
     )
 
@@ -484,6 +497,8 @@ def _loop(lead: Rank, figs: RankFigures) -> Result:
     batch = f", {per} samples per step" if per else ", batch size unreadable from the batches"
     accum = f" of {micro} micro-batches" if micro > 1 else ""
     rate = f", {figs.fig.samples_per_s:,.1f} samples/s" if figs.fig.samples_per_s else ""
+    if figs.fig.tokens_per_s:
+        rate += f", {figs.fig.tokens_per_s:,.0f} tokens/s ({figs.tokens_per_step:,} tokens per step)"
     summary = (
         f"{len(lead.steps)} optimizer steps{accum} measured ({len(lead.warmup)} warm-up excluded){batch}; "
         f"median {figs.fig.median_s * 1000:.1f} ms{rate} on {lead.device.get('name') or lead.device.get('type')}"

@@ -10,7 +10,11 @@ Once torch is imported it installs torch's global hooks and a few patches:
   are told apart by their dataset, and the step's data wait is the one its steps consume from most;
 - backward: ``torch.Tensor.backward`` and ``torch.autograd.backward`` (outermost call), which also counts the
   micro-batches of gradient accumulation;
-- checkpoint: ``torch.save``, ``torch.distributed.checkpoint.save``/``async_save`` and safetensors' ``save_file``;
+- checkpoint: ``torch.save``, safetensors' ``save_file``/``save_model``, ``torch.distributed.checkpoint.save``/
+  ``async_save``, accelerate's ``save_state``, Lightning's ``Trainer.save_checkpoint``/``TorchCheckpointIO``, the
+  transformers ``Trainer``'s ``_save_checkpoint``/``save_model``: the outermost call is one save, its bytes the
+  files it wrote (modified under its target during the call) or a buffer's growth;
+- the batch: its samples (the collated batch dimension) and, for token ids, its tokens;
 - DDP's exchange: a comm hook doing what DDP's default does (``default_hooks.allreduce_hook``), registered at a
   ``DistributedDataParallel`` model's first forward unless the script registered its own; the step's exposed
   exchange runs from the last bucket handed to it to the end of backward;
@@ -135,6 +139,12 @@ def arm() -> None:
         "torch.nn.parallel.distributed": _on_ddp,
         "torch.distributed.checkpoint": _on_dcp,
         "safetensors.torch": _on_safetensors,
+        "accelerate.accelerator": _on_accelerate,
+        "lightning.pytorch.trainer.trainer": _on_lightning_trainer,
+        "pytorch_lightning.trainer.trainer": _on_lightning_trainer,
+        "lightning.fabric.plugins.io.torch_io": _on_lightning_io,
+        "lightning_fabric.plugins.io.torch_io": _on_lightning_io,
+        "transformers.trainer": _on_transformers_trainer,
     }
     for name in [n for n in callbacks if n in sys.modules]:
         _safely(callbacks.pop(name), sys.modules[name])
@@ -170,9 +180,11 @@ class _Steps:
         self.counts: dict[str, int] = {}  # __next__ calls per loader over the run
         self.step_counts: dict[str, int] = {}
         self.samples: dict[str, int] = {}
+        self.tokens: dict[str, int] = {}
         self.micro = 0
         self.ckpt_bytes = 0
         self.saves = 0
+        self.save: _Save | None = None  # the outermost checkpoint call in progress
         self.loss: Any = None
         self.i = 0
         self.pending: list[dict[str, Any]] = []
@@ -247,7 +259,7 @@ class _Steps:
         self.since = now
         self.i += 1
         raw = {"i": self.i, "segments": self.segments, "micro": self.micro, "loss": self.loss}
-        raw |= {"step_counts": self.step_counts, "samples": self.samples, "saves": self.saves}
+        raw |= {"step_counts": self.step_counts, "samples": self.samples, "tokens": self.tokens, "saves": self.saves}
         raw |= {"ckpt_bytes": self.ckpt_bytes, "comm_mark": self.comm_mark, "comm_bytes": self.comm_bytes}
         raw["precision"] = self.precision()
         raw["peak_bytes"] = _safely(self.peak_bytes) if self.peak and self.cuda else None
@@ -257,7 +269,7 @@ class _Steps:
             _safely(self.stop_count)
         if self.count_at and self.i == self.count_at - 1:
             _safely(self.start_count)
-        self.segments, self.step_counts, self.samples = [], {}, {}
+        self.segments, self.step_counts, self.samples, self.tokens = [], {}, {}, {}
         self.micro = self.saves = self.ckpt_bytes = self.comm_bytes = 0
         self.comm_mark = None
         self.loss = None
@@ -350,6 +362,7 @@ class _Steps:
             "micro": raw["micro"],
             "batches": raw["step_counts"].get(feed or "", 0),
             "samples": raw["samples"].get(feed or "", 0),
+            "tokens": raw["tokens"].get(feed or "", 0),
             "feed": feed,
             "saves": raw["saves"],
             "ckpt_bytes": raw["ckpt_bytes"],
@@ -361,17 +374,22 @@ class _Steps:
             **self.rank,
         }
 
-    def fetched(self, key: str, batch: Any) -> None:
+    def fetched(self, key: str, batch: Any, hint: int | None = None) -> None:
         self.counts[key] = self.counts.get(key, 0) + 1
         self.step_counts[key] = self.step_counts.get(key, 0) + 1
-        n = _batch_size(self.torch, batch)
+        n = _batch_size(self.torch, batch, hint)
         if n:
             self.samples[key] = self.samples.get(key, 0) + n
+        tokens = _tokens(self.torch, batch)
+        if tokens:
+            self.tokens[key] = self.tokens.get(key, 0) + tokens
 
 
-def _batch_size(torch: Any, batch: Any, depth: int = 0) -> int | None:
-    """The first dimension of the first tensor in a batch (a tensor, a tuple/list, a dict, a dataclass-like); a
-    batch of per-sample sequences (``collate_fn=lambda b: tuple(zip(*b))``, detection's) counts its samples."""
+def _batch_size(torch: Any, batch: Any, hint: int | None = None, depth: int = 0) -> int | None:
+    """The collated batch's batch dimension: the first dimension of its first tensor (a tensor, a tuple/list, a
+    dict, a dataclass-like), or the count of its per-sample items where the collate keeps samples apart:
+    ``(images, targets)`` tuples (``collate_fn=lambda b: tuple(zip(*b))``, detection's), or a tuple of same-shape
+    per-sample tensors as long as the loader's ``batch_size`` (``hint``), not an image's channels."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else None
     if depth > 3:
@@ -379,17 +397,44 @@ def _batch_size(torch: Any, batch: Any, depth: int = 0) -> int | None:
     if isinstance(batch, dict) or (hasattr(batch, "keys") and hasattr(batch, "__getitem__")):
         items = [batch[k] for k in list(batch.keys())[:8]]
     elif isinstance(batch, (list, tuple)):
-        first = batch[0] if batch else None
+        if not batch:
+            return None
+        first = batch[0]
         if isinstance(first, (list, tuple)) and first and all(isinstance(x, (torch.Tensor, dict)) for x in first):
             return len(first)  # a collate that keeps samples apart, (images, targets) tuples: not an image's channels
+        if hint and len(batch) == hint and _per_sample(torch, batch, hint):
+            return hint
         items = list(batch[:8])
     else:
         return None
     for item in items:
-        n = _batch_size(torch, item, depth + 1)
+        n = _batch_size(torch, item, hint, depth + 1)
         if n:
             return n
     return None
+
+
+def _per_sample(torch: Any, batch: Any, hint: int) -> bool:
+    """A list of one tensor per sample (same shape, none of them batch-long): ``[image, image]`` at batch 2."""
+    first = batch[0]
+    if not isinstance(first, torch.Tensor) or not first.dim() or first.shape[0] == hint:
+        return False
+    return all(isinstance(t, torch.Tensor) and t.shape == first.shape for t in batch)
+
+
+TOKEN_KEYS = ("input_ids", "tokens", "token_ids", "input_tokens")  # a dict batch's token ids (transformers' name first)
+
+
+def _tokens(torch: Any, batch: Any) -> int:
+    """Tokens in a batch of token ids: an integer [B, T] tensor, alone, first in a tuple/list (GPT's ``(x, y)``),
+    or under ``TOKEN_KEYS`` in a dict (``input_ids``); 0 for anything else."""
+    if isinstance(batch, (list, tuple)):
+        batch = batch[0] if batch else None
+    elif isinstance(batch, dict) or (hasattr(batch, "keys") and hasattr(batch, "__getitem__")):
+        batch = next((batch[k] for k in TOKEN_KEYS if k in batch), None)
+    if isinstance(batch, torch.Tensor) and batch.dim() == 2 and batch.dtype in (torch.int64, torch.int32):
+        return int(batch.numel())
+    return 0
 
 
 _STEPS: _Steps | None = None
@@ -409,7 +454,7 @@ def _on_torch(torch: Any) -> None:
     _patch_loader_init(dataloader.DataLoader)
     _patch_backward(torch, st)
     _safely(_patch_autocast, torch, st)
-    torch.save = _timed(torch.save, st, "checkpoint", saved=True)
+    torch.save = _saving(torch.save, st, _arg(1, "f"), read_back=True)
     atexit.register(lambda: _safely(st.flush, True))
     ddp = sys.modules.get("torch.nn.parallel.distributed")  # torch imports it with torch.nn, before this runs
     if ddp is not None:
@@ -545,25 +590,129 @@ def _channels_last_inputs(torch: Any, forward: Any) -> Any:
     return run
 
 
-def _timed(fn: Callable[..., Any], st: _Steps, region: str, saved: bool = False) -> Callable[..., Any]:
+def _timed(fn: Callable[..., Any], st: _Steps, region: str) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         st.enter(region)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            st.leave(region)
+
+    return wrapper
+
+
+Target = Callable[[tuple[Any, ...], dict[str, Any], Any], Any]  # (args, kwargs, what it returned) -> path or file
+
+
+class _Save:
+    """The outermost checkpoint call in progress: what it and the writers it calls wrote."""
+
+    def __init__(self) -> None:
+        self.since = time.time_ns() - _MTIME_SLACK_NS
+        self.files: set[str] = set()  # files the nested writers (torch.save, save_file) wrote
+        self.roots: list[str] = []  # files or folders the outermost call wrote into
+
+    def written(self) -> int:
+        """Bytes on disk now of every file the save wrote: the writers' own files, and each file under its target
+        (a file, or a folder: accelerate, DCP, the transformers Trainer) modified since the save began."""
+        files = {f for f in self.files if os.path.isfile(f)}
+        for root in self.roots:
+            files |= _changed(root, self.since)
+        total = 0
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(f)
+        return total
+
+
+# A file's mtime comes from the kernel's coarse clock, up to a tick (1-10 ms) behind time.time_ns(): a file the
+# save wrote can read as a little older than its start.
+_MTIME_SLACK_NS = 15_000_000
+_WALK_LIMIT = 10_000  # files looked at under one target folder (a save into a big tree is not walked whole)
+
+
+def _changed(root: str, since: int) -> set[str]:
+    """The files at or under ``root`` whose mtime is ``since`` or later."""
+    out: set[str] = set()
+    if os.path.isfile(root):
+        return {root} if os.stat(root).st_mtime_ns >= since else out
+    seen = 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            seen += 1
+            with contextlib.suppress(OSError):
+                if os.stat(path).st_mtime_ns >= since:
+                    out.add(path)
+            if seen >= _WALK_LIMIT:
+                return out
+    return out
+
+
+def _saving(fn: Callable[..., Any], st: _Steps, target: Target, read_back: bool = False) -> Callable[..., Any]:
+    """Time a checkpoint writer as ``checkpoint``: the outermost call is one save (``save_state`` calling
+    ``torch.save`` five times is one), its bytes what landed on disk; ``read_back``: torch.save's file, which
+    verify loads after the run as a resume would."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        outer = st.save is None
+        if not outer:
+            out = fn(*args, **kwargs)
+            _safely(_note_file, st.save, target, args, kwargs, out)
+            return out
+        save = st.save = _Save()
+        before = _safely(_buffer_at, target(args, kwargs, None))
+        st.enter("checkpoint")
         # verify's stop (SIGINT) waits for a save to end: it never leaves the user a torn checkpoint
-        with _HeldInterrupt() if saved else contextlib.nullcontext():
+        with _HeldInterrupt():
             try:
                 out = fn(*args, **kwargs)
             finally:
-                st.leave(region)
-            if saved:
-                target = args[1] if len(args) > 1 else kwargs.get("f")
-                st.saves += 1
-                st.ckpt_bytes += _size(target)
-                if isinstance(target, (str, os.PathLike)):  # verify reads the last one back (what a resume loads)
-                    _say("saved", path=os.path.abspath(os.fspath(target)), **_rank())
+                st.leave("checkpoint")
+                st.save = None
+            _safely(_count_save, st, save, target(args, kwargs, out), before, read_back, out)
         return out
 
     return wrapper
+
+
+def _note_file(save: _Save, target: Target, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+    where = target(args, kwargs, out)
+    if isinstance(where, (str, os.PathLike)):
+        save.files.add(os.path.abspath(os.fspath(where)))
+
+
+def _buffer_at(where: Any) -> int | None:
+    """Where a file-like target (a BytesIO Lightning writes out later, an open file) stood before the save."""
+    tell = None if isinstance(where, (str, os.PathLike)) else getattr(where, "tell", None)
+    return int(tell()) if tell is not None else None
+
+
+def _count_save(st: _Steps, save: _Save, where: Any, before: int | None, read_back: bool, out: Any) -> None:
+    st.saves += 1
+    if isinstance(where, (str, os.PathLike)):
+        path = os.path.abspath(os.fspath(where))
+        save.roots.append(path)
+        if read_back:
+            _say("saved", path=path, **_rank())
+    elif before is not None:  # a buffer (Lightning's BytesIO): its bytes are what its write puts on disk
+        st.ckpt_bytes += (_buffer_at(where) or before) - before
+    done = getattr(out, "add_done_callback", None)
+    if callable(done):  # DCP's async_save: the files land when its future completes (counted in that step)
+        done(lambda _: _safely(_add_bytes, st, save))
+    else:
+        st.ckpt_bytes += save.written()
+
+
+def _add_bytes(st: _Steps, save: _Save) -> None:
+    st.ckpt_bytes += save.written()
+
+
+def _arg(index: int, name: str) -> Target:
+    """The target of a writer called as ``fn(..., target, ...)``: positional ``index`` or keyword ``name``."""
+    return lambda args, kwargs, out: args[index] if len(args) > index else kwargs.get(name)
 
 
 class _HeldInterrupt:
@@ -584,13 +733,6 @@ class _HeldInterrupt:
             os.kill(os.getpid(), signal.SIGINT)
 
 
-def _size(target: Any) -> int:
-    try:
-        return os.path.getsize(os.fspath(target)) if isinstance(target, (str, os.PathLike)) else 0
-    except OSError:
-        return 0
-
-
 def _patch_next(cls: Any, st: _Steps) -> None:
     real = cls.__next__
 
@@ -602,10 +744,15 @@ def _patch_next(cls: Any, st: _Steps) -> None:
             batch = real(self)
         finally:
             st.leave(key)
-        _safely(st.fetched, key, batch)
+        _safely(st.fetched, key, batch, _loader_batch(self))
         return batch
 
     cls.__next__ = __next__
+
+
+def _loader_batch(it: Any) -> int | None:
+    """The batch size a DataLoader iterator's sampler hands out (None without automatic batching)."""
+    return getattr(it._index_sampler, "batch_size", None) if getattr(it, "_auto_collation", False) else None
 
 
 def _patch_backward(torch: Any, st: _Steps) -> None:
@@ -743,22 +890,65 @@ def _hook_ddp(model: Any, st: _Steps, register: Callable[..., Any]) -> None:
 
 
 def _on_dcp(module: Any) -> None:
-    st = _STEPS
-    if st is None:
-        return
+    """``torch.distributed.checkpoint.save``/``async_save``: the folder is ``checkpoint_id`` or the writer's."""
     import importlib
 
     saver = importlib.import_module("torch.distributed.checkpoint.state_dict_saver")
+
+    def folder(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+        where = kwargs.get("checkpoint_id") or getattr(kwargs.get("storage_writer"), "path", None)
+        return os.fspath(where) if where is not None else None
+
     for name in ("save", "async_save"):
         for owner in (saver, module):  # re-exported: both attributes are what user code may call
             if hasattr(owner, name):
-                setattr(owner, name, _timed(getattr(owner, name), st, "checkpoint"))
+                setattr(owner, name, _saving(getattr(owner, name), _need(), folder))
 
 
 def _on_safetensors(module: Any) -> None:
-    st = _STEPS
-    if st is not None and hasattr(module, "save_file"):
-        module.save_file = _timed(module.save_file, st, "checkpoint")
+    """safetensors' ``save_file(tensors, filename)`` and ``save_model(model, filename)`` (which calls the first)."""
+    for name in ("save_file", "save_model"):
+        if hasattr(module, name):
+            setattr(module, name, _saving(getattr(module, name), _need(), _arg(1, "filename")))
+
+
+def _on_accelerate(module: Any) -> None:
+    """``Accelerator.save_state``: one save, everything it wrote into the folder it returns."""
+    cls = module.Accelerator
+    cls.save_state = _saving(cls.save_state, _need(), lambda args, kwargs, out: out)
+
+
+def _on_lightning_trainer(module: Any) -> None:
+    """Lightning's ``Trainer.save_checkpoint(filepath)`` (what ``ModelCheckpoint`` calls): a ``torch.save`` into a
+    BytesIO, then an fsspec write of the file, both inside it."""
+    cls = module.Trainer
+    cls.save_checkpoint = _saving(cls.save_checkpoint, _need(), _arg(1, "filepath"))
+
+
+def _on_lightning_io(module: Any) -> None:
+    """Lightning's ``TorchCheckpointIO.save_checkpoint(checkpoint, path)``: Fabric's ``save`` goes through it."""
+    cls = module.TorchCheckpointIO
+    cls.save_checkpoint = _saving(cls.save_checkpoint, _need(), _arg(2, "path"))
+
+
+def _on_transformers_trainer(module: Any) -> None:
+    """The transformers ``Trainer``: ``_save_checkpoint`` (its periodic save, a ``checkpoint-N`` folder under
+    ``args.output_dir``) and ``save_model``; the files it modified under the output folder."""
+    cls = module.Trainer
+
+    def output(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+        given = args[1] if len(args) > 1 and isinstance(args[1], (str, os.PathLike)) else kwargs.get("output_dir")
+        return given or getattr(getattr(args[0], "args", None), "output_dir", None)
+
+    for name in ("_save_checkpoint", "save_model"):
+        if hasattr(cls, name):
+            setattr(cls, name, _saving(getattr(cls, name), _need(), output))
+
+
+def _need() -> _Steps:
+    if _STEPS is None:  # every writer's module imports torch first, so torch's hooks are in by now
+        raise RuntimeError("checkpoint writer imported before torch's hooks")
+    return _STEPS
 
 
 def _overrides() -> dict[str, Any]:

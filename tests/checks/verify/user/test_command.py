@@ -121,6 +121,8 @@ def test_transformers_dict_batches_with_accumulation(tmp_path: Path) -> None:
     m = judged.report.measurements
     assert m["micro_batches_per_step"] == 2
     assert m["samples_per_step"] == 8  # 2 micro-batches of 4, read from the dict batches' tensors
+    assert m["tokens_per_step"] == 2 * 4 * 32  # input_ids [4, 32] in each micro-batch's dict
+    assert m["tokens_per_s"] == pytest.approx(256 / m["step_time"]["mean_s"], rel=1e-6)
     assert m["step_time"]["steps"] == 4
     assert verdict(judged) not in ("data-bound", "cpu-starved")  # cheap items: the model's steps dominate
     assert row(judged, "verify-loop").status.value == "ok"

@@ -1,4 +1,5 @@
-"""A causal LM trained by the transformers Trainer on the CPU (a tiny GPT-2 built from its config, no download)."""
+"""A causal LM trained by the transformers Trainer on the CPU (a tiny GPT-2 built from its config, no download); a
+second argument N saves a checkpoint every N steps (``save_steps``)."""
 
 import sys
 
@@ -19,7 +20,7 @@ class Tokens(Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def main(out: str) -> None:
+def main(out: str, save_steps: int) -> None:
     config = GPT2Config(vocab_size=512, n_positions=64, n_embd=128, n_layer=2, n_head=4)
     args = TrainingArguments(
         output_dir=out,
@@ -29,7 +30,8 @@ def main(out: str) -> None:
         learning_rate=3e-4,
         use_cpu=True,
         report_to=[],
-        save_strategy="no",
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
         logging_strategy="no",
         dataloader_num_workers=0,
         disable_tqdm=True,
@@ -38,4 +40,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0)

@@ -1,4 +1,7 @@
-"""A LightningModule trained by Lightning's Trainer on the CPU (32-bit: the optimizer step runs the closure)."""
+"""A LightningModule trained by Lightning's Trainer on the CPU (32-bit: the optimizer step runs the closure); with a
+folder argument, ``ModelCheckpoint`` saves there every 2 steps, every file kept."""
+
+import sys
 
 import lightning as L
 import torch
@@ -21,12 +24,15 @@ class Classifier(L.LightningModule):
 
 def main() -> None:
     data = TensorDataset(torch.randn(4096, 64), torch.randint(0, 4, (4096,)))
+    folder = sys.argv[1] if len(sys.argv) > 1 else None
+    every = [L.pytorch.callbacks.ModelCheckpoint(folder, every_n_train_steps=2, save_top_k=-1)] if folder else []
     trainer = L.Trainer(
         max_epochs=100,
         accelerator="cpu",
         devices=1,
         logger=False,
-        enable_checkpointing=False,
+        callbacks=every,
+        enable_checkpointing=bool(folder),
         enable_progress_bar=False,
         enable_model_summary=False,
     )
