@@ -92,6 +92,21 @@ class NvmlFacts:
 
 
 @dataclass(frozen=True)
+class ExtensionFacts:
+    """A torch extension package (torchvision, torchaudio) and whether its compiled ops load against this torch.
+
+    ``version`` is None when the package is not installed. ``error`` is what importing it or calling one of its
+    compiled ops raised (``RuntimeError: operator torchvision::nms does not exist`` for a CUDA torchvision beside a
+    CPU torch); None when the op ran. ``op`` names what was called.
+    """
+
+    name: str
+    version: str | None = None
+    op: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class TorchFacts:
     """The torch build in this Python environment, probed in a subprocess.
 
@@ -113,6 +128,8 @@ class TorchFacts:
     cuda_init_error: str | None = None
     requires: tuple[str, ...] = ()  # Requires-Dist pins of the torch distribution (nvidia-* packages)
     installed_libs: dict[str, str] = field(default_factory=dict)  # installed nvidia-* distributions -> version
+    # torchvision and torchaudio, installed or not; None: not probed (a snapshot older than the field)
+    extensions: tuple[ExtensionFacts, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,24 @@
 """Driver, CUDA and torch-build compatibility: can this torch run on this driver and these GPUs?
 
-Rules and error numbers: docs/sources.md#cuda-driver-compat, docs/sources.md#torch-wheel-arch-lists, docs/sources.md#cuda-error-strings.
+Rules and error numbers: docs/sources.md#cuda-driver-compat, docs/sources.md#torch-wheel-arch-lists, docs/sources.md#cuda-error-strings,
+docs/sources.md#torch-companion-versions.
 """
 
 from __future__ import annotations
 
 from checks.config import PreflightConfig
-from checks.facts import MachineFacts
-from checks.machine.torchbuilds import CPU_BUILD, best_variant, coverage, driver_cuda, install_command, parse_cuda
+from checks.facts import ExtensionFacts, MachineFacts
+from checks.machine.torchbuilds import (
+    CPU_BUILD,
+    best_variant,
+    build_name,
+    companion_release,
+    companions_command,
+    coverage,
+    driver_cuda,
+    install_command,
+    parse_cuda,
+)
 from checks.result import Result, Status, fail, ok, skip, warn
 
 _DRIVER_HINTS = {
@@ -303,3 +314,38 @@ def _pins_vs_installed(requires: tuple[str, ...], installed: dict[str, str]) -> 
         elif have != pin:
             out.append((Status.WARN, f"{name} is {have}, torch pins {pin}"))
     return out
+
+
+def torch_extensions(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
+    """torchvision and torchaudio, where installed, load their compiled ops against this torch.
+
+    Command line equivalent: python -c 'import torch, torchvision; torch.ops.torchvision.nms(torch.zeros(1, 4), torch.zeros(1), 0.5)'.
+    """
+    t = m.torch
+    if t.error or not t.version:
+        return [skip("torch-extensions", "no torch to load them against (see torch-build)")]
+    if t.extensions is None:
+        return [skip("torch-extensions", "not recorded (the snapshot predates the torchvision/torchaudio probe)")]
+    installed = [e for e in t.extensions if e.version is not None]
+    if not installed:
+        names = " and ".join(e.name for e in t.extensions) or "torchvision and torchaudio"
+        return [skip("torch-extensions", f"{names} not installed")]
+    value = {e.name: e.version for e in installed}
+    broken = [e for e in installed if e.error]
+    if not broken:
+        ran = ", ".join(f"{e.name} {e.version}" + (f" ({e.op} ran)" if e.op else "") for e in installed)
+        return [ok("torch-extensions", f"{ran} against torch {t.version}", value=value)]
+    summary = "; ".join(_extension_problem(e, t.version) for e in broken)
+    build = build_name(t.version, t.cuda, t.hip)
+    command = companions_command([e.name for e in broken], t.version, build, cfg.torch.wheel_index)
+    hint = f"install the {build} build{'s' if len(broken) > 1 else ''} made for torch {t.version}: {command}"
+    return [fail("torch-extensions", summary, hint, value=value, expected=_expected(broken, t.version))]
+
+
+def _extension_problem(e: ExtensionFacts, torch_version: str) -> str:
+    return f"{e.name} {e.version} does not load its compiled ops against torch {torch_version}: {e.error}"
+
+
+def _expected(broken: list[ExtensionFacts], torch_version: str) -> str | None:
+    releases = [f"{e.name} {r}.x" for e in broken if (r := companion_release(e.name, torch_version))]
+    return ", ".join(releases) or None

@@ -144,3 +144,53 @@ def driver_cuda(version: int | None) -> tuple[int, int] | None:
     if not version:
         return None
     return version // 1000, (version % 1000) // 10
+
+
+# torch 2.N's torchvision release: pytorch/vision's README table, which pytorch.org's "previous versions" pip lines
+# follow; torchaudio 2.N is released with torch 2.N (docs/sources.md#torch-companion-versions).
+TORCHVISION_FOR = {
+    (2, 0): "0.15", (2, 1): "0.16", (2, 2): "0.17", (2, 3): "0.18", (2, 4): "0.19", (2, 5): "0.20", (2, 6): "0.21",
+    (2, 7): "0.22", (2, 8): "0.23", (2, 9): "0.24", (2, 10): "0.25", (2, 11): "0.26", (2, 12): "0.27", (2, 13): "0.28",
+}  # fmt: skip
+
+
+def companion_release(name: str, torch_version: str) -> str | None:
+    """The torchvision or torchaudio release (``0.23``, ``2.8``) made for a torch version; None: not in the table."""
+    m = re.match(r"^(\d+)\.(\d+)", torch_version)
+    if not m:
+        return None
+    minor = (int(m.group(1)), int(m.group(2)))
+    if name == "torchaudio":
+        return f"{minor[0]}.{minor[1]}" if minor in TORCHVISION_FOR else None
+    return TORCHVISION_FOR.get(minor) if name == "torchvision" else None
+
+
+def build_name(torch_version: str, cuda: str | None, hip: str | None) -> str:
+    """The wheel index folder of a torch build: its local label (``2.8.0+cu128``), else from its CUDA or ROCm."""
+    label = torch_version.partition("+")[2]
+    if re.match(r"^(cu\d+|cpu|rocm[\d.]+)$", label):
+        return label
+    if cuda and (rt := parse_cuda(cuda)):
+        return f"cu{rt[0]}{rt[1]}"
+    if hip and (m := re.match(r"^(\d+)\.(\d+)", hip)):
+        return f"rocm{m.group(1)}.{m.group(2)}"
+    return CPU_BUILD
+
+
+def companions_command(names: list[str], torch_version: str, build: str, wheel_index: str = "") -> str:
+    """Replace ``names`` (torchvision, torchaudio) by the builds made for this torch, leaving torch as it is: pip
+    keeps an installed package that satisfies a bare name whatever its build, so they are uninstalled first, and
+    ``torch==VERSION`` from the same index holds torch where it is while pip picks their matching releases."""
+    index = (wheel_index or PYTORCH_WHEEL_INDEX).rstrip("/")
+    public = torch_version.partition("+")[0]
+    pre = ""
+    if re.search(r"(dev|a|b|rc)\d", public):  # a nightly: its companions come from the nightly folder
+        index, pre = f"{index}/nightly", " --pre"
+    wanted = []
+    for name in names:
+        release = companion_release(name, public)
+        wanted.append(f"'{name}=={release}.*'" if release and not pre else name)
+    return (
+        f"pip uninstall -y {' '.join(names)} && "
+        f"pip install{pre} torch=={public} {' '.join(wanted)} --index-url {index}/{build}"
+    )

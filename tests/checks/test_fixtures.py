@@ -67,6 +67,13 @@ EXPECTED: dict[str, list[Expectation]] = {
         *machine(SKIP, "gpu-inventory", "cuda-compat", "torch-libs", *PER_GPU_IDS, *BENCH_IDS),
         *machine(OK, "torch-build", "cpu-cores", "ram", "shm", "dataloader-advice"),
     ],
+    # The same VM with a CUDA torchvision from PyPI beside its CPU torch: importing it fails.
+    "cpu-vm-cuda-torchvision.json": [
+        ("driver", None, FAIL),
+        ("ulimits", None, WARN),
+        ("torch-extensions", None, FAIL),
+        *machine(OK, "torch-build", "cpu-cores", "ram", "shm", "dataloader-advice"),
+    ],
     "h100-sxm-8x-healthy.json": [
         *machine(OK, *MACHINE_IDS),
         *each(("gpu-inventory", *PER_GPU_IDS, *BENCH_IDS), 8, OK),
@@ -336,6 +343,20 @@ def test_missing_sm120_hint_names_cu128() -> None:
 
 def test_cpu_torch_on_gpu_box_asks_for_a_cuda_build() -> None:
     assert "cu128" in (result("h100-cpu-torch.json", "torch-build", None).hint or "")
+
+
+def test_a_torchvision_for_another_torch_names_the_build_that_loads() -> None:
+    r = result("cpu-vm-cuda-torchvision.json", "torch-extensions", None)
+    assert "operator torchvision::nms does not exist" in r.summary and "torch 2.13.0+cpu" in r.summary
+    assert (r.hint or "").endswith(
+        "pip uninstall -y torchvision && pip install torch==2.13.0 'torchvision==0.28.*' "
+        "--index-url https://download.pytorch.org/whl/cpu"
+    )
+
+
+def test_a_snapshot_without_the_extension_probe_skips_it() -> None:
+    r = result("recorded-cpu-vm-2vcpu.json", "torch-extensions", None)
+    assert r.status is SKIP and "not recorded" in r.summary
 
 
 @pytest.mark.parametrize(

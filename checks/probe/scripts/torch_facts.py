@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import sys
 import warnings
@@ -23,6 +25,60 @@ def _libs() -> dict[str, str]:
         if name.startswith("nvidia-"):
             out[name] = dist.version
     return out
+
+
+def _torchvision_op(torch: Any) -> bool:
+    """One compiled op on tiny CPU tensors: a torchvision built for another torch fails here (or at import)."""
+    torch.ops.torchvision.nms(torch.zeros((1, 4)), torch.zeros(1), 0.5)
+    return True
+
+
+def _torchaudio_op(torch: Any) -> bool:
+    """torchaudio loads libtorchaudio at import; its own check compares the library's CUDA with torch's."""
+    import torchaudio._extension as ext
+
+    check = getattr(ext, "_check_cuda_version", None)
+    if check is None or not getattr(ext, "_IS_TORCHAUDIO_EXT_AVAILABLE", False):
+        return False  # a torchaudio without the compiled library: importing it was the whole test
+    check()
+    return True
+
+
+# package -> (the op called, how); imported after torch, as a training script does
+_EXTENSIONS = {
+    "torchvision": ("torchvision::nms", _torchvision_op),
+    "torchaudio": ("torchaudio::cuda_version", _torchaudio_op),
+}
+
+
+def _version(name: str, module: Any) -> str:
+    """The module's own ``__version__`` (``0.23.0+cu128`` names the build), else the distribution's."""
+    if getattr(module, "__version__", None):
+        return str(module.__version__)
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _extension(name: str, torch: Any) -> dict[str, Any]:
+    """Import ``name`` beside this torch and call one of its compiled ops; the error is the answer."""
+    if importlib.util.find_spec(name) is None:
+        return {"name": name}
+    op, call = _EXTENSIONS[name]
+    module = None
+    try:
+        module = importlib.import_module(name)
+        called = call(torch)
+    except Exception as exc:  # noqa: BLE001 - what fails is the fact this probe reports
+        text = (str(exc).strip().splitlines() or [""])[0]
+        return {
+            "name": name,
+            "version": _version(name, module),
+            "op": op,
+            "error": f"{type(exc).__name__}: {text}"[:300],
+        }
+    return {"name": name, "version": _version(name, module), "op": op if called else None}
 
 
 def main() -> dict[str, Any]:
@@ -53,6 +109,7 @@ def main() -> dict[str, Any]:
         "cuda_init_error": init[0] if init and not available else None,
         "requires": [r for r in (metadata.requires("torch") or []) if r.startswith("nvidia-")],
         "installed_libs": _libs(),
+        "extensions": [_extension(name, torch) for name in _EXTENSIONS],
     }
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from checks.facts import ExtensionFacts
 from checks.machine import compat
 from checks.result import Status
 from checks.snapshot import load_snapshot
@@ -189,3 +190,72 @@ def test_every_torch_install_hint_in_the_fixtures_can_be_pasted() -> None:
     assert commands, "no fixture asks for a torch install"
     for command in commands:
         assert re.fullmatch(r"pip install torch --index-url https://download\.pytorch\.org/whl/(cpu|cu1\d\d)", command)
+
+
+# --- torch-extensions: torchvision and torchaudio against this torch --------------------------------------------
+
+
+def _extensions(*rows: dict[str, object]) -> tuple[ExtensionFacts, ...]:
+    return tuple(ExtensionFacts(**row) for row in rows)  # type: ignore[arg-type]
+
+
+def test_extensions_that_load_are_ok_with_their_versions() -> None:
+    rows = _extensions(
+        {"name": "torchvision", "version": "0.23.0+cu128", "op": "torchvision::nms"},
+        {"name": "torchaudio", "version": "2.8.0+cu128", "op": "torchaudio::cuda_version"},
+    )
+    r = _one(compat.torch_extensions(machine(torch={"version": "2.8.0+cu128", "extensions": rows}), config()))
+    assert r.status is Status.OK
+    assert r.value == {"torchvision": "0.23.0+cu128", "torchaudio": "2.8.0+cu128"}
+    assert "torchvision 0.23.0+cu128 (torchvision::nms ran)" in r.summary and "torch 2.8.0+cu128" in r.summary
+
+
+def test_extensions_not_installed_skip() -> None:
+    rows = _extensions({"name": "torchvision"}, {"name": "torchaudio"})
+    r = _one(compat.torch_extensions(machine(torch={"extensions": rows}), config()))
+    assert r.status is Status.SKIP and r.summary == "torchvision and torchaudio not installed"
+
+
+def test_extensions_skip_without_torch() -> None:
+    rows = _extensions({"name": "torchvision", "version": "0.23.0", "error": "RuntimeError: x"})
+    m = machine(torch={"error": "torch is not installed", "error_kind": "missing", "extensions": rows})
+    assert _one(compat.torch_extensions(m, config())).status is Status.SKIP
+
+
+def test_a_broken_torchvision_fails_with_the_command_for_torchs_own_build() -> None:
+    rows = _extensions(
+        {"name": "torchvision", "version": "0.23.0", "op": "torchvision::nms",
+         "error": "RuntimeError: operator torchvision::nms does not exist"},
+        {"name": "torchaudio", "version": "2.8.0", "op": "torchaudio::cuda_version"},
+    )  # fmt: skip
+    m = machine(torch={"version": "2.8.0+cu126", "cuda": "12.6", "extensions": rows})
+    r = _one(compat.torch_extensions(m, config()))
+    assert r.status is Status.FAIL and "operator torchvision::nms does not exist" in r.summary
+    assert "torchaudio" not in r.summary and r.expected == "torchvision 0.23.x"
+    assert (r.hint or "").endswith(
+        "pip uninstall -y torchvision && pip install torch==2.8.0 'torchvision==0.23.*' "
+        "--index-url https://download.pytorch.org/whl/cu126"
+    )
+
+
+def test_both_broken_on_a_torch_without_a_build_label_use_its_cuda_and_the_configured_index() -> None:
+    rows = _extensions(
+        {"name": "torchvision", "version": "0.22.1", "error": "RuntimeError: operator torchvision::nms does not exist"},
+        {"name": "torchaudio", "version": "2.7.1", "error": "RuntimeError: Detected that PyTorch and TorchAudio were "
+         "compiled with different CUDA versions."},
+    )  # fmt: skip
+    m = machine(torch={"version": "2.8.0", "cuda": "12.8", "extensions": rows})
+    r = _one(compat.torch_extensions(m, config(torch={"wheel_index": "https://mirror.example/whl/"})))
+    assert (r.hint or "").endswith(
+        "pip uninstall -y torchvision torchaudio && pip install torch==2.8.0 'torchvision==0.23.*' "
+        "'torchaudio==2.8.*' --index-url https://mirror.example/whl/cu128"
+    )
+
+
+def test_a_torch_newer_than_the_table_leaves_the_release_to_pip() -> None:
+    rows = _extensions({"name": "torchvision", "version": "0.30.0", "error": "RuntimeError: x"})
+    r = _one(compat.torch_extensions(machine(torch={"version": "2.15.0+cpu", "extensions": rows}), config()))
+    assert (r.hint or "").endswith(
+        "pip install torch==2.15.0 torchvision --index-url https://download.pytorch.org/whl/cpu"
+    )
+    assert r.expected is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from checks.facts import ExtensionFacts, TorchFacts
 from checks.probe.torch import ChildFailed, read_alloc, read_torch, run_bench, run_child
 from provision.alloc_env import ensure_alloc_conf
 
@@ -43,6 +45,59 @@ def test_missing_and_broken_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     )
     facts = read_torch()
     assert facts.error_kind == "import-error" and "libcudart.so.12" in (facts.error or "")
+
+
+def _fake_torchvision(root: Path, body: str, version: str = "0.28.0") -> None:
+    """A ``torchvision`` package with its dist-info, as pip would leave it, whose ``__init__`` is ``body``."""
+    (root / "torchvision").mkdir(parents=True, exist_ok=True)
+    (root / "torchvision" / "__init__.py").write_text(body)
+    info = root / f"torchvision-{version}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torchvision\nVersion: {version}\n")
+
+
+def _extension(facts: TorchFacts, name: str) -> ExtensionFacts:
+    assert facts.error is None and facts.extensions is not None
+    return {e.name: e for e in facts.extensions}[name]
+
+
+def test_a_torchvision_built_for_another_torch_is_caught_at_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a CUDA torchvision does beside a CPU torch: its meta registrations raise at import."""
+    _fake_torchvision(tmp_path, "raise RuntimeError('operator torchvision::nms does not exist')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    row = _extension(read_torch(), "torchvision")
+    assert (row.version, row.op) == ("0.28.0", "torchvision::nms")
+    assert row.error == "RuntimeError: operator torchvision::nms does not exist"
+
+
+def test_a_torchvision_without_its_compiled_ops_fails_at_the_op_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It imports, but its library never registered torchvision::nms with this torch: the real op lookup fails."""
+    _fake_torchvision(tmp_path, "__version__ = '0.28.0+cu128'\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    row = _extension(read_torch(), "torchvision")
+    assert row.version == "0.28.0+cu128" and row.error and "nms" in row.error
+
+
+def test_a_torchvision_whose_op_runs_is_recorded_with_its_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = (
+        "import torch\n__version__ = '0.28.0+cpu'\n"
+        "_lib = torch.library.Library('torchvision', 'DEF')\n"
+        "_lib.define('nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')\n"
+        "_lib.impl('nms', lambda dets, scores, iou: torch.zeros(0, dtype=torch.long), 'CPU')\n"
+    )
+    _fake_torchvision(tmp_path, body)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    facts = read_torch()
+    row = _extension(facts, "torchvision")
+    assert (row.version, row.op, row.error) == ("0.28.0+cpu", "torchvision::nms", None)
+    if importlib.util.find_spec("torchaudio") is None:
+        assert _extension(facts, "torchaudio") == ExtensionFacts("torchaudio")  # not installed: no version
 
 
 def test_a_hanging_child_is_killed_at_the_timeout(tmp_path: Path) -> None:
