@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurmcluster import Cluster, cluster, unavailable
+from tests.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 
@@ -160,22 +161,21 @@ def test_a_node_killed_mid_run_is_named_and_nothing_is_left_running(slurm: Clust
     import os
     import signal
     import subprocess
-    import time
 
     out = tmp_path / "job.json"
     argv = ["srun", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "invoke", "bootstrap", "--json", str(out)]
     env = slurm.env(MASTER_ADDR="127.0.0.1", **(_quick(tmp_path) | {"INVOKE_PREFLIGHT_HOSTS_JOB_WAIT_S": "4"}))
     srun = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job_id = ""
+
+    def n2_task() -> int | None:
+        nonlocal job_id
+        jobs = slurm.run("squeue", "-h", "-o", "%i").stdout.split()
+        job_id = jobs[0] if jobs else ""
+        return next((pid for pid, rank, cmd in _job_processes(job_id) if rank == "1" and "bootstrap" in cmd), None)
+
     try:
-        victim, job_id, deadline = None, "", time.monotonic() + 60
-        while victim is None and time.monotonic() < deadline:
-            jobs = slurm.run("squeue", "-h", "-o", "%i").stdout.split()
-            job_id = jobs[0] if jobs else ""
-            victim = next(
-                (pid for pid, rank, cmd in _job_processes(job_id) if rank == "1" and "bootstrap" in cmd), None
-            )
-            time.sleep(0.2)
-        assert victim is not None, "n2's bootstrap task never showed up"
+        victim = until(n2_task, 60, what="n2's bootstrap task")
         os.kill(victim, signal.SIGKILL)
         output = srun.communicate(timeout=180)[0]
     finally:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurmcluster import Cluster, cluster, unavailable
+from tests.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 
@@ -31,7 +32,7 @@ for _ in range(400):
     opt.zero_grad()
     model(torch.randn(8, 4)).pow(2).mean().backward()
     opt.step()
-    time.sleep(0.02)
+    time.sleep(0.02)  # a training step's pace: the job runs for a while
 """
 
 
@@ -58,9 +59,7 @@ def _resume(slurm: Cluster, *nodes: str) -> None:
     """Resume the nodes a test drained and wait until they take jobs again, for the module's next test."""
     for node in nodes:
         slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(_state(slurm, node)[0] != "idle" for node in nodes):
-        time.sleep(0.3)
+    until(lambda: all(_state(slurm, node)[0] == "idle" for node in nodes), 20, what=f"{', '.join(nodes)} idle again")
 
 
 def test_sbatch_runs_the_users_command_in_the_folder_sbatch_ran_in(slurm: Cluster, tmp_path: Path) -> None:
