@@ -290,7 +290,7 @@ def watch(c: Context, f: fl.WatchFlags) -> None:
 def env_diff(c: Context, f: fl.DiffFlags) -> None:
     """Say what differs between two boxes, ranked break / slow / info; exit 1 when something breaks training."""
     from checks.env.diff import diff as diff_sides
-    from checks.env.diff import render_diff
+    from checks.env.render import render_diff
     from checks.env.view import load_side
     from checks.probe import LocalProbe
 
@@ -300,7 +300,7 @@ def env_diff(c: Context, f: fl.DiffFlags) -> None:
     live = LocalProbe(cfg.probe.torch_timeout_s, cfg.env.nvcc_timeout_s).machine
     with interruptible():
         result = diff_sides(load_side(f.a, live), load_side(f.b or "live", live))
-    emit(lambda _: render_diff(result), result.to_json(), f.json)
+    emit(lambda _: render_diff(result, cfg.env.packages, every_row=f.all), result.to_json(), f.json)
     exit_with(result.exit_code())
 
 

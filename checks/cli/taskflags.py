@@ -165,6 +165,7 @@ class DiffFlags:
     a: str | None = flag(None, "the box that worked: a snapshot, a bootstrap --json report, or live")
     b: str | None = flag(None, "the box to judge: a snapshot, a bootstrap --json report, or live (this box)")
     json: str = flag("", JSON_TEXT)
+    all: bool = flag(False, "a line for every differing package (default: what training stands on; others counted)")
 
 
 @dataclass(frozen=True)

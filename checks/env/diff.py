@@ -288,31 +288,8 @@ def arch_fit(a: Side, b: Side) -> list[Difference]:
     return out
 
 
-def render_diff(d: Diff) -> str:
-    """One line per difference, breaks first, then what could not be compared, and a tally."""
-    lines = [f"gpu-preflight diff: A = {d.a}, B = {d.b}"]
-    width = max((len(x.field) for x in d.differences), default=5)
-    for x in d.differences:
-        lines.append(f"  {x.rank.upper():5} {x.field:<{width}} {_show(x.a)} -> {_show(x.b)}: {x.reason}")
-    if not d.differences:
-        lines.append("  no differences in what both sides hold")
-    lines += [f"  not compared: {m}" for m in d.not_compared]
-    counts = d.counts()
-    lines += ["", " · ".join(f"{n} {r}" for r, n in counts.items())]
-    lines.append(
-        "next: fix the break lines first; B will not train like A"
-        if counts["break"]
-        else "next: nothing breaks training"
-    )
-    return "\n".join(lines) + "\n"
-
-
 def _magnitude(value: Any) -> tuple[float, ...]:
     """Numbers for ordering: 24.0 -> (24.0,), "gen4 x16" -> (4.0, 16.0) (generation first, then width); None -> ()."""
     if isinstance(value, (int, float)):
         return (float(value),)
     return tuple(float(x) for x in re.findall(r"\d+", str(value or "")))
-
-
-def _show(value: Any) -> str:
-    return "(none)" if value is None else str(value)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from checks.env.diff import diff, same_release
+from checks.env.render import render_diff
 from checks.env.view import from_facts, load_side
 from checks.facts import EnvFacts, MachineFacts
 from checks.snapshot import dump_snapshot, load_snapshot, write_snapshot
@@ -242,3 +243,70 @@ def test_a_cuda_build_the_driver_runs_says_so() -> None:
     b = edit(base(), torch={"cuda": "12.6"})
     d = {x.field: x for x in diff(from_facts(base(), "A"), from_facts(b, "B")).differences}
     assert d["torch_cuda"].rank == "info" and "B's driver (CUDA 13.0) runs it" in d["torch_cuda"].reason
+
+
+# --- many packages: the ones that matter named, the rest counted ----------------------------------------------
+
+
+def _crowded() -> tuple[MachineFacts, MachineFacts]:
+    """A: torch, numpy, NCCL and 150 other packages; B: a newer torch and numpy, another NCCL, 120 of the others
+    gone, 20 at another version, and 8 of its own."""
+    others = {f"lib{i:03d}": "1.0" for i in range(150)}
+    mine = {"torch": "2.9.1+cu128", "numpy": "2.1.0", "nvidia-nccl-cu12": "2.27.3", "transformers": "4.56.0"}
+    a_packages = {**mine, **others}
+    b_packages = {"torch": "2.9.1+cu128", "numpy": "2.2.0", "nvidia-nccl-cu12": "2.26.2", "transformers": "4.56.0"}
+    b_packages |= {f"lib{i:03d}": "2.0" for i in range(120, 140)} | {f"lib{i:03d}": "1.0" for i in range(140, 150)}
+    b_packages |= {f"extra{i}": "0.1" for i in range(8)}
+    a = edit(base(), env={"packages": a_packages})
+    return a, edit(base(), env={"packages": b_packages}, torch={"version": "2.10.0+cu128"})
+
+
+def test_many_package_differences_name_what_matters_and_count_the_rest() -> None:
+    a, b = _crowded()
+    d = diff(from_facts(a, "A"), from_facts(b, "B"))
+    assert sum(x.field.startswith("package:") for x in d.differences) == 150
+    text = render_diff(d, matter=("numpy", "transformers"))
+    lines = text.splitlines()
+    assert not any("package:lib" in line or "package:extra" in line for line in lines), text
+    assert any(line.startswith("  INFO  package:numpy ") and "2.1.0 -> 2.2.0" in line for line in lines), text
+    assert any(line.startswith("  INFO  package:nvidia-nccl-cu12 ") for line in lines), text
+    [broken] = [line for line in lines if line.startswith("  BREAK packages")]
+    assert "120 other packages missing on B" in broken and "lib000, lib001, lib002, lib003 and 116 more" in broken
+    [info] = [line for line in lines if line.startswith("  INFO  packages")]
+    assert "28 other packages: 20 at another version: lib120," in info and "8 only on B: extra0," in info
+    assert "  packages: 150 differ: 2 that matter (numpy, 1 nvidia-* library) + 148 others; --all lists them" in lines
+    assert len(lines) < 25, text  # the point stays on one screen
+    assert lines[-2] == f"{d.counts()['break']} break · {d.counts()['slow']} slow · {d.counts()['info']} info"
+
+
+def test_all_lists_every_package_row_and_few_others_are_listed_anyway() -> None:
+    a, b = _crowded()
+    d = diff(from_facts(a, "A"), from_facts(b, "B"))
+    every = render_diff(d, every_row=True)
+    assert sum("package:lib" in line or "package:extra" in line for line in every.splitlines()) == 148
+    assert "BREAK packages" not in every and "--all" not in every
+    few = edit(base(), env={"packages": {"numpy": "2.1.0", "torch": "2.9.1+cu128", "x": "1", "y": "2"}})
+    text = render_diff(diff(from_facts(base(), "A"), from_facts(few, "B")))
+    assert "INFO  package:x" in text and "INFO  package:y" in text and "packages:" not in text
+
+
+@pytest.mark.slow
+def test_cli_groups_packages_unless_all(tmp_path: Path) -> None:
+    a, b = _crowded()
+    write_snapshot(tmp_path / "a.json", dump_snapshot(a, recorded=False))
+    write_snapshot(tmp_path / "b.json", dump_snapshot(b, recorded=False))
+    short = _cli(str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    assert short.returncode == 1 and "BREAK packages" in short.stdout and "package:lib000" not in short.stdout
+    assert "2 that matter (numpy, 1 nvidia-* library)" in short.stdout  # numpy from preflight.env.packages
+    full = _cli(str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--all")
+    assert full.returncode == 1 and "package:lib000" in full.stdout and "BREAK packages" not in full.stdout
+
+
+def test_torchs_cuda_libraries_missing_together_are_one_line_naming_each() -> None:
+    libs = ("nvidia-cublas-cu12", "nvidia-cudnn-cu12", "nvidia-nccl-cu12", "nvidia-cusparse-cu12")
+    a = edit(base(), env={"packages": {"numpy": "2.1.0", "torch": "2.9.1+cu128", **dict.fromkeys(libs, "1.0")}})
+    text = render_diff(diff(from_facts(a, "A"), from_facts(base(), "B")))
+    [line] = [line for line in text.splitlines() if "nvidia-" in line]
+    assert line.startswith("  BREAK package:nvidia-* 4 nvidia-* libraries missing on B") and all(
+        n in line for n in libs
+    )
