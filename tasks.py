@@ -22,7 +22,7 @@ from invoke import Collection, Context
 from checks.cli import program
 from checks.cli import taskflags as fl
 from checks.cli.flags import fill, task
-from checks.cli.terminal import check_output_path, emit, exit_with, interruptible, say, text_stream
+from checks.cli.terminal import LiveLine, check_output_path, emit, exit_with, interruptible, say, text_stream
 from checks.config import PreflightConfig, load_defaults, make_config
 from checks.errors import ExitStatus, PreflightError, terminate_as_interrupt
 from checks.fleet import run as fleet_run
@@ -280,7 +280,12 @@ def watch(c: Context, f: fl.WatchFlags) -> None:
     """Sample GPU and CPU use while your own training runs and say which one holds it back."""
     from checks.verify import run as run_verify
 
-    _show_judged(run_verify.watch(fill(run_verify.WatchRequest, f, config=settings(c)), say=say))  # watch advises
+    live = LiveLine(sys.stderr)  # what it has seen so far: in place on a terminal, a line every 10 s elsewhere
+    try:
+        judged = run_verify.watch(fill(run_verify.WatchRequest, f, config=settings(c)), say=say, progress=live)
+    finally:
+        live.close()
+    _show_judged(judged)  # watch advises
 
 
 # --- diff and lock (checks/env/) ----------------------------------------------------------------------------

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +25,34 @@ from checks.render import use_colour
 def say(line: str) -> None:
     """One line on stderr (progress and notes, never the report)."""
     sys.stderr.write(line + "\n")
+
+
+class LiveLine:
+    """Progress while a task works: on a terminal one line rewritten in place; anywhere else (a log file, CI,
+    ``| tee``) a whole line at most every ``every_s`` seconds, so a log shows the work going on without a line
+    per update. ``close()`` ends the rewritten line."""
+
+    def __init__(self, stream: TextIO, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream, self.every_s, self.clock = stream, every_s, clock
+        self.tty = stream.isatty()
+        self.last = clock()
+        self.open = False
+
+    def __call__(self, text: str) -> None:
+        if self.tty:
+            width = shutil.get_terminal_size().columns - 1
+            self.stream.write("\r" + text[:width] + "\x1b[K")
+            self.open = True
+        elif self.clock() - self.last >= self.every_s:
+            self.last = self.clock()
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.open:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.open = False
 
 
 def text_stream(json_path: str) -> TextIO:

@@ -106,8 +106,9 @@ def verify(request: VerifyRequest, say: Say) -> Judged:
     )
 
 
-def watch(request: WatchRequest, say: Say) -> Judged:
-    """Sample GPU and CPU use for a while (Ctrl-C stops early), judge them, write the CSV and the PNG."""
+def watch(request: WatchRequest, say: Say, progress: Say | None = None) -> Judged:
+    """Sample GPU and CPU use for a while (Ctrl-C stops early), judge them, write the CSV and the PNG;
+    ``progress`` gets what the sampling has seen so far, about once a second."""
     cfg = request.config
     w.check_pid(request.pid)
     if request.seconds < 0:
@@ -116,7 +117,7 @@ def watch(request: WatchRequest, say: Say) -> Judged:
     usable, host = w.usable_here()
     seconds = request.seconds or cfg.verify.watch_seconds
     say(f"watch: sampling for {seconds} s (Ctrl-C stops early)")
-    watched = w.sample(seconds, request.pid or None, usable, cfg.verify)
+    watched = w.sample(seconds, request.pid or None, usable, cfg.verify, progress)
     found = w.verdicts(watched, cfg.verify, usable)
     results, measurements = w.results(watched, found, usable, str(csv))
     measurements["files"] = {"json": json_path, "csv": str(csv), "png": str(png)}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from checks.verify.diagnosis import Verdict, contended, throttle_verdict
 from checks.verify.sampler import Row, Sampler, Trace, busiest_gpu, gpu_summary, summarise
 
 _POLL_S = 0.1  # how often --pid's process is checked for having exited
+PROGRESS_EVERY_S = 1.0  # how often sample() hands its caller a progress line (the caller may show fewer)
 
 
 @dataclass
@@ -54,8 +56,17 @@ def check_pid(pid: int) -> None:
         raise PreflightError(f"no process {pid}", hint="give the PID of your training process (ps, nvidia-smi)")
 
 
-def sample(seconds: float, pid: int | None, usable_cores: float, cfg: VerifyConfig) -> Watched:
-    """Sample for ``seconds``, or until process ``pid`` exits (Ctrl-C stops early and keeps what was sampled)."""
+def sample(
+    seconds: float,
+    pid: int | None,
+    usable_cores: float,
+    cfg: VerifyConfig,
+    progress: Callable[[str], None] | None = None,
+) -> Watched:
+    """Sample for ``seconds``, or until process ``pid`` exits (Ctrl-C stops early and keeps what was sampled).
+
+    ``progress`` gets a line about every ``PROGRESS_EVERY_S`` while it samples (what it has seen so far, the
+    seconds left); the caller decides where, and how often, to show it."""
     gpu = GpuReader()
     interrupted, exited = False, None
     start = time.monotonic()
@@ -65,8 +76,9 @@ def sample(seconds: float, pid: int | None, usable_cores: float, cfg: VerifyConf
         mine = sorted(i for i, pids in owners.items() if pids & tree)
         if mine:
             gpu.focus = set(mine)
+        tick = _ticker(sampler.trace, start, seconds, mine[0] if mine else None, progress) if progress else None
         try:
-            exited = _wait(start + seconds, pid)
+            exited = _wait(start + seconds, pid, tick)
         except KeyboardInterrupt:
             interrupted = True
     trace = sampler.trace if exited is None else sampler.trace.within(start, exited)
@@ -74,13 +86,46 @@ def sample(seconds: float, pid: int | None, usable_cores: float, cfg: VerifyConf
     return Watched(trace, index, gpu.error, interrupted, pid, None if exited is None else exited - start)
 
 
-def _wait(deadline: float, pid: int | None) -> float | None:
+def _wait(deadline: float, pid: int | None, tick: Callable[[float], None] | None = None) -> float | None:
     """Sleep until ``deadline``; return the monotonic time ``pid`` was seen gone, if it exits first."""
     while (left := deadline - time.monotonic()) > 0:
         if pid and not process_exists(pid):
             return time.monotonic()
+        if tick is not None:
+            tick(time.monotonic())
         time.sleep(min(_POLL_S, left))
     return None
+
+
+def _ticker(
+    trace: Trace, start: float, seconds: float, gpu: int | None, say: Callable[[str], None]
+) -> Callable[[float], None]:
+    """A ``tick(now)`` that passes ``say`` a progress line at most every ``PROGRESS_EVERY_S``."""
+    last = [start]
+
+    def tick(now: float) -> None:
+        if now - last[0] >= PROGRESS_EVERY_S:
+            last[0] = now
+            say(progress_line(list(trace.rows), now - start, seconds, gpu))
+
+    return tick
+
+
+def progress_line(rows: list[Row], elapsed: float, seconds: float, gpu: int | None = None) -> str:
+    """'watch: 12 of 60 s, 118 samples: GPU 0 busy 87%, CPU 45% (medians so far); 48 s left'."""
+    seen = Trace(rows=rows)
+    index = gpu if gpu is not None else busiest_gpu(seen)
+    parts = []
+    if index is not None and (util := seen.values(f"gpu{index}_util_pct")):
+        parts.append(f"GPU {index} busy {statistics.median(util):.0f}%")
+    else:
+        parts.append("no GPU sampled")
+    if cpu := seen.values("cpu_pct"):
+        parts.append(f"CPU {statistics.median(cpu):.0f}%")
+    if tree := seen.values("tree_cpu_cores"):
+        parts.append(f"the process tree {statistics.median(tree):.1f} cores")
+    left = max(0.0, seconds - elapsed)
+    return f"watch: {elapsed:.0f} of {seconds:g} s, {len(rows)} samples: {', '.join(parts)} (medians so far); {left:.0f} s left"
 
 
 def sampled(w: Watched, usable_cores: float) -> dict[str, Any]:

@@ -3,6 +3,8 @@ and its evidence carries what was sampled even without NVML; a cant-tell never e
 
 from __future__ import annotations
 
+import io
+import itertools
 import subprocess
 import sys
 import time
@@ -10,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from checks.cli.terminal import LiveLine
 from checks.config import make_config
 from checks.render import call_to_action
 from checks.result import Report
@@ -75,3 +78,58 @@ def test_a_box_saturated_by_another_process_is_cpu_contended() -> None:
     assert "95% busy, the training processes used 20%" in found[1].summary
     mine = [r | {"tree_cpu_cores": 1.9} for r in rows]  # the busy cores are its own: no neighbour
     assert [v.id for v in watch.verdicts(Watched(Trace(mine, 0.1), None, "x", False, 4242), CFG, 2.0)] == ["cant-tell"]
+
+
+# --- what watch shows while it samples ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_progress_lines_arrive_while_it_samples() -> None:
+    cores, _ = watch.usable_here()
+    seen: list[tuple[float, str]] = []
+    start = time.monotonic()
+    w = watch.sample(3.2, None, cores, CFG, progress=lambda line: seen.append((time.monotonic(), line)))
+    end = time.monotonic()
+    assert w.trace.rows
+    times = [t - start for t, _ in seen]
+    assert len(seen) >= 2 and times[0] < 1.6 and seen[0][0] < end - 1.0, times  # during the work, not at its end
+    assert all(b - a >= watch.PROGRESS_EVERY_S - 0.05 for a, b in itertools.pairwise(times)), times
+    first = seen[0][1]
+    assert first.startswith("watch: 1 of 3.2 s, ") and first.endswith("s left") and "CPU " in first, first
+
+
+def test_progress_line_names_the_busiest_gpu_and_what_is_left() -> None:
+    rows = [{"t_mono": float(i), "gpu0_util_pct": 10.0, "gpu1_util_pct": 90.0, "cpu_pct": 40.0} for i in range(5)]
+    line = watch.progress_line(rows, 12.4, 60, None)
+    assert line == "watch: 12 of 60 s, 5 samples: GPU 1 busy 90%, CPU 40% (medians so far); 48 s left"
+    assert "GPU 0 busy 10%" in watch.progress_line(rows, 12.4, 60, 0)
+    assert "no GPU sampled" in watch.progress_line([{"t_mono": 0.0, "cpu_pct": 5.0}], 1, 60)
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_live_line_on_a_log_writes_a_whole_line_every_ten_seconds() -> None:
+    now = [100.0]
+    stream = _Stream(tty=False)
+    live = LiveLine(stream, every_s=10.0, clock=lambda: now[0])
+    for second in range(1, 26):  # watch hands it a line a second
+        now[0] = 100.0 + second
+        live(f"watch: {second} of 60 s")
+    live.close()
+    assert stream.getvalue() == "watch: 10 of 60 s\nwatch: 20 of 60 s\n"
+
+
+def test_live_line_on_a_terminal_rewrites_one_line_and_clears_it_at_the_end() -> None:
+    stream = _Stream(tty=True)
+    live = LiveLine(stream, every_s=10.0, clock=lambda: 0.0)
+    live("watch: 1 of 60 s")
+    live("watch: 2 of 60 s")
+    live.close()
+    assert stream.getvalue() == "\rwatch: 1 of 60 s\x1b[K\rwatch: 2 of 60 s\x1b[K\r\x1b[K"
