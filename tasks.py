@@ -180,7 +180,8 @@ def stage_data(c: Context, f: fl.StageFlags) -> None:
     from datasets import progress as bars
 
     cfg = settings(c)
-    shown = bars.Bars(sys.stderr) if f.progress or sys.stderr.isatty() else bars.Silent()
+    # bars on a terminal (or asked for); elsewhere (a log, CI) a line every few seconds through say
+    shown = bars.Bars(sys.stderr) if f.progress or sys.stderr.isatty() else bars.Lines(say)
     start = time.monotonic()
     if f.verify:
         with interruptible():

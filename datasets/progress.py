@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Protocol, TextIO
+
+from checks.units import size_binary
 
 
 class Bar(Protocol):
@@ -79,3 +83,54 @@ class Bars:
                 mininterval=0.5,
             )
         )
+
+
+class Lines:
+    """A progress line through ``say`` at most every ``every_s`` seconds, for a stderr that is not a terminal (a log,
+    CI, ``nohup``): what, how far, how fast, how long left. A step done within ``every_s`` says nothing."""
+
+    def __init__(self, say: Callable[[str], None], every_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
+        self.say, self.every_s, self.clock = say, every_s, clock
+
+    def bar(self, what: str, total: int | None, unit: str, initial: int = 0) -> Bar:
+        return _LineBar(self, what, total, unit, initial)
+
+
+class _LineBar:
+    def __init__(self, lines: Lines, what: str, total: int | None, unit: str, initial: int) -> None:
+        self.lines, self.what, self.total, self.unit = lines, what, total, unit
+        self.start = self.last = lines.clock()
+        self.initial = self.done = initial
+        self.spoke = False
+
+    def update(self, n: int) -> None:
+        self.moveto(self.done + n)
+
+    def moveto(self, done: int) -> None:
+        self.done = done
+        now = self.lines.clock()
+        if now - self.last >= self.lines.every_s:
+            self.last, self.spoke = now, True
+            self.lines.say(self._line(now))
+
+    def close(self) -> None:
+        if self.spoke:  # a step that said how it went says it ended
+            took = self.lines.clock() - self.start
+            self.lines.say(f"stage-data: {self.what} done: {_amount(self.done, self.unit)} in {took:.0f} s")
+
+    def _line(self, now: float) -> str:
+        rate = (self.done - self.initial) / max(now - self.start, 1e-9)
+        done = _amount(self.done, self.unit)
+        if self.total:
+            count = size_binary(self.done) if self.unit == "B" else f"{self.done:,}"
+            done = f"{count} of {_amount(self.total, self.unit)} ({self.done / self.total:.0%})"
+        text = f"stage-data: {self.what} {done}"
+        text += f", {_amount(round(rate), self.unit)}/s"
+        if self.total and rate > 0:
+            text += f", about {max(0.0, (self.total - self.done) / rate):.0f} s left"
+        return text
+
+
+def _amount(n: int, unit: str) -> str:
+    """``1,234 img``; bytes in binary units (``3.2 GiB``)."""
+    return size_binary(n) if unit == "B" else f"{n:,} {unit}"
