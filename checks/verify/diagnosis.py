@@ -33,6 +33,7 @@ from checks.units import GIB
 from checks.verify import advice as fixes
 from checks.verify import distributed
 from checks.verify.contract import DdpFigures
+from checks.verify.stop import MIN_MEASURED
 
 TIME_VERDICTS = ("data-bound", "cpu-starved", "h2d-bound", "launch-bound", "checkpoint-bound", "comm-bound")
 _THROTTLE_BITS = SW_POWER_CAP | HW_SLOWDOWN | SW_THERMAL | HW_THERMAL | HW_POWER_BRAKE
@@ -400,7 +401,8 @@ def _compute_or_abstain(s: Signals, cfg: VerifyConfig) -> Verdict:
     c = s.shares["forward"] + s.shares["backward"] + s.shares["optimizer"]
     ev = {k: round(v, 4) for k, v in s.shares.items()}
     if c >= cfg.compute_bound_min:
-        confidence = "high" if s.steps >= cfg.critical_min_steps else "medium"
+        # fewer than a settled verdict's steps (the budget of a slow or crowded box cut them): low
+        confidence = "high" if s.steps >= cfg.critical_min_steps else "medium" if s.steps >= MIN_MEASURED else "low"
         faster = (
             "torch.compile, a faster GPU"
             if s.precision in ("bf16", "fp16")

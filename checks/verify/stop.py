@@ -28,7 +28,11 @@ from typing import Any
 
 from checks.verify.contract import PHASES, Cut, StopFacts
 
-MIN_MEASURED = 8  # the fewest measured steps a budget leaves (fewer than critical_min_steps cap verdicts at warn)
+MIN_MEASURED = 8  # the measured steps a budget leaves when its steps fit (fewer than critical_min_steps cap at warn)
+# When the warm-up's pace shows that not even MIN_MEASURED steps fit the time left (a slow or crowded box), the
+# budget still ends the measured steps once this many are in: a verdict on fewer steps, said so, at low
+# confidence, beats one that comes minutes late or a timeout that discards the steps. Tool-defined.
+MIN_UNDER_PRESSURE = 3
 TAIL_S = 4.0  # the parent's work after the child (judging, the CSV, the PNG timeline): ~2 s measured here, x2
 # Under a budget the warm-up ends once it has used this share of the time left when it began, after at least
 # MIN_WARMUP steps (the first holds the start-up, the pace is the median of the rest): a 7 s step has settled by
@@ -77,10 +81,10 @@ def stable(rows: Sequence[Sequence[float]], min_steps: int, width: float, batche
 
 def counts(asked: int, min_steps: int, step_s: float, seconds: float) -> tuple[int, int]:
     """(least, most) measured steps: ``asked`` at most, what ``seconds`` hold at ``step_s`` a step, at least
-    ``MIN_MEASURED`` (or ``asked`` when fewer); the stability rule is not checked before ``least``."""
+    ``MIN_UNDER_PRESSURE`` (or ``asked`` when fewer); the stability rule is not checked before ``least``."""
     most = asked
     if math.isfinite(seconds) and step_s > 0:
-        most = min(asked, max(MIN_MEASURED, int(max(seconds, 0.0) / step_s)))
+        most = min(asked, max(MIN_UNDER_PRESSURE, int(max(seconds, 0.0) / step_s)))
     return min(min_steps, most), most
 
 
@@ -101,6 +105,16 @@ def measure_cut(facts: StopFacts, budget_s: float) -> Cut | None:
     )
 
 
+# How a command's measured steps ended when verify did not stop them (``StopFacts.reason``).
+ENDED = {
+    "exited": "the command ended by itself",
+    "crashed": "then the command crashed",
+    "interrupted": "then Ctrl-C",
+    "stalled": "then no step came (stopped by verify)",
+    "limit": "then the time limit",
+}
+
+
 def describe(facts: StopFacts) -> str:
     """How the measured steps ended, for the report's row."""
     widest = max((facts.half_width or {}).values(), default=None)
@@ -109,10 +123,15 @@ def describe(facts: StopFacts) -> str:
         return f"stopped at {facts.measured} steps: {within}, verify.stable_width {100 * facts.width:g}"
     if facts.reason == "forced":
         return f"{facts.measured} steps, as asked ({within})"
-    if facts.reason == "exited":
-        return f"{facts.measured} steps: the command ended by itself ({within})"
+    if facts.reason in ENDED:
+        return f"{facts.measured} steps: {ENDED[facts.reason]} ({within})"
     if facts.reason == "budget":
-        return f"{facts.measured} steps: the budget held no more ({within})"
+        few = (
+            f"; fewer than the {MIN_MEASURED} a settled verdict takes: low confidence"
+            if facts.measured < min(MIN_MEASURED, facts.asked)
+            else ""
+        )
+        return f"{facts.measured} steps: the budget held no more ({within}){few}"
     return f"{facts.measured} steps, the cap verify.steps ({within})"
 
 

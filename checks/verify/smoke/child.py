@@ -52,7 +52,7 @@ from checks.verify.smoke.figures import breakdown, largest_fit
 from checks.verify.smoke.loop import Feed, Interrupted, Pending, Trainer, finished, resolve, run_steps, train
 from checks.verify.smoke.setup import Build, UsageError, build
 
-MIN_MEASURED = rule.MIN_MEASURED
+MIN_MEASURED_UNDER_PRESSURE = rule.MIN_UNDER_PRESSURE
 
 
 class Events:
@@ -243,7 +243,9 @@ class Smoke:
                                           stop.batches):  # fmt: skip
                 return "stable"
             now = time.monotonic()  # the pace so far, not the warm-up's: a neighbour may have slowed the steps
-            return "budget" if n >= MIN_MEASURED and now + max(step_s, (now - began) / n) > end_by else None
+            return (
+                "budget" if n >= MIN_MEASURED_UNDER_PRESSURE and now + max(step_s, (now - began) / n) > end_by else None
+            )
 
         reason = self.loop("steps", "measure", most, why)
         measured = [Step.from_json(x) for x in self.result["steps"]]

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from checks.probe.sample import process_exists, process_tree
-from checks.verify.contract import StopSpec
+from checks.verify.contract import PHASES, StopSpec
 from checks.verify.stop import MIN_MEASURED, rows_of, stable
 
 INJECT = Path(__file__).resolve().parent / "inject"
@@ -322,10 +322,29 @@ def _watch(
         if not counts and now - start >= rule.first_step_s:
             run.ended = "no-step"
             return
-        if counts and now - last_step >= rule.stall_s:
+        if counts and now - last_step >= stall_after(rule, run.events, now):
             run.ended = "stalled"
             return
         time.sleep(_POLL_S)
+
+
+STALL_PACES = 5  # past the budget, a command is stalled after this many of its own step times without a step
+STALL_FLOOR_S = 15.0  # ... and never sooner than this (a save or an evaluation between steps). Tool-defined.
+
+
+def stall_after(rule: StopRule, events: Sequence[dict[str, Any]], now: float) -> float:
+    """Seconds without a step that make the command stalled: ``stall_s`` (verify.stall_timeout_s) while the
+    budget lasts; once it is spent, ``STALL_PACES`` of the command's own step time (the median step after the
+    first, or the first alone; at least ``STALL_FLOOR_S``), so that a run that stops stepping is judged within the
+    budget plus a few of its steps, not minutes later."""
+    stop = rule.stop
+    if stop is None or not stop.deadline or now < stop.deadline:
+        return rule.stall_s
+    lines = [e for e in events if e.get("event") == "step" and e.get("rank") in (0, None)]
+    paces = sorted(sum(float(e.get(p) or 0.0) for p in PHASES) for e in lines[1:] or lines)
+    if not paces:
+        return rule.stall_s
+    return min(rule.stall_s, max(STALL_FLOOR_S, STALL_PACES * paces[len(paces) // 2]))
 
 
 def _early(events: Sequence[dict[str, Any]], counts: dict[Any, int], world: int, rule: StopRule, now: float) -> str:
@@ -333,12 +352,14 @@ def _early(events: Sequence[dict[str, Any]], counts: dict[Any, int], world: int,
     stop = rule.stop
     if stop is None or rule.seconds or len(counts) < world or not counts:
         return ""
-    measured = min(counts.values()) - rule.warmup
-    if measured < min(MIN_MEASURED, rule.steps):
-        return ""
-    if stop.deadline and now >= stop.deadline:
+    done = min(counts.values())
+    if stop.deadline and now >= stop.deadline and done >= 2:
+        # the budget is spent: stop now, whatever was measured (at least one step after the one holding the
+        # start-up); the judge takes its measured steps from the warm-up's when too few came after it
         return "budget"
-    if world == 1 and measured >= stop.min_steps:
+    if done - rule.warmup < min(MIN_MEASURED, rule.steps):
+        return ""
+    if world == 1 and done - rule.warmup >= stop.min_steps:
         lead = max(counts, key=lambda k: counts[k])
         lines = [e for e in events if e.get("event") == "step" and _key(e) == lead][rule.warmup :]
         if stable(rows_of(lines), stop.min_steps, stop.width, stop.batches):

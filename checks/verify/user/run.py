@@ -33,7 +33,7 @@ from checks.verify.user import advice, modelfix
 from checks.verify.user import judge as j
 from checks.verify.user import saved as saved_file
 from checks.verify.user import sweep as sweeper
-from checks.verify.user.launch import CommandRun, StopRule, run_command
+from checks.verify.user.launch import CommandRun, StopRule, run_command, step_counts
 from checks.verify.watch import usable_here
 
 Say = Callable[[str], None]
@@ -112,12 +112,13 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
     price = request.price_per_hour or cfg.verify.price_per_hour
     setting = Setting(cores, Files(json_path, str(csv), str(png)), price, own_code=True)
     run, trace, gpu, gpu_error = _gather(request, stop, cwd, cores, say)
+    stop, pressed = under_pressure(run, stop, budget)
     if run.ended == "no-torch":
         raise PreflightError(
             f"verify: {' '.join(request.command)} never imported torch ({j.describe_exit(run.returncode)})",
             hint="verify -- COMMAND times torch training scripts; check that the command is the training one",
         )
-    cuts: list[Cut] = []
+    cuts: list[Cut] = [pressed] if pressed is not None else []
     found = j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)  # every process's steps, read once
     deadline = started + budget - stopper.TAIL_S
     measured = _measured(request, run, found)
@@ -160,15 +161,43 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
     )
 
 
+def under_pressure(run: CommandRun, stop: StopRule, budget: float) -> tuple[StopRule, Cut | None]:
+    """The rule the steps are judged by, and the cut said, when the budget ran out before
+    ``MIN_UNDER_PRESSURE`` measured steps (a slow or crowded box): the warm-up's steps after the first (which
+    holds the start-up) are judged too, rather than a late verdict or none."""
+    if run.stop_reason != "budget":
+        return stop, None
+    counts, _ = step_counts(run.events)
+    done = min(counts.values()) if counts else 0
+    if done - stop.warmup >= stopper.MIN_UNDER_PRESSURE:
+        return stop, None
+    warmup = max(1, min(stop.warmup, done - stopper.MIN_UNDER_PRESSURE))
+    lines = [e for e in run.events if e.get("event") == "step" and e.get("rank") in (0, None)]
+    paces = [sum(float(e.get(p) or 0.0) for p in PHASES) for e in lines[1:]]
+    pace = statistics.median(paces) if paces else 0.0
+    short = (stopper.MIN_MEASURED + stop.warmup - done) * pace
+    when = (
+        f"{done - stop.warmup} step(s) after the warm-up of {stop.warmup}"
+        if done > stop.warmup
+        else f"during the warm-up (step {done} of {stop.warmup})"
+    )
+    summary = f"the budget ran out {when} at {pace:.2f} s a step: steps {warmup + 1}-{done} are judged, the warm-up's among them"
+    return dataclasses.replace(stop, warmup=warmup), Cut(
+        "warmup", summary, f"--budget {stopper.more_budget(budget, short)}"
+    )
+
+
 def stop_facts(run: CommandRun, found: Sequence[j.Rank], stop: StopRule) -> StopFacts | None:
-    """How the measured steps of the command ended (the lead process's), for the report."""
+    """How the measured steps of the command ended (the lead process's), for the report: the stop rule's reason
+    when verify stopped it, else how it ended (exited, crashed, interrupted, stalled, limit)."""
     if not found:
         return None
     lead, spec = found[0], stop.stop
-    reason = {"stable": "stable", "budget": "budget", "": "exited"}.get(
-        run.stop_reason, "forced" if spec is None else "steps"
-    )
-    warm = [sum(float(x.get(p) or 0.0) for p in PHASES) for x in lead.warmup[1:] or lead.warmup]
+    if run.ended != "stopped":
+        reason = run.ended
+    else:
+        reason = {"stable": "stable", "budget": "budget"}.get(run.stop_reason, "forced" if spec is None else "steps")
+    warm = [sum(float(x.get(p) or 0.0) for p in PHASES) for x in lead.warmup[1:] or lead.steps or lead.warmup]
     return StopFacts(
         reason,
         len(lead.steps),
@@ -326,7 +355,15 @@ def estimate(stop: StopRule, step_s: float) -> str:
         return f"verify: warm-up done, {step_s:.2f} s a step: measuring for {stop.seconds:g} s"
     if spec is None:
         return f"verify: warm-up done, {step_s:.2f} s a step: about {stop.steps * step_s:.0f} s for {stop.steps} steps"
-    least, most = stopper.counts(stop.steps, spec.min_steps, step_s, spec.deadline - time.monotonic())
+    left = spec.deadline - time.monotonic()
+    least, most = stopper.counts(stop.steps, spec.min_steps, step_s, left)
+    if most * step_s > left:  # not even the fewest steps fit: say so, with what the budget still holds
+        fit = max(int(max(left, 0.0) / step_s), 0)
+        return (
+            f"verify: warm-up done, {step_s:.2f} s a step: {max(left, 0.0):.0f} s of the {spec.budget_s:g} s budget "
+            f"left for measured steps, {fit} at this pace; verify stops the command when the budget ends and "
+            f"judges the steps it has (fewer than {stopper.MIN_MEASURED}: low confidence)"
+        )
     return (
         f"verify: warm-up done, {step_s:.2f} s a step: about {least * step_s:.0f}-{most * step_s:.0f} s more "
         f"({least} to {most} measured steps, until the shares are stable), within the {spec.budget_s:g} s budget"
@@ -368,6 +405,6 @@ def _gather(
         sampler = stack.enter_context(Sampler(request.config.verify.sample_interval_s, gpu, host))
         run = run_command(request.command, stop, cwd, echo, stdout, None, event, started)
     if run.ended == "stopped":  # its own KeyboardInterrupt traceback, if it prints one, is this stop
-        say("verify: stopped your command after its measured steps (SIGINT to its processes, as Ctrl-C does: a "
-            "KeyboardInterrupt traceback above is this stop, not a failure)")  # fmt: skip
+        above = "" if request.quiet else ": a KeyboardInterrupt traceback above is this stop, not a failure"
+        say(f"verify: stopped your command after its measured steps (SIGINT to its processes, as Ctrl-C does{above})")
     return run, sampler.trace, found.get("index"), gpu.error

@@ -28,7 +28,9 @@ TORCHRUN_2 = (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
 SMALL = ("--data", "synthetic-tokens", "--seq-len", "32", "--batch-size", "8", "--size", "small")
 
 
-def train(*args: str, cwd: Path = REPO, launcher: tuple[str, ...] = (sys.executable,)) -> subprocess.CompletedProcess[str]:
+def train(
+    *args: str, cwd: Path = REPO, launcher: tuple[str, ...] = (sys.executable,)
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
     return subprocess.run([*launcher, str(TRAIN), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
@@ -102,7 +104,9 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...]
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
-def test_verify_judges_the_script_as_it_judges_the_built_in_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_verify_judges_the_script_as_it_judges_the_built_in_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same planted pipeline (every sample waits 4 ms, a linear model) through the built-in loop and through
     ``verify -- python templates/train.py``: the same verdict, and both reports valid under the one schema."""
     cfg = config(loader_probe_s=0, command_advice_s=0.0)
