@@ -24,7 +24,7 @@ from packaging.version import InvalidVersion, Version
 
 from checks import TOOL_NAME, TOOL_VERSION
 from checks.env.view import Side
-from checks.machine.torchbuilds import coverage, parse_cuda
+from checks.tables.torchbuilds import coverage, parse_cuda
 
 DIFF_SCHEMA = 1
 RANKS = ("break", "slow", "info")

@@ -31,10 +31,10 @@ from checks.errors import PreflightError
 from checks.facts import MachineFacts
 from checks.fileio import read_text, write_atomic
 from checks.machine.measurements import environment
-from checks.machine.torchbuilds import PYTORCH_WHEEL_INDEX, driver_cuda, parse_cuda
 from checks.probe import LocalProbe
 from checks.probe.env import normalize, requirement_closure
 from checks.result import Result, fail, ok, skip
+from checks.tables.torchbuilds import PYTORCH_WHEEL_INDEX, driver_cuda, parse_cuda
 
 LOCK_HEADER = "# gpu-preflight lock 1"
 _OPTIONS = ("--index-url", "--extra-index-url", "-i", "--find-links")

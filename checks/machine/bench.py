@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from checks.config import BenchConfig, PreflightConfig
 from checks.facts import GpuBench, GpuFacts, MachineFacts
-from checks.machine import datasheet
-from checks.machine.datasheet import GpuSpec
 from checks.machine.grading import grade
 from checks.result import Result, Status, skip
+from checks.tables import datasheet
+from checks.tables.datasheet import GpuSpec
 
 
 @dataclass(frozen=True)

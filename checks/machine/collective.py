@@ -17,11 +17,11 @@ import yaml
 
 from checks.config import PreflightConfig, TopologyConfig
 from checks.facts import GpuFacts, MachineFacts, P2PBandwidth
-from checks.machine.datasheet import PCIE_X16_GB_S, form_factor, lookup
 from checks.machine.grading import grade, graded
 from checks.machine.nccl_env import broken_socket
 from checks.machine.topology import answering, p2p_ok, pair_of, path_name
 from checks.result import Result, fail, ok, skip
+from checks.tables.datasheet import PCIE_X16_GB_S, form_factor, lookup
 from checks.units import MIB
 
 EXPECTATIONS_FILE = Path(__file__).resolve().parents[2] / "templates" / "nccl.yaml"

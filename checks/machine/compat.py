@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from checks.config import PreflightConfig
 from checks.facts import ExtensionFacts, MachineFacts
-from checks.machine.torchbuilds import (
+from checks.result import Result, Status, fail, ok, skip, warn
+from checks.tables.torchbuilds import (
     CPU_BUILD,
     best_variant,
     build_name,
@@ -19,7 +20,6 @@ from checks.machine.torchbuilds import (
     install_command,
     parse_cuda,
 )
-from checks.result import Result, Status, fail, ok, skip, warn
 
 _DRIVER_HINTS = {
     "library-not-found": "no NVIDIA driver here: on a GPU box install the driver, or start the container with "

@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterator
 
 from checks.config import PreflightConfig
 from checks.facts import GpuFacts, MachineFacts
-from checks.machine import datasheet
-from checks.machine.datasheet import PCIE_X16_GB_S
 from checks.machine.grading import grade, graded
 from checks.result import Result, Status, fail, ok, skip, warn
+from checks.tables import datasheet
+from checks.tables.datasheet import PCIE_X16_GB_S
 from checks.units import GIB
 
 # Clock event reason bits (nvmlClocksEventReason*, docs/sources.md#nvml-api). Idle (0x1), application clocks

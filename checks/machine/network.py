@@ -11,9 +11,9 @@ from typing import Any
 
 from checks.config import NetworkConfig, PreflightConfig
 from checks.facts import AllreduceFacts, DownloadFacts, LinkFacts, MachineFacts
-from checks.machine import datasheet
 from checks.machine.grading import grade, graded
 from checks.result import Result, Status, fail, ok, skip, warn
+from checks.tables import datasheet
 from checks.units import MIB
 
 # NVLink 3 and 4 carry 25 GB/s per link and direction (18 x 25 = 450 GB/s on H100, 12 x 25 = 300 on A100:

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 from checks.config import PreflightConfig
 from checks.facts import GpuFacts, GpuLocality, GpuPair, MachineFacts, TopologyFacts
-from checks.machine.datasheet import form_factor
 from checks.result import Result, Status, fail, ok, skip, warn
+from checks.tables.datasheet import form_factor
 
 LEVELS = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 _P2P_OK = "OK"

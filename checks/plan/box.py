@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from checks.facts import MachineFacts, NvmlFacts
-from checks.machine import datasheet
 from checks.probe.host import read_host
 from checks.probe.nvml import read_nvml
 from checks.snapshot import load_snapshot
+from checks.tables import datasheet
 
 
 def card_of(nvml: NvmlFacts) -> tuple[str, float] | None:

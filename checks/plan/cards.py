@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from checks.config import PlanConfig
-from checks.machine.datasheet import GpuSpec
 from checks.plan.memory import SHARD_ORDER, Breakdown, Setup, largest_batch, per_gpu
 from checks.plan.model import ModelSize
+from checks.tables.datasheet import GpuSpec
 from checks.units import GIB
 
 

@@ -24,7 +24,6 @@ from typing import Any
 
 from checks import TOOL_NAME
 from checks.errors import PreflightError
-from checks.machine import datasheet
 from checks.plan import timing
 from checks.plan.cards import Option, option, usable_bytes
 from checks.plan.memory import Setup, states
@@ -40,6 +39,7 @@ from checks.plan.model import (
 )
 from checks.plan.request import PlanRequest, check, parse_count, parse_shape
 from checks.probe.torch import ChildFailed, run_child
+from checks.tables import datasheet
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "measure_model.py"
 SCHEMA = 1

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from checks.errors import PreflightError
-from checks.machine import datasheet
-from checks.machine.datasheet import GpuSpec
+from checks.tables import datasheet
+from checks.tables.datasheet import GpuSpec
 
 SCALES_WITH_PEAK = ("forward", "backward")
 SCALES_WITH_BANDWIDTH = ("optimizer",)

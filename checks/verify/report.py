@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from checks.config import VerifyConfig
-from checks.machine import datasheet
 from checks.result import Result, fail, ok, skip, warn
+from checks.tables import datasheet
 from checks.units import percent
 from checks.verify import distributed
 from checks.verify.advice import loader_advice

@@ -17,9 +17,9 @@ import pytest
 from checks.config import make_config
 from checks.facts import GpuFacts
 from checks.machine.runner import CHECKS, run_checks
-from checks.machine.torchbuilds import best_variant, driver_cuda
 from checks.result import Result, Status
 from checks.snapshot import load_snapshot
+from checks.tables.torchbuilds import best_variant, driver_cuda
 
 MACHINES = Path(__file__).resolve().parent.parent / "fixtures" / "machines"
 BENCH_IDS = ("gpu-h2d", "gpu-d2h", "gpu-d2d", "gpu-matmul")  # gpu-bench reports under these ids

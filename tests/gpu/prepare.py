@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from checks.machine.torchbuilds import best_variant  # noqa: E402 - pure stdlib, after the path is set
+from checks.tables.torchbuilds import best_variant  # noqa: E402 - pure stdlib, after the path is set
 
 # The index pytorch.org/get-started/locally names; each CUDA variant is a folder below it (".../cu128").
 PYTORCH_INDEX = "https://download.pytorch.org/whl"

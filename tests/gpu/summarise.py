@@ -6,7 +6,7 @@
 ``summary`` reads what the run left in OUT_DIR (plan.tsv and steps.tsv from the script, bootstrap.json,
 snapshot.json, verify/*.json, allreduce.json, gpu-tests.xml, logs/) and writes summary.json and summary.md: each
 step with its status, exit code and seconds, and every benchmark figure as a fraction of its datasheet value (the
-figures and datasheet rows of ``checks/machine/bench.py`` and ``checks/machine/datasheet.py``).
+figures and datasheet rows of ``checks/machine/bench.py`` and ``checks/tables/datasheet.py``).
 ``fixture`` copies the snapshot to ``recorded-<gpu>-<n>x.json``, the GPU named by its datasheet model.
 """
 
@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from checks.facts import GpuBench  # noqa: E402 - the checkout is not installed
-from checks.machine import datasheet  # noqa: E402
 from checks.machine.bench import METRICS  # noqa: E402
+from checks.tables import datasheet  # noqa: E402
 from tests.gpu.summary_md import render_md  # noqa: E402
 
 SCHEMA = 1

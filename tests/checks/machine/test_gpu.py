@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 
 from checks.facts import GpuProcess
-from checks.machine import datasheet
 from checks.machine import gpu as g
 from checks.result import Status
+from checks.tables import datasheet
 from tests.factories import GIB, config, gpu, machine
 
 

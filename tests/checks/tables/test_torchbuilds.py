@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from checks.machine.torchbuilds import (
+from checks.tables.torchbuilds import (
     VARIANTS,
     best_variant,
     coverage,
