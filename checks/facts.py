@@ -158,6 +158,7 @@ class HostFacts:
     in_container: bool = False
     cuda_compat_paths: tuple[str, ...] = ()  # directories with a forward-compat libcuda on the loader path
     nvswitch_count: int = 0  # NVSwitch PCI functions on this host
+    nvidia_pci_gpus: int | None = None  # NVIDIA GPUs on the PCI bus, driver or not; None: not read (older snapshots)
     fabric_manager_running: bool | None = None  # None: cannot tell (no process table access)
     env: dict[str, str] = field(default_factory=dict)  # relevant variables only (see checks/probe/host.py ENV_KEYS)
 

@@ -37,9 +37,15 @@ def driver(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     Command line equivalent: nvidia-smi (header line).
     """
     nv = m.nvml
+    if nv.error_kind == "library-not-found" and m.host.nvidia_pci_gpus == 0:
+        # no NVIDIA GPU on the PCI bus either: a CPU machine by design, where a CUDA torch wheel trains on the CPU
+        summary = "no NVIDIA GPU on this machine's PCI bus and no driver: a CPU machine (lspci -d 10de: finds none)"
+        return [skip("driver", summary, value={"error_kind": nv.error_kind, "nvidia_pci_gpus": 0})]
     if nv.error:
         hint = _DRIVER_HINTS.get(nv.error_kind or "", "see the NVML message; `nvidia-smi` shows the same")
         kind = {"error_kind": nv.error_kind}  # "library-not-found": no driver at all (a CPU box, or no GPUs passed in)
+        if nv.error_kind == "library-not-found" and m.host.nvidia_pci_gpus:
+            hint = f"{m.host.nvidia_pci_gpus} NVIDIA GPU(s) on the PCI bus, but no driver to use them: " + hint
         return [fail("driver", nv.error, hint, value=kind, expected="NVIDIA driver with NVML")]
     cuda = driver_cuda(nv.cuda_driver_version)
     cuda_text = f"CUDA {cuda[0]}.{cuda[1]}" if cuda else "CUDA version unknown"

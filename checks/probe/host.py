@@ -50,6 +50,7 @@ _FABRIC_MANAGER = "nv-fabricmanager"
 _FABRIC_MANAGER_NAMES = (_FABRIC_MANAGER, _FABRIC_MANAGER[:15])
 _NVIDIA_VENDOR = "0x10de"
 _BRIDGE_OTHER_CLASS = "0x0680"  # NVSwitch is a PCI "bridge, other" function: class 0x068000
+_GPU_CLASSES = ("0x0300", "0x0302")  # VGA and 3D controllers: the classes NVIDIA GPUs (data-center ones: 3D) use
 
 
 def read_host(
@@ -79,6 +80,7 @@ def read_host(
     memlock_soft, memlock_hard = _rlimit(getrlimit, resource.RLIMIT_MEMLOCK)
     container = in_container(root, env)
     nvswitches = nvswitch_count(root)
+    gpus_on_bus = nvidia_gpu_count(root)
     freq_driver, governors = cpu_governors(root)
     return HostFacts(
         hostname=socket.gethostname() or "unknown",
@@ -103,6 +105,7 @@ def read_host(
         in_container=container,
         cuda_compat_paths=cuda_compat_paths(root, env),
         nvswitch_count=nvswitches,
+        nvidia_pci_gpus=gpus_on_bus,
         fabric_manager_running=_fabric_manager(processes, container) if nvswitches else None,
         env={k: env[k] for k in ENV_KEYS if k in env},
     )
@@ -180,6 +183,23 @@ def cuda_compat_paths(root: Path, environ: Mapping[str, str]) -> tuple[str, ...]
         if _is_compat_dir(directory) and _sorted_glob(root / directory.lstrip("/"), "libcuda.so*"):
             found.setdefault(directory)
     return tuple(found)
+
+
+def nvidia_gpu_count(root: Path) -> int | None:
+    """Count NVIDIA GPU PCI functions (VGA or 3D controller class), driver or not: 0 is a machine without one by
+    design (a CPU VM), where a missing driver is no fault; None where the bus cannot be read (no /sys).
+
+    Command line equivalent: lspci -d 10de::0302; lspci -d 10de::0300
+    """
+    devices = root / "sys" / "bus" / "pci" / "devices"
+    if not devices.is_dir():
+        return None
+    count = 0
+    for device in _sorted_glob(devices, "*"):
+        vendor = (_read_text(device / "vendor") or "").strip().lower()
+        pci_class = (_read_text(device / "class") or "").strip().lower()
+        count += vendor == _NVIDIA_VENDOR and pci_class.startswith(_GPU_CLASSES)
+    return count
 
 
 def nvswitch_count(root: Path) -> int:

@@ -265,8 +265,11 @@ def plan(
 
 
 def cpu_machine(facts: MachineFacts) -> bool:
-    """No NVIDIA driver library and a CPU-only torch build: a machine without a GPU by design, not a broken one."""
-    return facts.nvml.error_kind == "library-not-found" and not facts.torch.error and facts.torch.cuda is None
+    """No NVIDIA driver library, and a CPU-only torch build or no NVIDIA GPU on the PCI bus: a machine without a GPU
+    by design, not a broken one."""
+    if facts.nvml.error_kind != "library-not-found":
+        return False
+    return facts.host.nvidia_pci_gpus == 0 or (not facts.torch.error and facts.torch.cuda is None)
 
 
 # What only a run on the GPU needs: on a --device cpu run their failures do not gate it.

@@ -67,6 +67,13 @@ EXPECTED: dict[str, list[Expectation]] = {
         *machine(SKIP, "gpu-inventory", "cuda-compat", "torch-libs", *PER_GPU_IDS, *BENCH_IDS),
         *machine(OK, "torch-build", "cpu-cores", "ram", "shm", "dataloader-advice"),
     ],
+    # A CPU VM (no NVIDIA device on its bus) with a CUDA torch wheel: no driver is no fault, nothing fails.
+    "cpu-vm-cuda-wheel.json": [
+        ("driver", None, SKIP),
+        ("ulimits", None, WARN),
+        *machine(SKIP, "gpu-inventory", "cuda-compat", *PER_GPU_IDS, *BENCH_IDS),
+        *machine(OK, "torch-build", "cpu-cores", "ram", "shm", "dataloader-advice"),
+    ],
     # The same VM with a CUDA torchvision from PyPI beside its CPU torch: importing it fails.
     "cpu-vm-cuda-torchvision.json": [
         ("driver", None, FAIL),

@@ -27,6 +27,27 @@ def test_driver_loaded_but_no_gpu_visible_fails() -> None:
     assert r.status is Status.FAIL and "VISIBLE_DEVICES" in (r.hint or "")
 
 
+NO_LIBRARY = {"error": "NVML could not load: NVML Shared Library Not Found", "error_kind": "library-not-found"}
+
+
+@pytest.mark.parametrize(
+    ("on_bus", "status", "words"),
+    [
+        (0, Status.SKIP, "no NVIDIA GPU on this machine's PCI bus and no driver: a CPU machine"),
+        (None, Status.FAIL, "NVML Shared Library Not Found"),  # the bus not read (an older snapshot): cannot tell
+        (2, Status.FAIL, "NVML Shared Library Not Found"),  # GPUs there, no driver: the fault a GPU box can have
+    ],
+)
+def test_no_driver_is_a_fault_only_where_the_bus_holds_an_nvidia_gpu(
+    on_bus: int | None, status: Status, words: str
+) -> None:
+    """A CPU VM with torch's default CUDA wheel is no broken GPU box: bootstrap must not exit 1 on it."""
+    r = _one(compat.driver(machine(gpus=(), nvml=NO_LIBRARY, host={"nvidia_pci_gpus": on_bus}), config()))
+    assert r.status is status and words in r.summary
+    if on_bus:
+        assert (r.hint or "").startswith("2 NVIDIA GPU(s) on the PCI bus, but no driver to use them: ")
+
+
 def test_driver_version_mismatch_hint() -> None:
     m = machine(
         nvml={

@@ -161,6 +161,23 @@ def test_nvswitch_count_skips_gpus_and_other_vendors(tmp_path: Path) -> None:
     assert host(tmp_path).nvswitch_count == 2
 
 
+def test_nvidia_gpus_on_the_bus_are_its_vga_and_3d_functions(tmp_path: Path) -> None:
+    """The tree's one 3D controller, plus a VGA one added; NVSwitch bridges and other vendors are not GPUs."""
+    nvswitch_tree(tmp_path)
+    put(tmp_path, "sys/bus/pci/devices/0000:19:00.0/vendor", "0x10de\n")
+    put(tmp_path, "sys/bus/pci/devices/0000:19:00.0/class", "0x030000\n")
+    put(tmp_path, "sys/bus/pci/devices/0000:1a:00.0/vendor", "0x1002\n")  # another vendor's GPU
+    put(tmp_path, "sys/bus/pci/devices/0000:1a:00.0/class", "0x030000\n")
+    assert host(tmp_path).nvidia_pci_gpus == 2
+
+
+def test_a_bus_without_nvidia_is_zero_and_no_bus_is_unknown(tmp_path: Path) -> None:
+    put(tmp_path, "sys/bus/pci/devices/0000:00:01.0/vendor", "0x8086\n")
+    put(tmp_path, "sys/bus/pci/devices/0000:00:01.0/class", "0x060000\n")
+    assert host(tmp_path).nvidia_pci_gpus == 0
+    assert host(tmp_path / "elsewhere").nvidia_pci_gpus is None
+
+
 @pytest.mark.parametrize(
     ("processes", "expected"),
     [

@@ -7,6 +7,7 @@ import them inside, so the rest of the file runs (and the torch ones skip with t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -456,8 +457,11 @@ def test_a_cpu_machine_does_not_fail_the_gate_on_the_missing_driver() -> None:
     assert cpu_machine(cpu)
     results = {r.id: r for r in gate(cpu, cfg)}
     assert results["driver"].status is Status.SKIP and results["alloc-conf"].status is Status.SKIP
-    broken = MachineFacts(cpu.nvml, TorchFacts(version="2.8.0+cu128", cuda="12.8"), cpu.host)
-    assert {r.id: r for r in gate(broken, cfg)}["driver"].status is Status.FAIL  # a CUDA torch wants a driver
+    cuda_torch = TorchFacts(version="2.8.0+cu128", cuda="12.8")
+    gpu_box = dataclasses.replace(cpu.host, nvidia_pci_gpus=1)  # a GPU on the bus: the CUDA torch wants its driver
+    assert {r.id: r for r in gate(MachineFacts(cpu.nvml, cuda_torch, gpu_box), cfg)}["driver"].status is Status.FAIL
+    cpu_vm = dataclasses.replace(cpu.host, nvidia_pci_gpus=0)  # none on the bus: the CUDA wheel trains on the CPU
+    assert {r.id: r for r in gate(MachineFacts(cpu.nvml, cuda_torch, cpu_vm), cfg)}["driver"].status is Status.SKIP
 
 
 def test_progress_lines() -> None:
