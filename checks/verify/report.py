@@ -23,6 +23,7 @@ from checks.verify import distributed
 from checks.verify.advice import loader_advice
 from checks.verify.contract import (
     ChildResult,
+    CommandStep,
     DdpFigures,
     Files,
     Measurements,
@@ -271,7 +272,17 @@ def _measurements(
         loader_candidates=(s.loader_alone or {}).get("candidates") or [] if s is not None and probed else None,
         advice=s.loader_advice if s is not None and probed else None,
         data_cost=r.data_cost,
+        command_step=None if figs is None else _step_counts(r),
     )
+
+
+BUILT_IN_FORWARD = "the forward pass and the loss (the built-in loop times its copies to the device apart)"
+
+
+def _step_counts(r: ChildResult) -> CommandStep:
+    """Micro-batches, samples and tokens per optimizer step, under the keys a command's report has."""
+    tokens = r.samples_per_step * r.tokens_per_sample or None
+    return CommandStep(r.accum or 1, r.samples_per_step or None, BUILT_IN_FORWARD, tokens)
 
 
 def _run_facts(o: Outcome, r: ChildResult) -> RunFacts:
