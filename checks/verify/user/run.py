@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -33,7 +34,7 @@ from checks.verify.user import advice, modelfix
 from checks.verify.user import judge as j
 from checks.verify.user import saved as saved_file
 from checks.verify.user import sweep as sweeper
-from checks.verify.user.launch import CommandRun, StopRule, run_command, step_counts
+from checks.verify.user.launch import CommandRun, StopRule, own_stderr, run_command, step_counts
 from checks.verify.watch import usable_here
 
 Say = Callable[[str], None]
@@ -113,6 +114,7 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
     setting = Setting(cores, Files(json_path, str(csv), str(png)), price, own_code=True)
     run, trace, gpu, gpu_error = _gather(request, stop, cwd, cores, say)
     stop, pressed = under_pressure(run, stop, budget)
+    usage_error(request.command, run)
     if run.ended == "no-torch":
         raise PreflightError(
             f"verify: {' '.join(request.command)} never imported torch ({j.describe_exit(run.returncode)})",
@@ -158,6 +160,19 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
         interrupted=run.interrupted or any(bool((x or {}).get("interrupted")) for x in (advice, swept, model)),
         background=frozenset(r.id for r in gate_rows or []),
         focus="diagnosis",
+    )
+
+
+def usage_error(argv: Sequence[str], run: CommandRun) -> None:
+    """A command that exits 2 before its first step refused its own flags or input (argparse, click and
+    ``templates/train.py`` exit 2 on those): exit 2 too, with its own last line, rather than judging a crash."""
+    stepped = any(e.get("event") == "step" for e in run.events)
+    if run.returncode != 2 or stepped or run.ended not in ("crashed", "no-torch") or run.interrupted:
+        return
+    said = [line.strip() for line in own_stderr(run.stderr_tail) if line.strip()]
+    raise PreflightError(
+        f"verify: {shlex.join(argv)} exited 2 before its first step: {said[-1] if said else 'it printed nothing'}",
+        hint="a command exits 2 on bad flags or input: run it alone to fix them; verify passes them on unchanged",
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from checks.errors import PreflightError
 from checks.verify.user.run import CommandRequest, verify_command
 from tests.checks.verify.report_schema import SCHEMA, violations
 from tests.fakes.smoke import PLUGINS, REPO, config, smoke
@@ -124,3 +125,17 @@ def test_verify_judges_the_script_as_it_judges_the_built_in_loop(
     for doc in ({"results": [r.to_json() for r in built_in.values()], "measurements": m},
                 json.loads(json.dumps(judged.report.to_json(), default=str))):  # fmt: skip
         assert violations({"results": doc["results"], "measurements": doc["measurements"]}, SCHEMA) == []
+
+
+def test_verify_exits_2_with_the_commands_own_line_when_it_refuses_its_flags(tmp_path: Path) -> None:
+    """The script exits 2 before its first step (its argparse refusal): verify says so in one line and exits 2,
+    instead of judging a crash with exit 1."""
+    cfg = config(command_advice_s=0.0)
+    command = (sys.executable, str(TRAIN), "--accum", "0")
+    request = CommandRequest(cfg, command, steps=4, warmup=1, json=str(tmp_path / "c.json"), gate=False, quiet=True,
+                             cwd=str(tmp_path))  # fmt: skip
+    with pytest.raises(PreflightError) as refused:
+        verify_command(request, say=lambda line: None)
+    assert refused.value.code == 2
+    assert "exited 2 before its first step: train.py: error: --accum must be at least 1, got 0" in str(refused.value)
+    assert not (tmp_path / "c.json").exists()
