@@ -326,16 +326,13 @@ def _loss(r: ChildResult, cfg: VerifyConfig) -> Result:
 def diagnosis_rows(verdicts: list[Verdict], figs: StepFigures | None, r: ChildResult, s: Signals | None) -> VerdictRows:
     """The ``diagnosis``, ``upgrade-estimate`` and ``verify-mfu`` rows, with ``diagnosis``, ``upgrade``, ``mfu``."""
     if not verdicts:
-        reason = (
-            "the run ended before any measured step" if not r.interrupted else "interrupted before any measured step"
-        )
+        reason, fix = "the run ended before any measured step", "run verify for longer (--steps) and let it finish"
+        if r.interrupted:
+            reason = "interrupted before any measured step"
+        elif r.error_kind == "crash":  # the crash is the next step, not the length of the run
+            reason, fix = "the run crashed before any measured step", "fix the crash above, then run verify again"
         rows = [
-            warn(
-                "diagnosis",
-                f"cant-tell: {reason}",
-                "run verify for longer (--steps) and let it finish",
-                value="cant-tell",
-            ),
+            warn("diagnosis", f"cant-tell: {reason}", fix, value="cant-tell"),
             skip("upgrade-estimate", reason),
             skip("verify-mfu", reason),
         ]

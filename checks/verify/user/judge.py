@@ -233,6 +233,11 @@ def judge(
     figs = rank_figures(lead) if lead else None
     child = _child_result(lead, figs) if lead else ChildResult()
     child = dataclasses.replace(child, sweep=sweep, oom=oom.oom if oom else None)
+    if run.ended == "crashed":
+        last = run.traceback()
+        child = dataclasses.replace(
+            child, error=last[-1] if last else describe_exit(run.returncode), error_kind="crash"
+        )
     outcome = Outcome(
         ChildRun(result=child, interrupted=run.interrupted, seconds=run.seconds), trace, gpu_index, gpu_error
     )
