@@ -33,6 +33,7 @@ from torch import nn
 
 sys.path.append(str(Path(__file__).resolve().parents[3]))  # the checkout, after the user's own packages
 from checks import usercode
+from checks.units import GIB
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 SMALL_TENSOR = 4096  # bitsandbytes keeps 32-bit Adam state below min_8bit_size (docs/sources.md#eight-bit-adam)
@@ -302,8 +303,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     need = facts["parameters"] * torch.empty((), dtype=DTYPES[spec["dtype"]]).element_size() * 3
     if spec.get("ram_bytes") and need > spec["ram_bytes"]:
         raise Usage(
-            f"the model does not run on the meta device ({why}) and a CPU measurement needs ~{need / 2**30:.1f} GiB "
-            f"of RAM, {spec['ram_bytes'] / 2**30:.1f} GiB available: give --params/--layers/... or --hf-config instead"
+            f"the model does not run on the meta device ({why}) and a CPU measurement needs ~{need / GIB:.1f} GiB "
+            f"of RAM, {spec['ram_bytes'] / GIB:.1f} GiB available: give --params/--layers/... or --hf-config instead"
         )
     result |= measure(spec | {"batches": [1, 2]}, factory, "cpu")
     result |= {"device": "cpu", "fallback": f"the model does not run on the meta device ({why}): measured on the CPU"}
