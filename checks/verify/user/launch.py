@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -229,15 +229,16 @@ def run_command(
         except KeyboardInterrupt:
             run.interrupted, run.ended = True, "interrupted"
         finally:
-            if proc.poll() is None:
-                run.stopped_by_verify = True
-                _stop(proc, run)
-            proc.wait()
-            _clean_up(run, before, reaper)
-            if reaper and not was:  # orphans of later work go to init again, as before
-                subreaper(False)
-            tee.join(timeout=5)
-            run.events += tails.read()
+            with _ctrl_c_noted(run):  # a Ctrl-C while the command shuts down must not lose the report
+                if proc.poll() is None:
+                    run.stopped_by_verify = True
+                    _stop(proc, run)
+                proc.wait()
+                _clean_up(run, before, reaper)
+                if reaper and not was:  # orphans of later work go to init again, as before
+                    subreaper(False)
+                tee.join(timeout=5)
+                run.events += tails.read()
         run.returncode = proc.returncode
         run.seconds = time.monotonic() - start
     if not run.ended:
@@ -245,6 +246,27 @@ def run_command(
     if not any(e.get("event") == "hello" for e in run.events) and run.ended in ("exited", "crashed"):
         run.ended = "no-torch"
     return run
+
+
+@contextlib.contextmanager
+def _ctrl_c_noted(run: CommandRun) -> Iterator[None]:
+    """While the command is stopped and cleaned up, Ctrl-C (SIGINT) is noted as an interruption instead of raised:
+    raised there, it ended verify with no report while the DataLoader's workers were shutting down. The stop
+    itself escalates on its own (SIGINT, SIGTERM, SIGKILL after their grace times). Main thread only, where
+    Python delivers signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def note(signum: int, frame: object) -> None:
+        run.interrupted = True
+        run.ended = run.ended or "interrupted"
+
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _tee(proc: subprocess.Popen[bytes], echo: IO[bytes] | None, run: CommandRun) -> None:
