@@ -29,6 +29,7 @@ import pytest
 
 import tasks
 from checks.cli.program import INPUT_FLAGS
+from checks.probe.host import nvidia_gpu_count
 from tests.fakes.cli import REPO, Here, Run, assert_usage_error, by_id, child_env, default_sigint, invoke, pid_gone
 from tests.waiting import until
 
@@ -197,8 +198,18 @@ time.sleep(60)  # the hang
 # --- 1. live bootstrap on this CPU box ----------------------------------------------------------------------
 
 
-def test_live_bootstrap_exits_1_within_a_minute(live: Live) -> None:
-    assert live.first.code == 1, live.first.why()
+# This box's PCI bus as the probe reads it: a CPU machine (no NVIDIA GPU on the bus) gets a driver skip, a GPU box
+# without a usable driver a fail. The test box has no driver either way.
+NVIDIA_ON_BUS = bool(nvidia_gpu_count(Path("/")))
+
+
+def exit_code_of(run: Run) -> int:
+    """What bootstrap must exit with for its own report: 1 when a row failed, else 0."""
+    return 1 if run.report()["counts"]["fail"] else 0
+
+
+def test_live_bootstrap_exits_by_its_rows_within_a_minute(live: Live) -> None:
+    assert live.first.code == exit_code_of(live.first), live.first.why()
     assert "Traceback" not in live.first.err
     assert live.first.seconds < 60
 
@@ -219,10 +230,12 @@ def test_live_json_report_follows_schema_1(live: Live) -> None:
     assert "dataloader" in report["measurements"]
 
 
-def test_live_no_driver_fails_driver_and_skips_gpu_checks(live: Live) -> None:
+def test_live_no_driver_is_judged_by_the_bus_and_skips_gpu_checks(live: Live) -> None:
     results = by_id(live.first.report())
-    assert results["driver"]["status"] == "fail"
-    assert results["driver"]["hint"]
+    if NVIDIA_ON_BUS:
+        assert results["driver"]["status"] == "fail" and results["driver"]["hint"]
+    else:  # a CPU machine by design: no driver is no fault
+        assert results["driver"]["status"] == "skip" and "a CPU machine" in results["driver"]["summary"]
     gpu_ids = [i for i in results if i.startswith("gpu-")]
     assert set(BENCH_CHECKS) <= set(gpu_ids)
     for check_id in gpu_ids:
@@ -257,8 +270,11 @@ def test_live_bootstrap_writes_the_block_once_into_each_shell_file(live: Live) -
 def test_live_human_text_goes_to_stderr(live: Live) -> None:
     err = live.first.err
     assert "gpu-preflight: " in err and "(live)" in err
-    assert re.search(r"^\s+FAIL\s+driver\b", err, re.MULTILINE), err
-    assert "next: fix driver" in err
+    if NVIDIA_ON_BUS:
+        assert re.search(r"^\s+FAIL\s+driver\b", err, re.MULTILINE), err
+        assert "next: fix driver" in err
+    else:  # the CPU machine's driver skip is no call to action
+        assert "next: fix driver" not in err and re.search(r"^next: ", err, re.MULTILINE), err
     assert "wrote allocator settings to" in err
     assert ANSI not in err + live.first.out
 
@@ -287,7 +303,7 @@ def test_live_bootstrap_without_a_gpu_writes_no_cuda_setting(home: Path) -> None
 
 
 def test_second_bootstrap_changes_nothing(live: Live) -> None:
-    assert live.second.code == 1, live.second.why()
+    assert live.second.code == live.first.code, live.second.why()
     assert rc_bytes(live.home) == live.files_after_first
     report = live.second.report()
     assert "alloc_conf_changes" not in report["measurements"]
@@ -300,7 +316,7 @@ def test_dry_run_writes_nothing_and_prints_the_diff(home: Path) -> None:
     bashrc.write_text("# my settings\nexport EDITOR=vim\n", encoding="utf-8")
     before = rc_bytes(home)
     run = invoke(home, "bootstrap", "--dry-run", "--json", "-", env=FORCE_ALLOC)
-    assert run.code == 1, run.why()
+    assert run.code == exit_code_of(run), run.why()
     assert rc_bytes(home) == before
     assert not (home / ".profile").exists()
     leftovers = [p.name for p in home.iterdir() if p.name.startswith((".bashrc", ".profile"))]
