@@ -35,19 +35,21 @@ def loop_results(p: Plan, o: Outcome, cfg: VerifyConfig, figs: StepFigures | Non
     if figs is None or not figs.samples_per_s:
         out.append(skip("verify-throughput", "no measured step"))
         return out
-    out.append(_throughput(figs, cfg))
+    out.append(throughput(figs, cfg))
     return out
 
 
-def _throughput(figs: StepFigures, cfg: VerifyConfig) -> Result:
-    """The headline counts the checkpoint saves (one every ``checkpoint_every_steps``, at the measured save time):
-    what a training run sustains. The training steps alone follow in brackets; the floor applies to the headline.
-    """
+def throughput(figs: StepFigures, cfg: VerifyConfig, command: bool = False) -> Result:
+    """``verify-throughput``. The headline counts the checkpoint saves (one every ``checkpoint_every_steps``, at the
+    measured save time): what a training run sustains. The training steps alone follow in brackets; the floor
+    applies to the headline. A command's steps hold its own saves already (``command``)."""
     rate, floor = figs.samples_per_s_with_checkpoints or figs.samples_per_s or 0.0, cfg.min_samples_per_s
     tokens = figs.tokens_per_s_with_checkpoints or figs.tokens_per_s
     every = figs.checkpoint_every_steps
     headline = f"{rate:,.1f} samples/s{f', {tokens:,.0f} tokens/s' if tokens else ''}"
-    if every:
+    if command:
+        headline += " over the command's measured steps, whatever they held (its own saves too)"
+    elif every:
         train = f"{figs.samples_per_s or 0:,.1f} samples/s" + (
             f", {figs.tokens_per_s:,.0f} tokens/s" if figs.tokens_per_s else ""
         )

@@ -43,7 +43,7 @@ from checks.verify.contract import (
 from checks.verify.diagnosis import Signals, Verdict, diagnose
 from checks.verify.plan import Outcome
 from checks.verify.report import Setting
-from checks.verify.results import sweep_result
+from checks.verify.results import sweep_result, throughput
 from checks.verify.sampler import Trace
 from checks.verify.smoke.figures import StepFigures, breakdown, enqueue_ratio, loss_trend, step_figures
 from checks.verify.user.launch import CommandRun
@@ -258,6 +258,8 @@ def judge(
         ckpt = figs.checkpoint.to_json() if figs.checkpoint else None
         s = dataclasses.replace(s, checkpoint=ckpt, ddp=ddp, own_code=True)
         results.append(_loop(lead, figs))
+        if figs.fig.samples_per_s:  # the floor (verify.min_samples_per_s) gates a command as it gates the loop
+            results.append(throughput(figs.fig, cfg, command=True))
     else:
         results.append(skip("verify-loop", "no measured step"))
     results.append(_loss(lead, cfg))

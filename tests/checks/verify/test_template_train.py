@@ -139,3 +139,15 @@ def test_verify_exits_2_with_the_commands_own_line_when_it_refuses_its_flags(tmp
     assert refused.value.code == 2
     assert "exited 2 before its first step: train.py: error: --accum must be at least 1, got 0" in str(refused.value)
     assert not (tmp_path / "c.json").exists()
+
+
+def test_a_command_below_the_throughput_floor_fails_as_the_built_in_loop_does(tmp_path: Path) -> None:
+    """verify.min_samples_per_s gates a command's samples/s too (a job that must sustain a rate)."""
+    cfg = config(command_advice_s=0.0, min_samples_per_s=1e9)
+    command = (sys.executable, str(TRAIN), *SMALL, "--workers", "0", "--steps", "1000")
+    request = CommandRequest(cfg, command, steps=3, warmup=1, json=str(tmp_path / "c.json"), gate=False, quiet=True,
+                             cwd=str(tmp_path))  # fmt: skip
+    judged = verify_command(request, say=lambda line: None)
+    row = next(r for r in judged.report.results if r.id == "verify-throughput")
+    assert row.status.value == "fail" and "(floor: 1e+09)" in row.summary
+    assert "over the command's measured steps" in row.summary and judged.report.exit_code() == 1
