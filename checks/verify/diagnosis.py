@@ -151,9 +151,8 @@ def _data(s: Signals, cfg: VerifyConfig) -> Verdict | None:
         summary = f"{waits} with iowait at {s.iowait_during_wait:.0f}%: reading is the limit"
         return Verdict("data-bound", severity, confidence, summary, _fix(s, cfg, fixes.disk_estimate(d)), d, ev)
     if s.workers == 0:
-        fix = (
-            "set num_workers > 0 (the main process loads every batch itself), pin_memory=True, persistent_workers=True"
-        )
+        pin = ", pin_memory=True" if s.device == "cuda" else ""  # pinned pages speed a copy to a GPU, nothing else
+        fix = f"set num_workers > 0 (the main process loads every batch itself){pin}, persistent_workers=True"
         return Verdict("data-bound", severity, confidence, f"{waits}; num_workers=0", _fix(s, cfg, fix), d, ev)
     cpu = "" if s.cpu_during_wait is None else f"; CPU {_pct(s.cpu_during_wait)} of the usable cores meanwhile"
     if s.cpu_during_wait is None:  # no sample fell into a wait: CPU-starved and slow reads look the same from here

@@ -564,6 +564,11 @@ def measured_fix(advice: dict[str, Any], rule_fix: str, starved: Starved | None 
     if not tried:
         return rule_fix
     shown = "; ".join(f"{_args(r['overrides'])}: {r['speedup']:.2f}x" for r in tried)
+    if advice.get("not_measurable"):  # the box's own noise is larger than any gain: no guess dressed as a measure
+        return (
+            f"no DataLoader change is measurable on this box now: {advice['not_measurable']} ({shown}); run "
+            "verify again when the box is quiet"
+        )
     if all(r["speedup"] < 1 for r in tried):  # the rule's "more workers" is what was just measured slower
         if starved is not None:  # the cores are full: more workers split them
             busy = max(starved.machine if starved.machine is not None else 0.0, starved.mine)
@@ -581,7 +586,12 @@ def measured_fix(advice: dict[str, Any], rule_fix: str, starved: Starved | None 
             "process building each batch itself: make that cheaper (one read per batch instead of one per sample "
             "and a collate), or train on larger batches"
         )
-    return _none_faster("DataLoader setting", advice, shown, rule_fix)
+    # The rule's own fix names the settings just measured no faster: say what is left instead.
+    rest = (
+        "the loader's settings are not the limit: make each batch cheaper to produce (decode once ahead with invoke "
+        "stage-data, lighter augmentation), or rent more CPU cores per GPU"
+    )
+    return _none_faster("DataLoader setting", advice, shown, rest)
 
 
 def model_fix(advice: dict[str, Any], rule_fix: str) -> str:

@@ -88,9 +88,16 @@ def test_settings_measured_slower_are_not_advised_again() -> None:
     assert slower.startswith("keep the DataLoader as it is: every setting tried measured slower")
     assert "num_workers=1, persistent_workers=True: 0.31x" in slower and "1.3 ms a step" in slower
     assert "set num_workers > 0" not in slower
-    # One setting about as fast (not the 10% asked): the rule's fix stays, after what was measured.
+    # One setting about as fast (not the 10% asked): what was measured, then what is left, not the rule's own
+    # "more workers" that was just measured no faster.
     mixed = j.measured_fix(_advice(0.31, 1.04), rule)
-    assert mixed.startswith("no DataLoader setting measured 10% faster") and mixed.endswith(rule)
+    assert mixed.startswith("no DataLoader setting measured 10% faster") and "set num_workers > 0" not in mixed
+    assert mixed.endswith("the loader's settings are not the limit: make each batch cheaper to produce (decode once "
+                          "ahead with invoke stage-data, lighter augmentation), or rent more CPU cores per GPU")  # fmt: skip
+    # The unchanged command's re-runs spread wider than any gain: not measurable here, said so, no guess.
+    noisy = j.measured_fix(_advice(1.15) | {"not_measurable": "re-runs of the unchanged command differed by 40%"}, rule)
+    assert noisy.startswith("no DataLoader change is measurable on this box now: re-runs of the unchanged command")
+    assert "num_workers=1, persistent_workers=True: 1.15x" in noisy and "set num_workers" not in noisy
     assert j.measured_fix({"faster": None, "candidates": []}, rule) == rule  # nothing timed: the rule alone
 
 
