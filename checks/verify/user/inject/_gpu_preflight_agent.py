@@ -61,6 +61,13 @@ COUNT_ENV = "GPU_PREFLIGHT_COUNT_STEP"  # the (warm-up) optimizer step whose mat
 PEAK_ENV = "GPU_PREFLIGHT_PEAK"  # "1": each step's line holds the CUDA allocator's peak (the peak is reset per step)
 MODEL_ENV = "GPU_PREFLIGHT_MODEL"  # a JSON object: the model-side change of a re-run (autocast, channels_last, compile)
 _DONE = "_gpu_preflight_armed"
+# Step lines are written in batches, at most this often (and all at exit): one line a step, serialised and
+# written as the step ended, was most of the agent's cost on a sub-millisecond step (BENCHMARKS.md, "verify --
+# COMMAND overhead"); verify's stop then sees a step up to this much later.
+FLUSH_S = 0.2
+
+
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps with options builds one a call
 
 
 class _Writer:
@@ -76,8 +83,7 @@ class _Writer:
             path = os.path.join(self.folder, f"events-{self.pid}.jsonl")
             self.fh = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives with the process
         assert self.fh is not None
-        line = json.dumps({"event": event, "t": time.monotonic(), "pid": self.pid, **data}, separators=(",", ":"))
-        self.fh.write(line + "\n")
+        self.fh.write(_ENCODE({"event": event, "t": time.monotonic(), "pid": self.pid, **data}) + "\n")
 
 
 class _WhenImported:
@@ -188,6 +194,7 @@ class _Steps:
         self.loss: Any = None
         self.i = 0
         self.pending: list[dict[str, Any]] = []
+        self.flushed = 0.0  # when the step lines were last written
         self.rank = _rank()  # torchrun sets it before the script starts: read once
         self.comm_mark: Any = None  # when DDP's last gradient bucket of this step was handed to the all-reduce
         self.comm_bytes = 0  # the buckets' bytes this step
@@ -218,12 +225,14 @@ class _Steps:
         self.since = now
 
     def leave(self, region: str) -> None:
-        if not any(s[0] == region for s in self.stack):
-            return
-        while self.stack[-1][0] != region:  # an exception skipped a leave (a failed step)
-            self.stack.pop()
-        self.stack[-1][1] -= 1
-        if self.stack[-1][1]:
+        stack = self.stack
+        if not stack or stack[-1][0] != region:
+            if not any(s[0] == region for s in stack):
+                return
+            while stack[-1][0] != region:  # an exception skipped a leave (a failed step)
+                stack.pop()
+        stack[-1][1] -= 1
+        if stack[-1][1]:
             return
         now = self.mark()
         self.segments.append((region, self.since, now))
@@ -236,7 +245,8 @@ class _Steps:
             if self.cuda:  # the step's first boundary needs an event too
                 self.since = self.mark()
             _safely(self.describe_device)
-        self.stack = [s for s in self.stack if s[0] != "optimizer"]  # a step that raised left its region open
+        if self.stack:  # a step that raised left its region open
+            self.stack = [s for s in self.stack if s[0] != "optimizer"]
         self.enter("optimizer")
 
     def describe_device(self) -> None:
@@ -258,12 +268,23 @@ class _Steps:
         self.segments.append((self.stack[-1][0] if self.stack else "rest", self.since, now))
         self.since = now
         self.i += 1
-        raw = {"i": self.i, "segments": self.segments, "micro": self.micro, "loss": self.loss}
-        raw |= {"step_counts": self.step_counts, "samples": self.samples, "tokens": self.tokens, "saves": self.saves}
-        raw |= {"ckpt_bytes": self.ckpt_bytes, "comm_mark": self.comm_mark, "comm_bytes": self.comm_bytes}
-        raw["precision"] = self.precision()
-        raw["peak_bytes"] = _safely(self.peak_bytes) if self.peak and self.cuda else None
-        self.pending.append(raw)
+        self.pending.append(
+            {
+                "i": self.i,
+                "segments": self.segments,
+                "micro": self.micro,
+                "loss": self.loss,
+                "step_counts": self.step_counts,
+                "samples": self.samples,
+                "tokens": self.tokens,
+                "saves": self.saves,
+                "ckpt_bytes": self.ckpt_bytes,
+                "comm_mark": self.comm_mark,
+                "comm_bytes": self.comm_bytes,
+                "precision": self.precision(),
+                "peak_bytes": _safely(self.peak_bytes) if self.peak and self.cuda else None,
+            }
+        )
         self.amp = {}
         if self.counter is not None:
             _safely(self.stop_count)
@@ -308,14 +329,23 @@ class _Steps:
         _say("flops", step=self.i, flops=int(counter.flops), missed=int(counter.missed), **self.rank)
 
     def flush(self, wait: bool) -> None:
-        """Write the steps whose clocks are readable (CUDA: their last event completed)."""
+        """Write the steps whose clocks are readable (CUDA: their last event completed), at most every
+        ``FLUSH_S`` (at exit: all of them)."""
+        now = time.monotonic()
+        if not wait and now - self.flushed < FLUSH_S:
+            return
+        self.flushed = now
         if wait and self.cuda:
             self.torch.cuda.synchronize()
-        while self.pending:
-            last = self.pending[0]["segments"][-1][2][1]
+        ready = 0
+        for raw in self.pending:
+            last = raw["segments"][-1][2][1]
             if last is not None and not wait and not last.query():
-                return
-            _say("step", **self.record(self.pending.pop(0)))
+                break
+            ready += 1
+        done, self.pending[:ready] = self.pending[:ready], []
+        for raw in done:
+            _say("step", **self.record(raw))
 
     def seconds(self, a: tuple[float, Any], b: tuple[float, Any]) -> float:
         if a[1] is not None and b[1] is not None:
@@ -325,8 +355,9 @@ class _Steps:
     def record(self, raw: dict[str, Any]) -> dict[str, Any]:
         by: dict[str, float] = {}
         fetch: dict[str, list[list[float]]] = {}
+        cuda = self.cuda
         for region, a, b in raw["segments"]:
-            by[region] = by.get(region, 0.0) + self.seconds(a, b)
+            by[region] = by.get(region, 0.0) + (self.seconds(a, b) if cuda else b[0] - a[0])
             if region.startswith("data:"):
                 fetch.setdefault(region, []).append([a[0], b[0]])
         feed = max(self.counts, key=lambda k: self.counts[k]) if self.counts else None
@@ -374,7 +405,7 @@ class _Steps:
             **self.rank,
         }
 
-    def fetched(self, key: str, batch: Any, hint: int | None = None) -> None:
+    def fetched(self, key: str, batch: Any, hint: Any = None) -> None:
         self.counts[key] = self.counts.get(key, 0) + 1
         self.step_counts[key] = self.step_counts.get(key, 0) + 1
         n = _batch_size(self.torch, batch, hint)
@@ -385,26 +416,26 @@ class _Steps:
             self.tokens[key] = self.tokens.get(key, 0) + tokens
 
 
-def _batch_size(torch: Any, batch: Any, hint: int | None = None, depth: int = 0) -> int | None:
+def _batch_size(torch: Any, batch: Any, hint: Any = None, depth: int = 0) -> int | None:
     """The collated batch's batch dimension: the first dimension of its first tensor (a tensor, a tuple/list, a
     dict, a dataclass-like), or the count of its per-sample items where the collate keeps samples apart:
     ``(images, targets)`` tuples (``collate_fn=lambda b: tuple(zip(*b))``, detection's), or a tuple of same-shape
-    per-sample tensors as long as the loader's ``batch_size`` (``hint``), not an image's channels."""
+    per-sample tensors as long as the loader's ``batch_size`` (``hint``: its iterator), not an image's channels."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else None
     if depth > 3:
         return None
-    if isinstance(batch, dict) or (hasattr(batch, "keys") and hasattr(batch, "__getitem__")):
-        items = [batch[k] for k in list(batch.keys())[:8]]
-    elif isinstance(batch, (list, tuple)):
+    if isinstance(batch, (list, tuple)):
         if not batch:
             return None
         first = batch[0]
         if isinstance(first, (list, tuple)) and first and all(isinstance(x, (torch.Tensor, dict)) for x in first):
             return len(first)  # a collate that keeps samples apart, (images, targets) tuples: not an image's channels
-        if hint and len(batch) == hint and _per_sample(torch, batch, hint):
-            return hint
+        if len(batch) > 1 and _per_sample(torch, batch) and len(batch) == _loader_batch(hint):
+            return len(batch)
         items = list(batch[:8])
+    elif isinstance(batch, dict) or (hasattr(batch, "keys") and hasattr(batch, "__getitem__")):
+        items = [batch[k] for k in list(batch.keys())[:8]]
     else:
         return None
     for item in items:
@@ -414,10 +445,10 @@ def _batch_size(torch: Any, batch: Any, hint: int | None = None, depth: int = 0)
     return None
 
 
-def _per_sample(torch: Any, batch: Any, hint: int) -> bool:
-    """A list of one tensor per sample (same shape, none of them batch-long): ``[image, image]`` at batch 2."""
+def _per_sample(torch: Any, batch: Any) -> bool:
+    """Tensors of one shape (one per sample, ``[image, image]``, if as many as the loader's batch size)."""
     first = batch[0]
-    if not isinstance(first, torch.Tensor) or not first.dim() or first.shape[0] == hint:
+    if not isinstance(first, torch.Tensor) or not first.dim():
         return False
     return all(isinstance(t, torch.Tensor) and t.shape == first.shape for t in batch)
 
@@ -430,7 +461,7 @@ def _tokens(torch: Any, batch: Any) -> int:
     or under ``TOKEN_KEYS`` in a dict (``input_ids``); 0 for anything else."""
     if isinstance(batch, (list, tuple)):
         batch = batch[0] if batch else None
-    elif isinstance(batch, dict) or (hasattr(batch, "keys") and hasattr(batch, "__getitem__")):
+    elif not isinstance(batch, torch.Tensor) and hasattr(batch, "keys") and hasattr(batch, "__getitem__"):
         batch = next((batch[k] for k in TOKEN_KEYS if k in batch), None)
     if isinstance(batch, torch.Tensor) and batch.dim() == 2 and batch.dtype in (torch.int64, torch.int32):
         return int(batch.numel())
@@ -456,6 +487,7 @@ def _on_torch(torch: Any) -> None:
     _safely(_patch_autocast, torch, st)
     torch.save = _saving(torch.save, st, _arg(1, "f"), read_back=True)
     atexit.register(lambda: _safely(st.flush, True))
+    os.register_at_fork(after_in_child=st.pending.clear)  # a forked child writes none of its parent's steps
     ddp = sys.modules.get("torch.nn.parallel.distributed")  # torch imports it with torch.nn, before this runs
     if ddp is not None:
         _safely(_on_ddp, ddp)
@@ -593,6 +625,8 @@ def _channels_last_inputs(torch: Any, forward: Any) -> Any:
 def _timed(fn: Callable[..., Any], st: _Steps, region: str) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if st.stack and st.stack[-1][0] == region:  # nested in its own region (Tensor.backward's autograd.backward)
+            return fn(*args, **kwargs)
         st.enter(region)
         try:
             return fn(*args, **kwargs)
@@ -738,21 +772,25 @@ def _patch_next(cls: Any, st: _Steps) -> None:
 
     @functools.wraps(real)
     def __next__(self: Any) -> Any:
-        key = f"data:{id(getattr(self, '_dataset', self))}"
+        key = self.__dict__.get("_gpu_preflight_key")
+        if key is None:
+            key = self._gpu_preflight_key = f"data:{id(getattr(self, '_dataset', self))}"
         st.enter(key)
         try:
             batch = real(self)
         finally:
             st.leave(key)
-        _safely(st.fetched, key, batch, _loader_batch(self))
+        _safely(st.fetched, key, batch, self)
         return batch
 
     cls.__next__ = __next__
 
 
 def _loader_batch(it: Any) -> int | None:
-    """The batch size a DataLoader iterator's sampler hands out (None without automatic batching)."""
-    return getattr(it._index_sampler, "batch_size", None) if getattr(it, "_auto_collation", False) else None
+    """The batch size a DataLoader iterator's sampler hands out (None without automatic batching, or no loader)."""
+    if not getattr(it, "_auto_collation", False):
+        return None
+    return getattr(getattr(it, "_index_sampler", None), "batch_size", None)
 
 
 def _patch_backward(torch: Any, st: _Steps) -> None:

@@ -42,7 +42,8 @@ def test_each_checkpoint_writer_is_one_save_of_the_bytes_on_disk(tmp_path: Path,
     # accelerate's save_state writes model.safetensors, optimizer.bin and random_states_0.pkl (two torch.save
     # calls and a save_file inside it): one save, not three, and its bytes are all three files'.
     assert ckpt["saves"] == 4 and ckpt["every_steps"] == 1
-    assert ckpt["bytes"] == pytest.approx(on_disk(out), rel=0.1)
+    written = (out / "last.ckpt").stat().st_size if writer == "torch-buffer" else on_disk(out)  # not a .tmp
+    assert ckpt["bytes"] == pytest.approx(written, rel=0.1)
     assert ckpt["bytes"] > 5e6 and m["step_breakdown"]["checkpoint"] > 0
     if writer == "accelerate":
         assert sorted(p.name for p in (out / "state").iterdir()) == [

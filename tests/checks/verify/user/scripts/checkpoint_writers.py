@@ -1,6 +1,7 @@
 """Saves after every step with the writer named on the command line, into the folder named after it:
 
-``torch-buffer``: ``torch.save`` into a BytesIO, then the buffer written to a file (Lightning's path, by hand);
+``torch-buffer``: ``torch.save`` into a BytesIO, then the buffer written to a file (Lightning's path, by hand;
+atomically: verify's SIGINT is held during the save, not during the script's own write);
 ``safetensors``: ``safetensors.torch.save_file`` of the state dict; ``safetensors-model``: ``save_model``;
 ``dcp``: ``torch.distributed.checkpoint.save`` (one process, no process group); ``accelerate``:
 ``Accelerator.save_state`` (model as safetensors, optimizer, RNG states: one save of several files).
@@ -31,8 +32,9 @@ def save(step: int) -> None:
     if writer == "torch-buffer":
         buffer = io.BytesIO()
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, buffer)
-        with open(os.path.join(out, "last.ckpt"), "wb") as f:
+        with open(os.path.join(out, "last.ckpt.tmp"), "wb") as f:  # verify's stop may come in the middle
             f.write(buffer.getvalue())
+        os.replace(os.path.join(out, "last.ckpt.tmp"), os.path.join(out, "last.ckpt"))
     elif writer == "safetensors":
         from safetensors.torch import save_file
 
