@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+
+from checks.result import Report
 
 
 @dataclass(frozen=True)
@@ -347,7 +348,7 @@ class HostOutcome:
     name: str
     status: str  # ok | fail
     reason: str | None
-    report: dict[str, Any] | None
+    report: Report | None
     seconds: float
     exit_code: int | None = None
     shipped: str | None = None  # rsync | tar

@@ -34,14 +34,19 @@ JSON report, schema 1 (add fields freely; bump ``schema`` only for breaking chan
 
 from __future__ import annotations
 
+import json
 import time
+import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from checks import TOOL_NAME, TOOL_VERSION
+from checks.errors import PreflightError
+from checks.typedjson import TypedJsonError, load, load_record
 
 REPORT_SCHEMA = 1
 
@@ -80,6 +85,10 @@ class Result:
             "subject": self.subject,
             "duration_s": round(self.duration_s, 6),
         }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "result") -> Result:
+        return typing.cast(Result, load_record(cls, data, where))
 
 
 def ok(id: str, summary: str, **kw: Any) -> Result:
@@ -122,6 +131,12 @@ class Phase:
             "checks": list(self.checks),
         }
 
+    @classmethod
+    def from_json(cls, data: Any, where: str = "phase") -> Phase:
+        if not isinstance(data, dict) or "phase" not in data:
+            raise TypedJsonError(f"{where}: expected an object with a 'phase'")
+        return typing.cast(Phase, load_record(cls, {"name": data["phase"]} | _without(data, "phase"), where))
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -137,6 +152,19 @@ class Timing:
             "replayed": self.replayed,
             "phases": [p.to_json() for p in self.phases],
         }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "timing") -> Timing:
+        if not isinstance(data, dict):
+            raise TypedJsonError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        phases = load(tuple[Any, ...], data.get("phases", []), f"{where}.phases")
+        rest = _without(data, "phases")
+        record = typing.cast(Timing, load_record(cls, rest, where))
+        return replace(record, phases=tuple(Phase.from_json(p, f"{where}.phases[{i}]") for i, p in enumerate(phases)))
+
+
+def _without(data: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k != key}
 
 
 class Stopwatch:
@@ -195,3 +223,51 @@ class Report:
             "results": [r.to_json() for r in self.results],
             "measurements": self.measurements,
         } | ({"timing": self.timing.to_json()} if self.timing is not None else {})
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "report") -> Report:
+        """The report a ``to_json`` wrote; ``TypedJsonError`` naming the path to what is missing or wrong, and for
+        a report of another ``schema`` before anything else is read."""
+        if not isinstance(data, dict):
+            raise TypedJsonError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        schema = data.get("schema")
+        if schema != REPORT_SCHEMA:
+            raise TypedJsonError(
+                f"{where}: report schema {schema!r}, this {TOOL_NAME} reads schema {REPORT_SCHEMA}: "
+                f"rerun bootstrap or verify to write schema {REPORT_SCHEMA}"
+            )
+        unknown = sorted(set(data) - set(_REPORT_KEYS))
+        if unknown:
+            raise TypedJsonError(f"{where}: unknown key {unknown[0]!r}", known=_REPORT_KEYS)
+        for key in ("host", "machine", "results"):
+            if key not in data:
+                raise TypedJsonError(f"{where}: missing key {key!r}")
+        load(dict[str, int], data.get("counts", {}), f"{where}.counts")
+        load(str, data.get("tool", ""), f"{where}.tool")
+        rows = load(tuple[Any, ...], data["results"], f"{where}.results")
+        timing = data.get("timing")
+        return cls(
+            host=load(str, data["host"], f"{where}.host"),
+            machine=load(str, data["machine"], f"{where}.machine"),
+            results=tuple(Result.from_json(r, f"{where}.results[{i}]") for i, r in enumerate(rows)),
+            measurements=load(dict[str, Any], data.get("measurements", {}), f"{where}.measurements"),
+            timing=None if timing is None else Timing.from_json(timing, f"{where}.timing"),
+        )
+
+
+_REPORT_KEYS = ("schema", "tool", "host", "machine", "counts", "results", "measurements", "timing")
+
+
+def read_report(path: Path, what: str = "a report") -> Report:
+    """The report in the JSON file ``path``; a ``PreflightError`` (exit 2) naming the file and what is wrong in it:
+    not JSON, another schema, a key missing or of the wrong type. ``what`` names the file the reader wanted."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PreflightError(f"{path} does not exist", hint=f"give {what}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PreflightError(f"{path} is not a JSON report ({exc})", hint=f"give {what}") from None
+    try:
+        return Report.from_json(data, str(path))
+    except TypedJsonError as exc:
+        raise PreflightError(str(exc), hint=f"give {what} of this gpu-preflight") from None

@@ -1,14 +1,16 @@
 """Typed JSON: frozen dataclasses to plain JSON and back. Standard library only (verify's training child imports it).
 
-One reader and one writer for every typed document the tool reads back: machine snapshots (``checks.snapshot``)
-and the records that cross verify's process boundary (``checks.verify.contract``).
+One reader and one writer for every typed document the tool reads back: machine snapshots (``checks.snapshot``),
+reports (``checks.result.Report``, verify's ``checks.reports.verify.Measurements``) and the records that cross
+verify's process boundary (``checks.verify.contract``). ``Record`` is the base of those records: a frozen
+dataclass with ``to_json`` and ``from_json`` (a mismatch is a ``ContractError`` naming the record and the key).
 
 - ``dump(value)``: dataclasses to objects (a field named in the class's ``OMIT_NONE`` is left out when None; a
   nested value with its own ``to_json`` is written by it), tuples to lists, dict keys to strings.
-- ``load(hint, value, where)``: ``value`` rebuilt as the type ``hint`` names: dataclasses (a missing field takes
-  its default; an unknown key is an error), tuples (fixed length or ``tuple[T, ...]``), ``dict[str, T]`` (each
-  value as ``T``), optionals, ``Any`` (as it is), and scalars (an int passes as a float; a bool never passes as an
-  int). A mismatch raises ``TypedJsonError`` whose message starts with the path to the bad value
+- ``load(hint, value, where)``: ``value`` rebuilt as the type ``hint`` names: a class with its own ``from_json``
+  by it, dataclasses (a missing field takes its default; an unknown key is an error), tuples (fixed length or ``tuple[T, ...]``), ``dict[str, T]`` (each
+  value as ``T``), optionals, ``Any`` (as it is), enums (by value), and scalars (an int passes as a float; a bool
+  never passes as an int). A mismatch raises ``TypedJsonError`` whose message starts with the path to the bad value
   (``machine.host.cpu_governors.powersave: expected int, got '8'``); callers turn it into their own error.
 """
 
@@ -18,7 +20,11 @@ import dataclasses
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Union
+from enum import Enum
+from typing import Any, ClassVar, TypeVar, Union
+
+JsonObject = dict[str, Any]  # figures kept as the producer wrote them (their keys: where they are measured)
+R = TypeVar("R", bound="Record")
 
 
 class TypedJsonError(ValueError):
@@ -91,6 +97,8 @@ def load(hint: Any, value: Any, where: str) -> Any:
         return load(rest[0] if len(rest) == 1 else Any, value, where)
     if hint is Any:
         return value
+    if isinstance(hint, type) and "from_json" in vars(hint):  # its JSON is not its fields (``Report``)
+        return typing.cast(Any, hint).from_json(value, where)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return load_record(hint, value, where)
     if origin is tuple:
@@ -109,6 +117,12 @@ def load(hint: Any, value: Any, where: str) -> Any:
 
 
 def _scalar(hint: Any, value: Any, where: str) -> Any:
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            known = ", ".join(str(m.value) for m in hint)
+            raise TypedJsonError(f"{where}: expected one of {known}, got {value!r}"[:300]) from None
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if hint is int and isinstance(value, int) and not isinstance(value, bool):
@@ -116,3 +130,25 @@ def _scalar(hint: Any, value: Any, where: str) -> Any:
     if hint not in (int, float) and isinstance(hint, type) and isinstance(value, hint):
         return value
     raise TypedJsonError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}"[:300])
+
+
+class ContractError(TypedJsonError):
+    """A JSON document that is not the record it should be; the message names the record and the key."""
+
+
+class Record:
+    """A frozen dataclass that converts to and from its JSON object: ``dump_fields`` and ``load_record``; keys in
+    its ``OMIT_NONE`` are left out of its JSON when None, as the producer leaves them out."""
+
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset()
+
+    def to_json(self) -> JsonObject:
+        return dump_fields(self)
+
+    @classmethod
+    def from_json(cls: type[R], data: Any, where: str = "") -> R:
+        try:
+            return typing.cast(R, load_record(cls, data, where or cls.__name__))
+        except TypedJsonError as exc:
+            known = f" (known: {', '.join(exc.known)})" if exc.known else ""
+            raise ContractError(f"{exc}{known}") from None

@@ -23,6 +23,8 @@ import yaml
 
 from checks.config import PreflightConfig
 from checks.facts import FleetFacts, HostOutcome
+from checks.result import Report
+from checks.typedjson import TypedJsonError
 from provision.flow import Hosts, Ready, in_parallel, module_script
 from provision.hosts import HostSpec
 from provision.remote import Prepared, RemoteError, Session, Stopped
@@ -65,7 +67,7 @@ def _failure(done: Any, python: str, directory: str) -> str:
 
 def run_bootstrap(
     session: Session, prepared: Prepared, cfg: PreflightConfig, dry_run: bool, lock: str = ""
-) -> tuple[int, dict]:
+) -> tuple[int, Report]:
     """Run bootstrap on the host; return its exit code and JSON report. ``lock``: a lock file's text, sent to
     the host's temporary directory and checked there (env-lock), as ``bootstrap --lock`` does on one box."""
     tmp = shlex.quote(prepared.tmp)
@@ -79,9 +81,13 @@ def run_bootstrap(
     done = session.run(script, cfg.hosts.run_timeout_s, track=True)
     report = session.run(f"cat {tmp}/report.json 2>/dev/null", 30) if done.code in (0, 1) else None
     try:
-        return done.code, dict(json.loads(report.out if report else ""))
+        data = json.loads(report.out if report else "")
     except ValueError:  # exit 1 without a report: python -m invoke itself failed (no invoke, say)
         raise RemoteError(_failure(done, prepared.python, prepared.directory)) from None
+    try:
+        return done.code, Report.from_json(data, f"{prepared.tmp}/report.json")
+    except TypedJsonError as exc:  # the copy shipped there is this checkout: a report it cannot read is a bug
+        raise RemoteError(f"bootstrap's report there cannot be read: {exc}") from None
 
 
 def bootstrap_host(

@@ -21,6 +21,7 @@ from typing import Any
 from checks.config import NetworkConfig
 from checks.facts import AllreduceFacts, LinkFacts
 from checks.probe.tcp import pair_rounds
+from checks.result import Report
 from provision.flow import Ready, at_once, json_tail, module_script, run_module, stop_all
 from provision.remote import Completed, RemoteError
 
@@ -100,11 +101,11 @@ def measure_links(hosts: list[Ready], cfg: NetworkConfig, notify: Notify) -> tup
     return links, None
 
 
-def _inventory(report: dict[str, Any] | None) -> dict[str, Any]:
-    return dict(((report or {}).get("measurements") or {}).get("inventory") or {})
+def _inventory(report: Report | None) -> dict[str, Any]:
+    return dict(report.measurements.get("inventory") or {}) if report else {}
 
 
-def plan_allreduce(hosts: list[Ready], reports: dict[str, Any]) -> tuple[str, list[int]] | str:
+def plan_allreduce(hosts: list[Ready], reports: dict[str, Report]) -> tuple[str, list[int]] | str:
     """(backend, processes per host), or why the all-reduce cannot run."""
     inventories = [_inventory(reports.get(h.spec.name)) for h in hosts]
     for host, inv in zip(hosts, inventories, strict=True):
@@ -130,7 +131,7 @@ def _launch(host: Ready, rank: int, plan: tuple[str, list[int]], master: tuple[s
 
 
 def measure_allreduce(
-    hosts: list[Ready], reports: dict[str, Any], links: list[LinkFacts], cfg: NetworkConfig, notify: Notify
+    hosts: list[Ready], reports: dict[str, Report], links: list[LinkFacts], cfg: NetworkConfig, notify: Notify
 ) -> tuple[list[AllreduceFacts], str | None]:
     """All-reduce sweep across the hosts; ([], reason) when it was skipped or failed."""
     if not cfg.allreduce:

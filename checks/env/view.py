@@ -16,7 +16,9 @@ from typing import Any
 from checks.errors import PreflightError
 from checks.facts import MachineFacts
 from checks.machine.measurements import environment
+from checks.result import Report
 from checks.snapshot import load_snapshot
+from checks.typedjson import TypedJsonError
 from checks.units import GIB, MIB
 
 # Fields a bootstrap report's measurements.environment carries (checks/machine/measurements.py).
@@ -79,9 +81,9 @@ def _numa(m: MachineFacts) -> dict[str, Any]:
     return out
 
 
-def from_report(doc: dict[str, Any], label: str) -> Side:
-    """Flatten a bootstrap report's JSON (``invoke bootstrap --json``)."""
-    measurements = doc.get("measurements") or {}
+def from_report(report: Report, label: str) -> Side:
+    """Flatten a bootstrap report (``invoke bootstrap --json``, read by ``Report.from_json``)."""
+    measurements = report.measurements
     env = measurements.get("environment")
     inventory = measurements.get("inventory") or {}
     fields: dict[str, Any] = {}
@@ -120,7 +122,11 @@ def load_side(spec: str, live: Any = None) -> Side:
     if isinstance(doc, dict) and "results" in doc and "schema" in doc:
         if "hosts" in doc:
             raise PreflightError(f"{spec} is a fleet report", hint="diff one host's snapshot or report")
-        return from_report(doc, f"report {path.name}")
+        try:
+            report = Report.from_json(doc, spec)
+        except TypedJsonError as exc:
+            raise PreflightError(str(exc), hint="give a bootstrap --json report of this gpu-preflight") from None
+        return from_report(report, f"report {path.name}")
     raise PreflightError(
         f"{spec} is neither a snapshot nor a bootstrap report",
         hint="give invoke snapshot's or bootstrap --json's file, or live",

@@ -29,7 +29,7 @@ def environments(hosts: tuple[HostOutcome, ...]) -> dict[str, dict[str, Any]]:
     """Each reporting host's environment section (hosts whose report predates it are left out)."""
     out = {}
     for o in hosts:
-        env = ((o.report or {}).get("measurements") or {}).get("environment")
+        env = o.report.measurements.get("environment") if o.report else None
         if isinstance(env, dict):
             out[o.name] = env
     return out

@@ -27,7 +27,8 @@ from checks.machine import bootstrap as bootstrap_run
 from checks.probe.collective import allreduce_facts
 from checks.probe.launch import LaunchContext, unresolved
 from checks.probe.torch import SCRIPTS, ChildFailed, run_child
-from checks.result import Result
+from checks.result import Report, Result
+from checks.typedjson import ContractError, Record
 
 if TYPE_CHECKING:
     from provision.slurm import Drain, Runner
@@ -57,16 +58,41 @@ def node_name(ctx: LaunchContext, index: int) -> str:
     return ctx.nodes[index] if index < len(ctx.nodes) else f"node {index}"
 
 
-def _record(request: JobRequest) -> dict[str, object]:
+@dataclass(frozen=True)
+class NodeRecord(Record):
+    """One node's part of the exchange (``job_gather.py`` carries it as text): its report, or why it has none."""
+
+    node: str
+    report: Report | None
+    seconds: float
+    exit: int | None = None
+    reason: str | None = None
+
+    def outcome(self) -> HostOutcome:
+        status = "ok" if self.report is not None else "fail"
+        return HostOutcome(self.node, status, self.reason, self.report, self.seconds, self.exit)
+
+
+def _record(request: JobRequest) -> NodeRecord:
     """Run this node's checks; its record for the exchange (a failure is a record too, with the reason)."""
     began = time.monotonic()
     try:
         done = bootstrap_run.bootstrap(request.local)
     except PreflightError as exc:
-        return {"node": request.context.node_name, "report": None, "reason": str(exc), "seconds": 0.0}
+        return NodeRecord(request.context.node_name, None, 0.0, reason=str(exc))
     seconds = round(time.monotonic() - began, 2)
-    report = done.report.to_json()
-    return {"node": request.context.node_name, "report": report, "seconds": seconds, "exit": done.report.exit_code()}
+    return NodeRecord(request.context.node_name, done.report, seconds, done.report.exit_code())
+
+
+def node_records(got: dict[str, Any]) -> dict[int, NodeRecord]:
+    """The records the exchange brought back, by node index; a record that is not one is the job's usage error."""
+    try:
+        return {int(k): NodeRecord.from_json(json.loads(v), f"node {k}'s record") for k, v in got.items()}
+    except (ContractError, json.JSONDecodeError) as exc:
+        raise PreflightError(
+            f"bootstrap in a job: a node's record cannot be read: {exc}",
+            hint="run the same gpu-preflight checkout on every node of the job",
+        ) from None
 
 
 def job_bootstrap(request: JobRequest, notify: Callable[[str], None]) -> FleetReport | None:
@@ -80,7 +106,7 @@ def job_bootstrap(request: JobRequest, notify: Callable[[str], None]) -> FleetRe
         if ctx.is_node_leader:
             notify(f"{ctx.node_name}: node {ctx.node_index} of {nodes} in the {where}: running its checks")
             path = Path(tmp) / "record.json"
-            path.write_text(json.dumps(_record(request)), encoding="utf-8")
+            path.write_text(json.dumps(_record(request).to_json()), encoding="utf-8")
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         args = {
             "addr": ctx.master_addr, "port": ctx.master_port, "rank": ctx.rank, "world": ctx.world_size,
@@ -109,7 +135,7 @@ def job_bootstrap(request: JobRequest, notify: Callable[[str], None]) -> FleetRe
             ) from exc
     if ctx.rank != 0:
         return None
-    records = {int(k): json.loads(v) for k, v in got.get("records", {}).items()}
+    records = node_records(got.get("records", {}))
     hosts = []
     for index in range(nodes):
         rec = records.get(index)
@@ -118,9 +144,7 @@ def job_bootstrap(request: JobRequest, notify: Callable[[str], None]) -> FleetRe
             reason = f"no result from {name} within {request.wait_s:g} s (the node never ran bootstrap, or died)"
             hosts.append(HostOutcome(name, "fail", reason, None, 0.0))
             continue
-        status = "ok" if rec.get("report") else "fail"
-        hosts.append(HostOutcome(str(rec["node"]), status, rec.get("reason"), rec.get("report"),
-                                 float(rec.get("seconds") or 0.0), rec.get("exit")))  # fmt: skip
+        hosts.append(rec.outcome())
     rows, why = _allreduce(got.get("allreduce"), nodes, net.allreduce)
     links, skipped = _links(got, hosts, nodes, net.links)
     facts = FleetFacts(

@@ -39,19 +39,6 @@ GPU_METRICS = (
 )
 
 
-def result_from_json(data: dict[str, Any]) -> Result:
-    return Result(
-        data["id"],
-        Status(data["status"]),
-        data["summary"],
-        data.get("value"),
-        data.get("expected"),
-        data.get("hint"),
-        data.get("subject"),
-        float(data.get("duration_s") or 0.0),
-    )
-
-
 def _fail_hint(reason: str) -> str:
     hints = {
         "unreachable": "check that the host is up and that `ssh HOST` works from here",
@@ -76,16 +63,16 @@ def host_results(o: HostOutcome) -> list[Tagged]:
         + (f"checkout copied by {o.shipped}" if o.shipped else "in its own task of the job")
         + (f"; {o.installed}" if o.installed else ""),
     )
-    return [(o.name, head), *((o.name, result_from_json(r)) for r in o.report.get("results", []))]
+    return [(o.name, head), *((o.name, r) for r in o.report.results)]
 
 
 def _measure(o: HostOutcome) -> dict[str, Any]:
-    return dict((o.report or {}).get("measurements") or {})
+    return dict(o.report.measurements) if o.report else {}
 
 
 def _gpu_models(o: HostOutcome) -> dict[str, str]:
-    rows = (o.report or {}).get("results", [])
-    return {r["subject"]: str(r["value"]) for r in rows if r.get("id") == "gpu-inventory" and r.get("subject")}
+    rows = o.report.results if o.report else ()
+    return {r.subject: str(r.value) for r in rows if r.id == "gpu-inventory" and r.subject}
 
 
 def gpu_outliers(hosts: tuple[HostOutcome, ...], fraction: float) -> list[Tagged]:

@@ -10,14 +10,16 @@ PCIe link), not overlapped with compute (an upper bound); ZeRO-3 moves ~50% more
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from checks.errors import PreflightError
+from checks.reports.verify import Measurements
+from checks.result import read_report as read_json_report
 from checks.tables import datasheet
 from checks.tables.datasheet import GpuSpec
+from checks.typedjson import ContractError
 
 SCALES_WITH_PEAK = ("forward", "backward")
 SCALES_WITH_BANDWIDTH = ("optimizer",)
@@ -45,39 +47,39 @@ def peak(spec: GpuSpec, precision: str) -> float | None:
 
 
 def read_report(path: Path) -> Baseline:
-    """A verify JSON report's baseline; a report that cannot be scaled is a usage error naming why."""
+    """A verify JSON report's baseline, read by the typed readers (``Report``, verify's ``Measurements``); a
+    report that cannot be read or scaled is a usage error naming why."""
+    report = read_json_report(path, "a verify --json report")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        m: dict[str, Any] = data["measurements"]
-        run = m["run"]
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
-        raise PreflightError(f"--from {path}: not a verify JSON report ({type(exc).__name__}: {exc})") from None
-    device = run.get("device") or {}
-    if device.get("type") != "cuda":
+        m = Measurements.from_json(report.measurements, f"{path}.measurements")
+    except ContractError as exc:
+        raise PreflightError(f"--from {exc}", hint="give a verify --json report of this gpu-preflight") from None
+    device = m.run.device
+    if device is None or device.type != "cuda":
         raise PreflightError(
             f"--from {path}: the verify run was on the CPU, which has no GPU peak to scale from",
             hint="run invoke verify --model ... on a rented GPU box, then plan --from its report",
         )
-    spec = datasheet.lookup(device.get("name") or "")
+    spec = datasheet.lookup(device.name)
     if spec is None:
         raise PreflightError(
-            f"--from {path}: {device.get('name')} is not in templates/gpus.yaml; no other card's figures are used"
+            f"--from {path}: {device.name} is not in templates/gpus.yaml; no other card's figures are used"
         )
-    samples_s, shares = m.get("samples_per_s"), m.get("step_breakdown")
-    if not samples_s or not shares:
+    steps = m.steps
+    if steps is None or not steps.samples_per_s or not steps.step_breakdown:
         raise PreflightError(f"--from {path}: the report has no measured steps (samples_per_s, step_breakdown)")
-    precision = str(run.get("precision") or "")
+    precision = m.run.precision or ""
     if peak(spec, precision) is None:
         raise PreflightError(f"--from {path}: a {precision or 'fp32'} run cannot be scaled by the table's 16-bit peaks")
-    model = run.get("model") or {}
+    model = m.run.model
     return Baseline(
         spec,
         precision,
-        1.0 / float(samples_s),
-        dict(shares),
-        int(model.get("parameters") or 0),
-        str(data.get("host") or "?"),
-        str(model.get("name") or "?"),
+        1.0 / steps.samples_per_s,
+        dict(steps.step_breakdown),
+        model.parameters if model else 0,
+        report.host,
+        model.name if model else "?",
     )
 
 

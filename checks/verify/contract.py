@@ -1,6 +1,7 @@
-"""The records that cross verify's process boundary, and the measurements its JSON report is built from.
+"""The records that cross verify's process boundary.
 
-Standard library only (no torch, no numpy; ``checks.typedjson``, the one typed JSON reader, is too): the parent
+Standard library only (no torch, no numpy; ``checks.typedjson``, the one typed JSON reader, and
+``checks.reports.verify``, the report's records, are too): the parent
 (``checks.verify.plan``, ``report``, the launcher) and the training child (``checks.verify.smoke.child``) import
 the same records, and so can any other producer of a run
 (a user's own training command instrumented at interpreter start-up, ranks started by torchrun or Slurm): a
@@ -32,16 +33,12 @@ The flow, and the record at each hop::
   result's ``ranks`` by the launcher (rank 0's result stands for the run).
 - ``ChildRun``: what the launcher hands the judge: the parsed result (None when none was written), the events,
   and how the run ended (``failure``: timeout, stalled, crashed, killed; ``rank`` when one can be named).
-- ``Measurements``: the ``measurements`` object of verify's JSON report. ``Measurements.to_json`` is the one
-  place its keys are written (docs/formats.md lists them; ``tests/checks/verify/verify_report.schema.json``
-  holds them); ``checks.verify.report.judge`` returns it in a ``Judgement`` with the results and verdicts. Its
-  parts: ``RunFacts`` (``run``), ``StepBlock`` (``step_breakdown``, ``step_time``: ``StepTime``, the rates,
-  ``enqueue_ratio``), ``Mfu``, ``Files``, and under several processes ``DdpFigures`` (``ddp``: ``RankRow`` per
-  rank, ``CommFigures`` for the no_sync A/B); the sampler, cost, upgrade and diagnosis blocks are JSON objects
-  built by ``checks.verify.sampler.summarise``, ``cost.cost``, ``diagnosis.upgrade_bound`` and
-  ``report.diagnosis_rows``.
+- ``Measurements`` (``checks.reports.verify``, one floor down so that ``plan --from`` reads it too): the
+  ``measurements`` object of verify's JSON report, built from these records; ``checks.verify.report.judge``
+  returns it in a ``Judgement`` with the results and verdicts. ``Device``, ``ModelInfo``, ``DataInfo``,
+  ``Checkpoint``, ``Oom`` and ``HostRanks`` are defined there and shared by ``ChildResult``.
 
-Every record has ``to_json()`` and ``from_json()`` (which rejects an unknown key or a value of the wrong type,
+Every record (``checks.typedjson.Record``) has ``to_json()`` and ``from_json()`` (which rejects an unknown key or a value of the wrong type,
 naming the record and the key); keys in a record's ``OMIT_NONE`` are left out of its JSON when None, as the
 producer leaves them out.
 """
@@ -52,37 +49,12 @@ import dataclasses
 import json
 import math
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
-from checks.typedjson import TypedJsonError, dump, dump_fields, load_record
-
-JsonObject = dict[str, Any]  # figures kept as the producer wrote them (their keys: where they are measured)
-R = TypeVar("R", bound="Record")
-
-
-class ContractError(ValueError):
-    """A JSON document that is not the record it should be; the message names the record and the key."""
-
-
-class Record:
-    """A frozen dataclass that converts to and from its JSON object (see the module docstring), with
-    ``checks.typedjson``: the one typed reader and writer, shared with machine snapshots."""
-
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset()
-
-    def to_json(self) -> JsonObject:
-        return dump_fields(self)
-
-    @classmethod
-    def from_json(cls: type[R], data: Any, where: str = "") -> R:
-        try:
-            return typing.cast(R, load_record(cls, data, where or cls.__name__))
-        except TypedJsonError as exc:
-            known = f" (known: {', '.join(exc.known)})" if exc.known else ""
-            raise ContractError(f"{exc}{known}") from None
-
+from checks.reports.verify import Checkpoint, DataInfo, Device, HostRanks, ModelInfo, Oom
+from checks.typedjson import ContractError, JsonObject, Record, dump
 
 # --- the run spec: parent -> child ------------------------------------------------------------------------------
 
@@ -341,93 +313,6 @@ class Step(Record):
 
 
 @dataclass(frozen=True)
-class Device(Record):
-    """The device a process trained on (``total_memory`` on a GPU only)."""
-
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"total_memory"})
-    type: str  # "cuda" | "cpu"
-    name: str
-    uuid: str | None = None
-    capability: tuple[int, ...] | None = None
-    total_memory: int | None = None
-
-
-@dataclass(frozen=True)
-class ModelInfo(Record):
-    name: str
-    parameters: int
-    user: bool = False  # the user's --model
-
-
-@dataclass(frozen=True)
-class DataInfo(Record):
-    """What the child trained on: a ``DataSpec``'s fields (built-in data) or the user's dataset (``kind`` "user",
-    ``source`` the --dataset reference, and ``seq_len`` when its items are token windows), and the reader class."""
-
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
-        {"kind", "source", "samples", "path", "image_size", "classes", "seq_len", "vocab", "reader"}
-    )
-    kind: str | None = None  # "images" | "tokens" | "user"
-    source: str | None = None
-    samples: int | None = None
-    path: str | None = None
-    image_size: int | None = None
-    classes: int | None = None
-    seq_len: int | None = None
-    vocab: int | None = None
-    reader: str | None = None
-
-
-@dataclass(frozen=True)
-class DataResume(Record):
-    """The loader rebuilt from the saved position against the kept batches (``ckpt.same_batches``)."""
-
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"differs"})
-    batches: int
-    exact: bool
-    order_same: bool  # the samplers yielded the same sample indices (older results: the targets agreed)
-    first_difference: int | None = None
-    workers: int = 0
-    differs: tuple[str, ...] | None = None  # "inputs", "targets": the parts that differ in some batch
-
-
-@dataclass(frozen=True)
-class Checkpoint(Record):
-    """``measurements.checkpoint``: a save's cost, and for the built-in loop the round trip's verdict (only
-    ``error`` when it failed); for a command, the script's own saves during the measured steps (``every_steps``,
-    ``saves``: a save's ``save_s`` and ``bytes`` are their means)."""
-
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
-        {"save_s", "bytes", "dir", "load_s", "reproduced", "uninterrupted", "resumed", "max_rel_diff", "data", "error"}
-        | {"every_steps", "saves", "file", "contents"}
-    )
-    save_s: float | None = None
-    bytes: int | None = None
-    every_steps: float | None = None  # a command: its own saves, one every this many measured steps
-    saves: int | None = None  # a command: how many saves the measured steps held
-    file: str | None = None  # a command: the last file it saved with torch.save, read back after the run
-    contents: JsonObject | None = None  # what that file holds (checks/verify/user/saved.py), or {"error": ...}
-    dir: str | None = None
-    load_s: float | None = None
-    reproduced: bool | None = None
-    uninterrupted: tuple[float, ...] | None = None
-    resumed: tuple[float, ...] | None = None
-    max_rel_diff: float | None = None
-    data: DataResume | None = None
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class Oom(Record):
-    """Out of memory at ``batch``: the allocator's figures then, and the largest batch that fitted."""
-
-    batch: int
-    message: str
-    largest_fit: int
-    memory: JsonObject | None = None
-
-
-@dataclass(frozen=True)
 class CommAb(Record):
     """The no_sync A/B (``smoke/ddp.comm_ab``): every step's seconds of both legs, their medians, gradient bytes."""
 
@@ -450,15 +335,6 @@ class Solo(Record):
 
     steps: int
     median_s: float
-
-
-@dataclass(frozen=True)
-class HostRanks(Record):
-    """--hosts: which global ranks ran on ``host`` (``address`` as SSH reached it)."""
-
-    host: str
-    address: str | None
-    ranks: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -607,260 +483,4 @@ class ChildRun:
         """The run without its events (``smoke/node.py`` prints this for the controller of --hosts)."""
         out = {f.name: dump(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "events"}
         out["result"] = None if self.result is None else self.result.to_json()
-        return out
-
-
-# --- the measurements of the JSON report ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunFacts(Record):
-    """``measurements.run``: what ran, how long, and how it ended."""
-
-    device: Device | None
-    precision: str | None
-    batch_size: int | None
-    accum: int | None
-    model: ModelInfo | None
-    data: DataInfo | None
-    torch: str | None
-    threads: int | None
-    seconds: float
-    interrupted: bool
-    failure: str | None
-    error: str | None
-
-
-@dataclass(frozen=True)
-class StepTime(Record):
-    """``measurements.step_time``: seconds per optimizer step over the measured steps."""
-
-    steps: int
-    median_s: float
-    p95_s: float
-    mean_s: float
-
-
-@dataclass(frozen=True)
-class StepBlock:
-    """The figures of the measured steps (present together, or not at all when no step was measured)."""
-
-    step_breakdown: dict[str, float]
-    step_time: StepTime
-    samples_per_s: float | None
-    tokens_per_s: float | None
-    samples_per_s_with_checkpoints: float | None
-    tokens_per_s_with_checkpoints: float | None
-    enqueue_ratio: float | None
-
-
-@dataclass(frozen=True)
-class Mfu(Record):
-    """``measurements.mfu``: model FLOPs utilisation against this card's dense datasheet peak (or why not)."""
-
-    value: float | None
-    note: str
-    peak_tflops: float | None
-
-
-@dataclass(frozen=True)
-class Files(Record):
-    """``measurements.files``: where the report, the sampler CSV and the PNG went."""
-
-    json: str
-    csv: str
-    png: str
-
-
-@dataclass(frozen=True)
-class RankRow(Record):
-    """``measurements.ddp.per_rank[]``: a rank's measured step median, its own speed (``own_s``: its no_sync
-    median, without waiting for the others), its synchronised median, data wait, error and GPU
-    (``distributed.gpu_of``)."""
-
-    rank: int
-    median_s: float | None = None
-    own_s: float | None = None
-    sync_s: float | None = None
-    data_wait_share: float | None = None
-    error: str | None = None
-    gpu: int | None = None
-
-
-@dataclass(frozen=True)
-class CommFigures(Record):
-    """``measurements.ddp.ab``: the no_sync A/B's windows, both medians and the spread of each leg."""
-
-    windows: int | None
-    window_steps: int | None
-    sync_median_s: float | None
-    no_sync_median_s: float | None
-    sync_spread_s: float | None
-    no_sync_spread_s: float | None
-
-
-@dataclass(frozen=True)
-class DdpFigures(Record):
-    """``measurements.ddp`` (``checks.verify.distributed.figures``; the contract is in that module's docstring).
-
-    ``hosts`` and ``link_mbit_s`` only with --hosts (``link_mbit_s`` then null when no busbw was measured).
-    """
-
-    world_size: int
-    backend: str
-    per_rank: tuple[RankRow, ...]
-    grad_bytes: int | None = None
-    comm_exposed_ms: float | None = None
-    comm_share: float | None = None
-    busbw_gbs: float | None = None
-    scaling_efficiency: float | None = None
-    samples_per_s: float | None = None
-    samples_per_s_one: float | None = None
-    ab: CommFigures | None = None
-    hosts: tuple[HostRanks, ...] | None = None
-    link_mbit_s: float | None = None
-    judged_rank: int | None = None  # a command: the rank whose breakdown the verdicts read (the straggler's)
-
-    def to_json(self) -> JsonObject:
-        out = super().to_json()
-        if self.hosts is None:
-            del out["hosts"], out["link_mbit_s"]
-        if self.judged_rank is None:
-            del out["judged_rank"]
-        return out
-
-
-@dataclass(frozen=True)
-class CommandFacts(Record):
-    """``measurements.command`` (verify -- COMMAND): what ran, how it ended, who ended it, what was left."""
-
-    argv: tuple[str, ...]
-    exit_status: int | None
-    ended: str  # stopped, exited, crashed, interrupted, no-step, stalled, no-torch
-    stopped_by_verify: bool
-    ended_by_itself: bool
-    signals: tuple[str, ...]
-    seconds: float
-    steps_seen: dict[str, int]  # every process's optimizer steps, warm-up included, by rank (or pidN)
-    processes_seen: int
-    processes_left: tuple[int, ...]
-    traceback: tuple[str, ...]  # a crash: the last lines of its traceback
-
-
-@dataclass(frozen=True)
-class ProcessFigures(Record):
-    """``measurements.per_rank[]`` (verify -- COMMAND): one training process: its rank (``pidN`` without one),
-    its steps and device, and with a measured step its median, own time, breakdown and rate."""
-
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
-        {"median_s", "own_s", "step_breakdown", "samples_per_s", "micro_batches_per_step"}
-    )
-    rank: int | str
-    pid: int
-    steps: int
-    device: dict[str, Any]
-    median_s: float | None = None
-    own_s: float | None = None
-    step_breakdown: dict[str, float] | None = None
-    samples_per_s: float | None = None
-    micro_batches_per_step: int | None = None
-
-
-@dataclass(frozen=True)
-class CommandStep(Record):
-    """What only a command's steps tell: micro-batches and samples per optimizer step (``samples_per_step`` None
-    when no batch's size could be read), what its ``forward`` share holds, and tokens per optimizer step where the
-    batches are token ids (``input_ids`` [B, T], or a [B, T] integer tensor: B x T summed over the micro-batches;
-    left out otherwise)."""
-
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"tokens_per_step"})
-    micro_batches_per_step: int
-    samples_per_step: int | None
-    forward_includes: str
-    tokens_per_step: int | None = None
-
-
-@dataclass(frozen=True)
-class Measurements:
-    """``measurements`` of verify's JSON report; ``to_json`` is the one place its keys are written.
-
-    Present always: ``run``, ``dataloader``, ``diagnosis``, ``sampler``, ``files``. With a measured step: the
-    ``StepBlock`` keys, ``upgrade`` and ``mfu``. When measured: the rest (a None or empty figure is left out).
-    """
-
-    run: RunFacts
-    dataloader: JsonObject
-    diagnosis: JsonObject  # {"verdict": id, "verdicts": [Verdict.as_dict()]}
-    sampler: JsonObject  # checks.verify.sampler.summarise + csv, window, rows
-    files: Files
-    steps: StepBlock | None = None
-    upgrade: JsonObject | None = None  # checks.verify.diagnosis.upgrade_bound
-    mfu: Mfu | None = None
-    cost: JsonObject | None = None  # checks.verify.cost.cost
-    ddp: DdpFigures | None = None
-    flops_per_step: int | None = None
-    memory: JsonObject | None = None
-    kernels: JsonObject | None = None
-    checkpoint: Checkpoint | None = None
-    oom: Oom | None = None
-    ab: JsonObject | None = None
-    sweep: JsonObject | None = None
-    loader_alone: JsonObject | None = None
-    timeline: dict[str, tuple[float, float]] | None = None
-    loader_candidates: Sequence[JsonObject] | None = None  # with ``advice``: the loader was timed alone
-    advice: JsonObject | None = None  # checks.verify.advice.loader_advice
-    data_cost: JsonObject | None = None
-    time_to_verdict: JsonObject | None = None  # checks.verify.stop.time_to_verdict: the budget, the stop, the cuts
-    command: CommandFacts | None = None  # verify -- COMMAND: the command and how it ended
-    command_step: CommandStep | None = None  # verify -- COMMAND: its keys sit at the top, beside the step figures
-    per_rank: tuple[ProcessFigures, ...] | None = None  # verify -- COMMAND under torchrun: every process
-    command_advice: JsonObject | None = None  # verify -- COMMAND: the loader re-runs (checks.verify.user.advice)
-    model_advice: JsonObject | None = None  # verify -- COMMAND: the model-side re-runs (checks.verify.user.modelfix)
-
-    def to_json(self) -> JsonObject:
-        out: JsonObject = {"run": self.run.to_json(), "dataloader": dict(self.dataloader)}
-        if self.steps is not None:
-            s = self.steps
-            out |= {"step_breakdown": dict(s.step_breakdown), "step_time": s.step_time.to_json()}
-            out |= {"samples_per_s": s.samples_per_s, "tokens_per_s": s.tokens_per_s}
-            out |= {"samples_per_s_with_checkpoints": s.samples_per_s_with_checkpoints}
-            out |= {"tokens_per_s_with_checkpoints": s.tokens_per_s_with_checkpoints}
-            out["enqueue_ratio"] = s.enqueue_ratio
-        out["diagnosis"] = self.diagnosis
-        if self.upgrade is not None:
-            out["upgrade"] = self.upgrade
-        if self.mfu is not None:
-            out["mfu"] = self.mfu.to_json()
-        out["sampler"] = self.sampler
-        measured = {
-            "cost": self.cost,
-            "ddp": self.ddp,
-            "flops_per_step": self.flops_per_step,
-            "memory": self.memory,
-            "kernels": self.kernels,
-            "checkpoint": self.checkpoint,
-            "oom": self.oom,
-            "ab": self.ab,
-            "sweep": self.sweep,
-            "loader_alone": self.loader_alone,
-            "timeline": self.timeline,
-        }
-        out |= {k: dump(v) for k, v in measured.items() if v}
-        if self.loader_candidates is not None:
-            out |= {"loader_candidates": dump(list(self.loader_candidates)), "advice": self.advice}
-        if self.data_cost:
-            out["data_cost"] = self.data_cost
-        if self.time_to_verdict is not None:
-            out["time_to_verdict"] = self.time_to_verdict
-        if self.command is not None:
-            out["command"] = self.command.to_json()
-        if self.command_step is not None:
-            out |= self.command_step.to_json()
-        if self.per_rank is not None:
-            out["per_rank"] = dump(list(self.per_rank))
-        if self.command_advice is not None:
-            out["command_advice"] = self.command_advice
-        if self.model_advice is not None:
-            out["model_advice"] = self.model_advice
-        out["files"] = self.files.to_json()
         return out

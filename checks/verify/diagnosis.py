@@ -28,11 +28,11 @@ from typing import Any
 
 from checks.config import VerifyConfig
 from checks.machine.gpu import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
+from checks.reports.verify import DdpFigures
 from checks.result import Result
 from checks.units import GIB
 from checks.verify import advice as fixes
 from checks.verify import distributed
-from checks.verify.contract import DdpFigures
 from checks.verify.stop import MIN_MEASURED
 
 TIME_VERDICTS = ("data-bound", "cpu-starved", "h2d-bound", "launch-bound", "checkpoint-bound", "comm-bound")

@@ -29,18 +29,10 @@ from checks.config import VerifyConfig
 from checks.errors import PreflightError
 from checks.facts import MachineFacts
 from checks.probe.launch import LaunchContext
+from checks.reports.verify import CommFigures, DdpFigures, RankRow
 from checks.result import Result, Status, ok, skip
 from checks.units import percent, size_decimal
-from checks.verify.contract import (
-    ChildResult,
-    CommAb,
-    CommFigures,
-    DdpFigures,
-    DdpSpec,
-    RankDevice,
-    RankResult,
-    RankRow,
-)
+from checks.verify.contract import ChildResult, CommAb, DdpSpec, RankDevice, RankResult
 from checks.verify.smoke.figures import breakdown
 from checks.verify.smoke.launch import Node
 

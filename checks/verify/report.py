@@ -16,23 +16,13 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from checks.config import VerifyConfig
+from checks.reports.verify import CommandStep, DdpFigures, Files, Measurements, Mfu, RunFacts, StepBlock, StepTime
 from checks.result import Result, fail, ok, skip, warn
 from checks.tables import datasheet
 from checks.units import percent
 from checks.verify import distributed
 from checks.verify.advice import loader_advice
-from checks.verify.contract import (
-    ChildResult,
-    CommandStep,
-    DdpFigures,
-    Files,
-    Measurements,
-    Mfu,
-    RunFacts,
-    StepBlock,
-    StepTime,
-    phase_ok,
-)
+from checks.verify.contract import ChildResult, phase_ok
 from checks.verify.cost import cost, describe
 from checks.verify.diagnosis import Signals, Verdict, diagnose, upgrade_bound
 from checks.verify.plan import Outcome, Plan

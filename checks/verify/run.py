@@ -17,11 +17,12 @@ from checks.config import PreflightConfig, VerifyConfig
 from checks.errors import PreflightError
 from checks.probe import LocalProbe
 from checks.probe.launch import launch_context
+from checks.reports.verify import Measurements
 from checks.result import Report, Result, ok
 from checks.verify import plan as v
 from checks.verify import stop as rule
 from checks.verify import watch as w
-from checks.verify.contract import ChildResult, EstimateEvent, Event, Measurements, StopSpec
+from checks.verify.contract import ChildResult, EstimateEvent, Event, StopSpec
 from checks.verify.diagnosis import Verdict
 from checks.verify.distributed import describe as describe_ddp
 

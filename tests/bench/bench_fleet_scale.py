@@ -34,6 +34,7 @@ from checks.config import make_config  # noqa: E402
 from checks.facts import FleetFacts, HostOutcome  # noqa: E402
 from checks.fleet.render import render_fleet  # noqa: E402
 from checks.fleet.report import build_fleet_report  # noqa: E402
+from checks.result import Report  # noqa: E402
 from tests.bench.benchmarks_md import write_section  # noqa: E402
 
 BEGIN, END = "<!-- bench:fleet-scale:begin -->", "<!-- bench:fleet-scale:end -->"
@@ -65,7 +66,9 @@ def varied(report: dict, i: int) -> dict:
 
 
 def time_report(report: dict, records: int) -> dict[str, float]:
-    hosts = tuple(HostOutcome(f"gpu-{i:04d}", "ok", None, varied(report, i), 30.0, 0) for i in range(records))
+    hosts = tuple(
+        HostOutcome(f"gpu-{i:04d}", "ok", None, Report.from_json(varied(report, i)), 30.0, 0) for i in range(records)
+    )
     facts = FleetFacts(hosts=hosts, source="bench")
     cfg = make_config({})
     build, render = [], []

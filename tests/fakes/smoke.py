@@ -13,8 +13,8 @@ import pytest
 from checks.config import PreflightConfig, make_config
 from checks.facts import MachineFacts, NvmlFacts, TorchFacts
 from checks.probe.host import read_host
+from checks.reports.verify import Checkpoint
 from checks.result import Result
-from checks.verify.contract import Checkpoint
 from checks.verify.plan import Options, Outcome, plan, run
 from checks.verify.report import judge
 

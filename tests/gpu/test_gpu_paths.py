@@ -22,8 +22,9 @@ from checks.facts import GpuBench, GpuFacts
 from checks.machine.bench import METRICS
 from checks.probe.nvml import read_nvml
 from checks.probe.torch import SCRIPTS, read_alloc, run_bench
+from checks.reports.verify import Device
 from checks.tables import datasheet
-from checks.verify.contract import ChildResult, Device
+from checks.verify.contract import ChildResult
 from checks.verify.report import mfu
 from provision.alloc_env import ensure_alloc_conf
 

@@ -18,16 +18,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from checks.config import VerifyConfig
-from checks.result import Result, fail, ok, skip, warn
-from checks.verify import distributed
-from checks.verify import report as verify_report
-from checks.verify.contract import (
-    PHASES,
+from checks.reports.verify import (
     Checkpoint,
-    ChildResult,
-    ChildRun,
     CommandFacts,
     CommandStep,
+    CommFigures,
     DataInfo,
     DdpFigures,
     Device,
@@ -36,10 +31,13 @@ from checks.verify.contract import (
     ProcessFigures,
     RankRow,
     RunFacts,
-    Step,
     StepBlock,
     StepTime,
 )
+from checks.result import Result, fail, ok, skip, warn
+from checks.verify import distributed
+from checks.verify import report as verify_report
+from checks.verify.contract import PHASES, ChildResult, ChildRun, Step
 from checks.verify.diagnosis import Signals, Verdict, diagnose
 from checks.verify.plan import Outcome
 from checks.verify.report import Setting

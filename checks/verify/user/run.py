@@ -23,10 +23,11 @@ from checks.config import PreflightConfig
 from checks.errors import PreflightError
 from checks.probe.sample import GpuReader, HostReader
 from checks.probe.torch import read_checkpoint
+from checks.reports.verify import Files
 from checks.result import Report, Result, ok
 from checks.verify import plan as v
 from checks.verify import stop as stopper
-from checks.verify.contract import PHASES, Cut, Files, StopFacts, StopSpec
+from checks.verify.contract import PHASES, Cut, StopFacts, StopSpec
 from checks.verify.report import Setting
 from checks.verify.run import Judged, budget_s
 from checks.verify.sampler import Sampler, Trace

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from checks.config import VerifyConfig
-from checks.verify.contract import Oom
+from checks.reports.verify import Oom
 from checks.verify.smoke.figures import knee_batch, largest_fit
 from checks.verify.user import judge as j
 from checks.verify.user.launch import CommandRun, StopRule, run_command

@@ -6,13 +6,13 @@ from typing import Any
 
 from checks.facts import HostOutcome
 from checks.fleet.drift import drift_results, drift_table, environments
-from checks.result import Status
+from checks.result import Report, Status
 
 
 def host(name: str, **env: Any) -> HostOutcome:
     base = {"driver": "570.124.06", "torch": "2.8.0+cu128", "torch_cuda": "12.8", "nccl": "2.27.3", "python": "3.11.9",
             "packages": {"numpy": "2.1.0"}}  # fmt: skip
-    report = {"results": [], "measurements": {"environment": {**base, **env}}}
+    report = Report(name, "live", (), {"environment": {**base, **env}})
     return HostOutcome(name=name, status="ok", reason=None, report=report, seconds=1.0)
 
 
@@ -25,7 +25,7 @@ def test_nccl_off_the_majority_fails_and_a_package_warns() -> None:
 
 
 def test_agreeing_hosts_and_old_reports_have_no_drift() -> None:
-    old = HostOutcome(name="h9", status="ok", reason=None, report={"results": [], "measurements": {}}, seconds=1.0)
+    old = HostOutcome(name="h9", status="ok", reason=None, report=Report("h9", "live", ()), seconds=1.0)
     hosts = (host("h1"), host("h2"), old)
     assert drift_results(hosts) == [] and drift_table(environments(hosts)) == []
 

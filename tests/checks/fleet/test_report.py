@@ -7,13 +7,13 @@ from typing import Any
 from checks.facts import AllreduceFacts, FleetFacts, HostOutcome, LinkFacts
 from checks.fleet.render import render_fleet
 from checks.fleet.report import build_fleet_report, link_scores
-from checks.result import Status
+from checks.result import Report, Status
 from tests.factories import config
 
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-def report(name: str, h2d: list[float], disk_read: float = 2000.0, driver: str = "ok") -> dict[str, Any]:
+def report(name: str, h2d: list[float], disk_read: float = 2000.0, driver: str = "ok") -> Report:
     results = [{"id": "driver", "status": driver, "summary": "driver 570", "value": None, "expected": None,
                 "hint": None if driver == "ok" else "fix it", "subject": None, "duration_s": 0.0}]  # fmt: skip
     results += [{"id": "gpu-inventory", "status": "ok", "summary": H100, "value": H100, "expected": None, "hint": None,
@@ -22,7 +22,10 @@ def report(name: str, h2d: list[float], disk_read: float = 2000.0, driver: str =
              for i, v in enumerate(h2d)]  # fmt: skip
     disks = [{"path": "/data", "local": True, "cold_read_mb_s": disk_read, "fs_type": "ext4"}]
     inventory = {"gpus": len(h2d), "gpu_names": [H100] * len(h2d), "torch": "2.8.0", "cuda": True, "nccl": "2.27"}
-    return {"results": results, "measurements": {"gpu_bench": bench, "disks": disks, "inventory": inventory}}
+    measurements = {"gpu_bench": bench, "disks": disks, "inventory": inventory}
+    return Report.from_json(
+        {"schema": 1, "host": name, "machine": "live", "results": results} | {"measurements": measurements}
+    )
 
 
 def outcome(name: str, **kw: Any) -> HostOutcome:

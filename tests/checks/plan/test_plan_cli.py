@@ -13,6 +13,7 @@ from tests.fakes.cli import Here, assert_usage_error
 from tests.fakes.plan import SEVEN_B, plan
 
 pytestmark = pytest.mark.slow
+GOLDEN = Path(__file__).resolve().parents[1] / "verify" / "golden"  # verify reports as the code writes them
 
 
 def option(doc: dict[str, Any], card: str) -> dict[str, Any]:
@@ -20,16 +21,14 @@ def option(doc: dict[str, Any], card: str) -> dict[str, Any]:
 
 
 def verify_report(tmp: Path, card: str, parameters: int, shares: dict[str, float], samples_s: float = 100.0) -> str:
-    """A verify report's keys as checks/verify/report.py writes them (measurements.run, step_breakdown, ...)."""
-    run = {"device": {"type": "cuda", "name": card}, "precision": "bf16", "batch_size": 8, "accum": 1,
-           "model": {"name": "GPT", "parameters": parameters}}  # fmt: skip
-    doc = {
-        "schema": 1,
-        "host": "box-a",
-        "measurements": {"run": run, "step_breakdown": shares, "samples_per_s": samples_s},
-    }
+    """A whole verify report (a golden one of ``tests/checks/verify``) with this card, model and figures."""
+    golden = json.loads((GOLDEN / "a100-fragmented.json").read_text(encoding="utf-8"))
+    m = golden["measurements"]
+    m["run"] |= {"device": {"type": "cuda", "name": card}, "precision": "bf16", "model": {"name": "GPT", "parameters": parameters}}  # fmt: skip
+    m |= {"step_breakdown": shares, "samples_per_s": samples_s}
+    doc = {"schema": 1, "tool": "gpu-preflight", "host": "box-a", "machine": "live", "results": golden["results"]}
     path = tmp / f"verify-{parameters}.json"
-    path.write_text(json.dumps(doc))
+    path.write_text(json.dumps(doc | {"measurements": m}))
     return str(path)
 
 

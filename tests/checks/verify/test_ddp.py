@@ -19,20 +19,10 @@ from checks.config import PreflightConfig, make_config
 from checks.errors import PreflightError
 from checks.facts import MachineFacts, NvmlFacts, TorchFacts
 from checks.probe.host import read_host
+from checks.reports.verify import Device, RankRow
 from checks.result import Result
 from checks.verify import distributed
-from checks.verify.contract import (
-    ChildResult,
-    ChildRun,
-    CommAb,
-    Device,
-    RankDdp,
-    RankDevice,
-    RankResult,
-    RankRow,
-    Solo,
-    Step,
-)
+from checks.verify.contract import ChildResult, ChildRun, CommAb, RankDdp, RankDevice, RankResult, Solo, Step
 from checks.verify.plan import Options, Outcome, plan, run
 from checks.verify.report import judge
 from tests.checks.verify import smoke_plugins

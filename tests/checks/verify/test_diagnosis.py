@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from checks.config import VerifyConfig, make_config
+from checks.reports.verify import DdpFigures
 from checks.verify.advice import cost_fix, loader_advice
-from checks.verify.contract import ChildResult, ChildRun, DdpFigures
+from checks.verify.contract import ChildResult, ChildRun
 from checks.verify.diagnosis import Signals, diagnose, upgrade_bound
 from checks.verify.plan import Outcome, Plan
 from checks.verify.report import coverage, judge

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from checks.reports.verify import Measurements
 from checks.verify.contract import (
     EVENTS,
     ChildResult,
@@ -47,6 +48,14 @@ def same(a: Any, b: Any) -> bool:
 def test_a_run_is_judged_to_the_json_recorded_before_the_contract(name: str) -> None:
     golden = json.loads((GOLDEN / f"{name}.json").read_text(encoding="utf-8"))
     assert same(judged(name), golden)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_judged_runs_measurements_read_back_by_the_typed_reader_to_the_same_json(name: str) -> None:
+    """``Measurements.from_json`` inverts ``to_json`` exactly: the same keys, in the same order, the same values."""
+    m = judged(name)["measurements"]
+    back = json.loads(json.dumps(Measurements.from_json(m).to_json(), default=str))
+    assert list(back) == list(m) and same(back, m)
 
 
 @pytest.mark.parametrize("name", ALL)

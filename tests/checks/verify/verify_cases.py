@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from checks.config import make_config
+from checks.reports.verify import Files
 from checks.result import Result, ok, warn
-from checks.verify.contract import ChildResult, ChildRun, DataSpec, Files, RunSpec
+from checks.verify.contract import ChildResult, ChildRun, DataSpec, RunSpec
 from checks.verify.plan import Outcome, Plan
 from checks.verify.report import Setting, judge
 from checks.verify.sampler import Trace, read_csv

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from checks.verify.contract import Checkpoint
+from checks.reports.verify import Checkpoint
 from checks.verify.user import judge as j
 from checks.verify.user.launch import CommandRun, _Tails, environment, step_counts
 
@@ -142,7 +142,7 @@ def test_the_rank_the_others_wait_for_is_the_straggler() -> None:
 def test_the_steps_precision_and_the_counted_flops_make_the_mfu_on_a_gpu() -> None:
     """Found on a rented H200: a bf16-autocast script was told "compute-bound in fp32: use bf16 autocast" and its
     MFU read "no None peak". The steps' precision and the agent's FLOP count reach the child result now."""
-    from checks.verify.contract import Device
+    from checks.reports.verify import Device
     from checks.verify.report import mfu
 
     gpu = {"event": "device", "pid": 10, "type": "cuda", "name": "NVIDIA H200", "uuid": None, "index": 0}

@@ -1,0 +1,3 @@
+"""The typed records of what a task's report holds, for the readers on other floors: ``verify`` (verify's
+``measurements``, which its writers in ``checks.verify`` and ``plan --from`` share). Standard library and the core
+only: verify's training child imports them."""
