@@ -223,11 +223,15 @@ def judge(
     oom: OomSearch | None = None,
     model: dict[str, Any] | None = None,
     saved: tuple[str, dict[str, Any]] | None = None,
+    exchange: CommFigures | None = None,
 ) -> tuple[list[Result], Measurements, list[Verdict]]:
-    """Results, measurements (the report's JSON object) and verdicts of one run of the command."""
+    """Results, measurements (the report's JSON object) and verdicts of one run of the command; ``exchange``: the
+    torchrun command's exchange A/B (``checks/verify/user/exchange.py``), whose figure replaces the hook's."""
     found = ranks(run.events, rule_warmup, rule_steps, rule_seconds)
     lead = pace_setter(found, cfg)
     ddp = rank_rows(found, lead, run.events) if len(found) > 1 else None  # the ranks, read once
+    if ddp is not None and exchange is not None:
+        ddp = with_exchange(ddp, exchange)
     figs = rank_figures(lead) if lead else None
     child = _child_result(lead, figs) if lead else ChildResult()
     child = dataclasses.replace(child, sweep=sweep, oom=oom.oom if oom else None)
@@ -339,6 +343,16 @@ def _checkpoint(timed: Checkpoint | None, saved: tuple[str, dict[str, Any]] | No
     if saved is None:
         return timed
     return dataclasses.replace(timed or Checkpoint(), file=saved[0], contents=saved[1])
+
+
+def with_exchange(d: DdpFigures, ab: CommFigures) -> DdpFigures:
+    """The ranks' figures with the A/B's exposed exchange (the unchanged leg's mean step minus the skipped one's,
+    never below zero) in place of the comm hook's, which misses buckets that block before the last one."""
+    sync, skip = ab.sync_median_s or 0.0, ab.no_sync_median_s or 0.0
+    if sync <= 0:
+        return d
+    wait = max(sync - skip, 0.0)
+    return dataclasses.replace(d, ab=ab, comm_exposed_ms=round(1000 * wait, 3), comm_share=round(wait / sync, 4))
 
 
 def _judged_ddp(d: DdpFigures | None, lead: Rank | None) -> DdpFigures | None:

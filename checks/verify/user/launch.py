@@ -41,6 +41,7 @@ LOADER_ENV = "GPU_PREFLIGHT_LOADER"
 COUNT_ENV = "GPU_PREFLIGHT_COUNT_STEP"
 PEAK_ENV = "GPU_PREFLIGHT_PEAK"
 MODEL_ENV = "GPU_PREFLIGHT_MODEL"
+DDP_ENV = "GPU_PREFLIGHT_DDP"
 INT_GRACE_S = 10.0  # SIGINT -> SIGTERM: time for the script's own teardown (torchrun closes its ranks). Tool-defined.
 TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL. Tool-defined.
 TREE_EVERY_S = 0.5  # how often the process tree is read (its members are killed by id at the end)
@@ -156,13 +157,17 @@ def environment(
     count_step: int = 0,
     peak: bool = False,
     model: Mapping[str, Any] | None = None,
+    ddp: str = "",
 ) -> dict[str, str]:
     """The user's environment with the start-up folder first on PYTHONPATH (theirs kept after it); ``count_step``
     > 0 asks the agent to count that optimizer step's FLOPs (the last warm-up step: counting slows it); ``peak``
-    asks for each step's CUDA allocator peak; ``model`` is a model-side change for the agent to apply."""
+    asks for each step's CUDA allocator peak; ``model`` is a model-side change for the agent to apply; ``ddp``
+    "skip" runs DDP without its exchange (the exchange A/B)."""
     env = dict(os.environ)
-    for name in (COUNT_ENV, PEAK_ENV, MODEL_ENV):
+    for name in (COUNT_ENV, PEAK_ENV, MODEL_ENV, DDP_ENV):
         env.pop(name, None)
+    if ddp:
+        env[DDP_ENV] = ddp
     if model:
         env[MODEL_ENV] = json.dumps(dict(model))
     if count_step > 0:
@@ -197,6 +202,7 @@ def run_command(
     on_start: Callable[[int], None] = lambda pid: None,
     peak: bool = False,
     model: Mapping[str, Any] | None = None,
+    ddp: str = "",
 ) -> CommandRun:
     """Run ``argv`` under the agent until it ends or the rule stops it; nothing it started is left running.
 
@@ -211,11 +217,11 @@ def run_command(
         folder = Path(tmp)
         _stage(folder)
         start = time.monotonic()
-        count = rule.warmup if rule.warmup >= 2 and not (overrides or model) else 0  # the main run's FLOPs only
+        count = rule.warmup if rule.warmup >= 2 and not (overrides or model or ddp) else 0  # the main run's only
         proc = subprocess.Popen(
             list(argv),
             cwd=cwd,
-            env=environment(folder, overrides, count, peak, model),
+            env=environment(folder, overrides, count, peak, model, ddp),
             stdout=stdout,
             stderr=subprocess.PIPE,
             start_new_session=True,

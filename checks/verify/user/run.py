@@ -23,7 +23,7 @@ from checks.config import PreflightConfig
 from checks.errors import PreflightError
 from checks.probe.sample import GpuReader, HostReader
 from checks.probe.torch import read_checkpoint
-from checks.reports.verify import Files
+from checks.reports.verify import CommFigures, Files
 from checks.result import Report, Result, ok
 from checks.verify import plan as v
 from checks.verify import stop as stopper
@@ -31,7 +31,7 @@ from checks.verify.contract import PHASES, Cut, StopFacts, StopSpec
 from checks.verify.report import Setting
 from checks.verify.run import Judged, budget_s
 from checks.verify.sampler import Sampler, Trace
-from checks.verify.user import advice, modelfix
+from checks.verify.user import advice, exchange, modelfix
 from checks.verify.user import judge as j
 from checks.verify.user import saved as saved_file
 from checks.verify.user import sweep as sweeper
@@ -128,11 +128,12 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
     advice = _advice(request, measured, stop, cwd, cores, say, deadline, cuts)
     model = None if advice else _model_advice(request, run, measured, stop, cwd, say, deadline, cuts)
     saved = _saved(run, found, deadline)
+    ab = _exchange(request, run, found, stop, cwd, say, deadline, cuts)
     swept = _sweep(request, run, found, cwd, say, deadline, cuts) if request.sweep else None
     oom = _largest(request, run, cwd, say, deadline) if sweeper.oom(run) else None
     results, measurements, verdicts = j.judge(
         run, trace, setting, cfg.verify, stop.warmup, stop.steps, stop.seconds, gate_rows, gpu, gpu_error, advice,
-        swept, oom, model, saved,
+        swept, oom, model, saved, ab,
     )  # fmt: skip
     steps = [s for r in found[:1] for s in r.steps]
     title = f"invoke verify -- {request.command[0]}: {verdicts[0].id if verdicts else 'cant-tell'}"
@@ -291,6 +292,28 @@ def _advice(
         request.command, cwd, loader.get("asked") or {}, str(loader.get("site")), m.base.fig.mean_s,
         cores / len(m.found), m.lead.device.get("type") == "cuda", seconds, cfg.advice_min_gain,
     )  # fmt: skip
+
+
+def _exchange(
+    request: CommandRequest,
+    run: CommandRun,
+    found: Sequence[j.Rank],
+    stop: StopRule,
+    cwd: str,
+    say: Say,
+    deadline: float,
+    cuts: list[Cut],
+) -> CommFigures | None:
+    """Under torchrun with the agent's comm hook in place (not the script's own): the exposed exchange by A/B
+    re-runs (``checks/verify/user/exchange.py``), within what the budget leaves of ``verify.command_advice_s``."""
+    hooked = any(e.get("event") == "ddp" and e.get("hooked") for e in run.events)
+    if len(found) < 2 or not hooked or run.interrupted or run.ended not in ("stopped", "exited"):
+        return None
+    seconds = _rerun_seconds(request, stop, deadline, cuts, "the exchange A/B")
+    if seconds <= 0:
+        return None
+    say(f"verify: timing the gradient exchange by re-runs with and without it (up to {seconds:.0f} s)")
+    return exchange.figures(exchange.measure(request.command, cwd, seconds))
 
 
 def _model_advice(

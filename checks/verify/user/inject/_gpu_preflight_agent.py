@@ -17,7 +17,8 @@ Once torch is imported it installs torch's global hooks and a few patches:
 - the batch: its samples (the collated batch dimension) and, for token ids, its tokens;
 - DDP's exchange: a comm hook doing what DDP's default does (``default_hooks.allreduce_hook``), registered at a
   ``DistributedDataParallel`` model's first forward unless the script registered its own; the step's exposed
-  exchange runs from the last bucket handed to it to the end of backward;
+  exchange runs from the last bucket handed to it to the end of backward; with ``GPU_PREFLIGHT_DDP=skip`` (the
+  exchange A/B's re-runs only) the hook hands each bucket back unreduced instead: the step without the exchange;
 - ``DataLoader.__init__``: the settings each loader was built with, and the overrides verify asks for
   (``GPU_PREFLIGHT_LOADER``, a JSON object) applied at construction: the worker settings, and ``batch_size``
   (--sweep, the out-of-memory search) where the loader batches by ``batch_size`` (not with a ``batch_sampler``);
@@ -60,6 +61,7 @@ LOADER_ENV = "GPU_PREFLIGHT_LOADER"
 COUNT_ENV = "GPU_PREFLIGHT_COUNT_STEP"  # the (warm-up) optimizer step whose matrix FLOPs are counted, for MFU
 PEAK_ENV = "GPU_PREFLIGHT_PEAK"  # "1": each step's line holds the CUDA allocator's peak (the peak is reset per step)
 MODEL_ENV = "GPU_PREFLIGHT_MODEL"  # a JSON object: the model-side change of a re-run (autocast, channels_last, compile)
+DDP_ENV = "GPU_PREFLIGHT_DDP"  # "skip": the exchange A/B's other leg, each gradient bucket handed back unreduced
 _DONE = "_gpu_preflight_armed"
 # Step lines are written in batches, at most this often (and all at exit): one line a step, serialised and
 # written as the step ended, was most of the agent's cost on a sub-millisecond step (BENCHMARKS.md, "verify --
@@ -915,6 +917,18 @@ def _hook_ddp(model: Any, st: _Steps, register: Callable[..., Any]) -> None:
     )
     if getattr(model, "_gpu_preflight_theirs", False):
         return  # the script's own hook stays; its exchange is not timed
+    if os.environ.get(DDP_ENV) == "skip":  # the A/B's other leg: the step without the exchange (ranks drift apart)
+        import torch
+
+        def skipped(state: Any, bucket: Any) -> Any:
+            done = torch.futures.Future()
+            done.set_result(bucket.buffer())
+            return done
+
+        skipped.__annotations__ = {}
+        register(model, group, skipped)
+        _say("ddp-skipped", **_rank())
+        return
 
     def timed(state: Any, bucket: Any) -> Any:
         st.comm_mark = st.mark()

@@ -1,0 +1,37 @@
+"""The exposed gradient exchange of a torchrun command, by the A/B of re-runs with and without it
+(``checks/verify/user/exchange.py``): real torchrun, two gloo ranks, a model whose gradients, not its math, make
+the step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.checks.verify.user.test_command import TORCHRUN_2, verdict, verify
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_wide_model_over_gloo_is_comm_bound_by_the_a_b(tmp_path: Path) -> None:
+    """64 -> 100,000 -> 4: 6.8 M parameters (27 MB of gradients a step) over 100 kFLOP of math per sample."""
+    said: list[str] = []
+    judged = verify(
+        tmp_path, *TORCHRUN_2, "ddp_gloo.py", "--wide", "100000", steps=6, said=said,
+        verify_cfg={"command_advice_s": 120.0},
+    )  # fmt: skip
+    m = judged.report.measurements
+    ab = m["ddp"]["ab"]
+    assert any(line.startswith("verify: timing the gradient exchange by re-runs") for line in said), said
+    assert ab["windows"] >= 1 and ab["window_steps"] == 8
+    assert ab["sync_median_s"] > ab["no_sync_median_s"] > 0  # the step without the exchange is shorter
+    wait = ab["sync_median_s"] - ab["no_sync_median_s"]
+    assert m["ddp"]["comm_exposed_ms"] == pytest.approx(1000 * wait, abs=0.01)
+    assert m["ddp"]["comm_share"] == pytest.approx(wait / ab["sync_median_s"], abs=1e-3)
+    assert verdict(judged) == "comm-bound", m["diagnosis"]
+    assert m["command"]["processes_left"] == []
+
+
+def test_no_a_b_without_the_budget_for_it(tmp_path: Path) -> None:
+    judged = verify(tmp_path, *TORCHRUN_2, "ddp_gloo.py", steps=4)  # verify.command_advice_s 0: no re-runs
+    assert judged.report.measurements["ddp"]["ab"] is None  # the comm hook's figure stands
