@@ -27,6 +27,9 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield made
 
 
+SHM_NO_NODE_HAS = str(1 << 30)  # MiB: a /dev/shm floor of 1 PiB, a planted failure of every node
+
+
 def _quick(tmp: Path) -> dict[str, str]:
     """A home of the test's own, and short sweeps: what a user's environment passes to srun (--export=ALL)."""
     return {"HOME": str(tmp), "XDG_CACHE_HOME": str(tmp / "cache"), "INVOKE_PREFLIGHT_NETWORK_ALLREDUCE_BUDGET_S": "2",
@@ -43,8 +46,10 @@ def test_the_sbatch_template_runs_bootstrap_and_the_users_ddp_across_both_nodes(
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
+    # A /dev/shm floor no node meets: a failure on both nodes, so both get their drain command (the box has no
+    # NVIDIA device on its bus, so the missing driver is no failure here).
     env = slurm.env(**_quick(tmp_path), INVOKE_PREFLIGHT_VERIFY_STEPS="4", INVOKE_PREFLIGHT_VERIFY_WARMUP="2",
-                    INVOKE_PREFLIGHT_VERIFY_COMMAND_ADVICE_S="0")  # fmt: skip
+                    INVOKE_PREFLIGHT_VERIFY_COMMAND_ADVICE_S="0", INVOKE_PREFLIGHT_HOST_SHM_MIN_MIB=SHM_NO_NODE_HAS)  # fmt: skip
     job_id = slurm.batch(["--chdir", str(tmp_path), str(script)], env)
     log = tmp_path / f"gpu-preflight-{job_id}.out"
     text = log.read_text(encoding="utf-8") if log.exists() else "(no log)"
@@ -62,8 +67,8 @@ def test_the_sbatch_template_runs_bootstrap_and_the_users_ddp_across_both_nodes(
         links = boot["measurements"]["links"]
         assert {(x["src"], x["dst"]) for x in links} == {("n1", "n2"), ("n2", "n1")}, links
         assert all(x["error"] is None and x["tcp_mbit_s"] > 100 and x["rtt_ms"] is not None for x in links), links
-        # No NVIDIA driver on this box: both nodes fail the driver check, so both get their drain command.
-        assert "scontrol update NodeName=n1 State=DRAIN Reason='gpu-preflight: driver" in text, text
+        # Both nodes fail the planted /dev/shm floor, so both get their drain command.
+        assert "scontrol update NodeName=n1 State=DRAIN Reason='gpu-preflight: shm" in text, text
         assert "srun --exclude=n[1-2]" in text, text
         ranks = []
         for node in ("n1", "n2"):  # one torchrun agent per node, c10d rendezvous on n1: each node's verify its rank

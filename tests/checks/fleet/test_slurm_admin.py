@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.checks.fleet.test_slurm import SHM_NO_NODE_HAS
 from tests.slurmcluster import Cluster, cluster, unavailable
 from tests.waiting import until
 
@@ -92,7 +93,8 @@ def test_sbatch_runs_the_users_command_in_the_folder_sbatch_ran_in(slurm: Cluste
 
 def test_the_hook_judges_a_node_without_gpus_as_a_cpu_node(slurm: Cluster, tmp_path: Path) -> None:
     """``bootstrap --hook --drain`` live on n2 (no GPU, no driver, no gpu in its Gres): healthy, nothing drained;
-    with ``--expect-gpus 1`` the same node is a GPU node whose driver is missing, and drains."""
+    with ``--expect-gpus 1`` the same node is a GPU node with no GPU on its bus (fallen off, or never seated), and
+    drains for that: no NVIDIA device on the bus makes the driver row a skip, so ``node-gpus`` is the reason."""
     argv = [sys.executable, "-m", "invoke", "-r", str(REPO), "bootstrap", "--hook", "--drain"]
     env = slurm.env(SLURMD_NODENAME="n2", HOME=str(tmp_path))
     try:
@@ -101,29 +103,31 @@ def test_the_hook_judges_a_node_without_gpus_as_a_cpu_node(slurm: Cluster, tmp_p
         assert _state(slurm, "n2")[0] == "idle"
         gpu = subprocess.run([*argv, "--expect-gpus", "1"], cwd=tmp_path, env=env, capture_output=True, text=True,
                              timeout=120)  # fmt: skip
-        assert gpu.returncode == 1 and gpu.stderr.startswith("gpu-preflight: driver"), gpu.stderr
+        assert gpu.returncode == 1, gpu.stderr
+        assert gpu.stderr.startswith("gpu-preflight: node-gpus 0 GPU(s) visible, 1 expected"), gpu.stderr
         flags, reason = _state(slurm, "n2")
-        assert flags.startswith("drain") and reason.startswith("gpu-preflight: driver"), (flags, reason)
+        assert flags.startswith("drain") and reason.startswith("gpu-preflight: node-gpus"), (flags, reason)
     finally:
         _resume(slurm, "n2")
 
 
 def test_the_hinted_drain_is_accepted_in_a_job(slurm: Cluster, tmp_path: Path) -> None:
     """``srun invoke bootstrap`` hints "run again with --drain"; that command runs, and drains the failing nodes
-    (no NVIDIA driver on n1 and n2) with gpu-preflight's reason."""
+    (a /dev/shm floor neither n1 nor n2 meets, planted) with gpu-preflight's reason."""
     out = tmp_path / "job.json"
     argv = ["srun", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "invoke", "-r", str(REPO), "bootstrap",
             "--no-bench", "--drain", "--json", str(out)]  # fmt: skip
-    env = slurm.env(MASTER_ADDR="127.0.0.1", **_quick(tmp_path))
+    env = slurm.env(MASTER_ADDR="127.0.0.1", INVOKE_PREFLIGHT_HOST_SHM_MIN_MIB=SHM_NO_NODE_HAS, **_quick(tmp_path))
     try:
         done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         said = done.stdout + done.stderr
-        assert done.returncode == 1, said[-3000:]  # the nodes fail their driver check: not a usage error (2)
+        assert done.returncode == 1, said[-3000:]  # the nodes fail their shm check: not a usage error (2)
         assert "run again with --drain" in said, said[-3000:]
         for node in ("n1", "n2"):
             flags, reason = _state(slurm, node)
             # drng (draining) while the job's last task still ends there, drain after
-            assert flags in ("drng", "drain") and reason.startswith("gpu-preflight: driver"), (node, flags, reason)
+            assert flags in ("drng", "drain") and reason.startswith("gpu-preflight: "), (node, flags, reason)
+            assert "gpu-preflight: driver" not in reason, (node, reason)  # no NVIDIA device here: no driver fault
             assert f"drained {node}" in said, said[-3000:]
     finally:
         slurm.cancel_all()
