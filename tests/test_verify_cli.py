@@ -194,7 +194,8 @@ def test_a_raw_image_folder_is_not_staged_and_the_line_says_how_to_stage_it(
 def test_device_cpu_with_a_cuda_torch_and_no_driver_is_not_gated_by_the_driver(
     here: Here, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The box's torch is a CUDA build (as the probe reports it), the box has no driver: a CPU run is fine."""
+    """The box's torch is a CUDA build and an NVIDIA GPU sits on its bus (as the probe reports them), without a
+    driver: a --device cpu run is fine (without --device cpu the missing driver fails the gate)."""
     import dataclasses
 
     from checks import probe
@@ -204,7 +205,7 @@ def test_device_cpu_with_a_cuda_torch_and_no_driver_is_not_gated_by_the_driver(
     def cuda_build(self: probe.LocalProbe) -> Any:
         facts = live(self)
         cuda = dataclasses.replace(facts.torch, version="2.8.0+cu128", cuda="12.8", arch_list=("sm_80", "sm_90"))
-        return dataclasses.replace(facts, torch=cuda)
+        return dataclasses.replace(facts, torch=cuda, host=dataclasses.replace(facts.host, nvidia_pci_gpus=1))
 
     monkeypatch.setattr(probe.LocalProbe, "machine", cuda_build)
     run, report = verify(here, home, tmp_path, "--device", "cpu", "--workers", "0")

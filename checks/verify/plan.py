@@ -295,7 +295,7 @@ def gate(facts: MachineFacts, config: PreflightConfig, device: str = "auto") -> 
     results = run_checks(facts, quiet)
     if cpu_machine(facts):
         reason = "no NVIDIA driver and a CPU-only torch: a CPU machine, verify trains on the CPU"
-        results = [skip(r.id, reason) if r.id == "driver" else r for r in results]
+        results = [skip(r.id, reason) if r.id == "driver" and r.status is not Status.SKIP else r for r in results]
     if device == "cpu":
         results = [_cpu_run(r) if gpu_side(r.id) and r.status in (Status.FAIL, Status.WARN) else r for r in results]
     return results
