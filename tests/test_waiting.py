@@ -77,3 +77,19 @@ def test_until_takes_the_event_even_from_a_process_that_has_just_ended(tmp_path:
     proc = subprocess.Popen([sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"])
     proc.wait()
     assert until(marker.exists, 5, what="the marker", while_running=proc)
+
+
+def test_a_fixed_pause_looks_as_often_as_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``every``: a state that lasts a moment is looked at every 20 ms, not after a pause that has grown (the
+    pauses asked of time.sleep are recorded, so a loaded box cannot change them)."""
+    import tests.waiting as waiting
+
+    pauses: list[float] = []
+    monkeypatch.setattr(waiting.time, "sleep", pauses.append)
+    calls = iter(range(13))
+    until(lambda: next(calls) == 12, 5, what="the 13th call", every=0.02)
+    assert pauses == [0.02] * 12
+    pauses.clear()
+    calls = iter(range(13))
+    until(lambda: next(calls) == 12, 5, what="the 13th call")
+    assert pauses[-1] == waiting.MAX_S and pauses[0] == waiting.FIRST_S  # without it: the growing pause

@@ -26,6 +26,7 @@ def until(
     *,
     what: str,
     while_running: subprocess.Popen[Any] | None = None,
+    every: float | None = None,
 ) -> T:
     """Call ``predicate`` until it returns something truthy and return that; fail after ``timeout`` seconds, or
     at once when ``while_running`` (the process that should bring the event) has exited first.
@@ -33,10 +34,11 @@ def until(
     A predicate may also assert: an ``AssertionError`` means "not yet", and the last one is what the failure
     shows (``assert left == [], cmdlines`` says what was left). Any other error fails the test at once. The pause
     between calls starts at ``FIRST_S`` and doubles up to ``MAX_S``; the predicate is called once more at the
-    deadline, so a slow last pause cannot cost a pass.
+    deadline, so a slow last pause cannot cost a pass. ``every``: a fixed pause instead, for a state that lasts only
+    a moment (a journal that exists while a run is in its middle, then is gone).
     """
     deadline = time.monotonic() + timeout
-    pause = FIRST_S
+    pause = FIRST_S if every is None else every
     while True:
         seen: object
         try:
@@ -52,7 +54,7 @@ def until(
         if left <= 0:
             pytest.fail(f"waited {timeout:g} s for {what}; last seen: {_shown(seen)}")
         time.sleep(min(pause, left))
-        pause = min(pause * 2, MAX_S)
+        pause = pause if every is not None else min(pause * 2, MAX_S)
 
 
 def _shown(seen: object) -> str:

@@ -60,7 +60,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
 # tests/checks/machine/test_runner.py holds it to the checks: a check that reads a field not listed here fails it.
 PER_GPU_NVML = ("gpu-power", "gpu-pcie", "gpu-throttle", "gpu-ecc", "gpu-mig", "gpu-processes", "gpu-persistence")
 READS: dict[str, tuple[str, ...]] = {
-    "driver": ("nvml",),
+    "driver": ("nvml", "host"),  # host: whether an NVIDIA GPU sits on the PCI bus (a CPU machine by design)
     "gpu-inventory": ("nvml",),
     "torch-build": ("nvml", "torch"),
     "cuda-compat": ("nvml", "torch", "host"),

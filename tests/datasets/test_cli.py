@@ -207,7 +207,8 @@ def test_ctrl_c_ends_the_workers_exits_130_and_the_same_command_resumes(
             tree = _descendants(proc.pid) or tree
             return '"chunk"' in (journal.read_text() if journal.exists() else "")
 
-        until(decoded, 30, what="a chunk decoded (in the journal)", while_running=proc)
+        # the journal lives only while the run is in its middle: looked at every 20 ms, not with a growing pause
+        until(decoded, 30, what="a chunk decoded (in the journal)", while_running=proc, every=0.02)
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: SIGINT to the foreground process group
         out, err = proc.communicate(timeout=30)
     finally:
