@@ -126,9 +126,10 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
     deadline = started + budget - stopper.TAIL_S
     measured = _measured(request, run, found)
     advice = _advice(request, measured, stop, cwd, cores, say, deadline, cuts)
-    model = None if advice else _model_advice(request, run, measured, stop, cwd, say, deadline, cuts)
-    saved = _saved(run, found, deadline)
     ab = _exchange(request, run, found, stop, cwd, say, deadline, cuts)
+    waits = _comm_share(ab, run, found) >= cfg.verify.share_warn  # comm-bound: faster math would only wait longer
+    model = None if advice or waits else _model_advice(request, run, measured, stop, cwd, say, deadline, cuts)
+    saved = _saved(run, found, deadline)
     swept = _sweep(request, run, found, cwd, say, deadline, cuts) if request.sweep else None
     oom = _largest(request, run, cwd, say, deadline) if sweeper.oom(run) else None
     results, measurements, verdicts = j.judge(
@@ -314,6 +315,17 @@ def _exchange(
         return None
     say(f"verify: timing the gradient exchange by re-runs with and without it (up to {seconds:.0f} s)")
     return exchange.figures(exchange.measure(request.command, cwd, seconds))
+
+
+def _comm_share(ab: CommFigures | None, run: CommandRun, found: Sequence[j.Rank]) -> float:
+    """The share of the step the ranks wait for the exchange: the A/B's where it ran, else the comm hook's; 0 for
+    one process."""
+    if len(found) < 2:
+        return 0.0
+    figures = j.rank_rows(found, j.rank_zero(found), run.events)
+    if ab is not None:
+        figures = j.with_exchange(figures, ab)
+    return figures.comm_share or 0.0
 
 
 def _model_advice(
