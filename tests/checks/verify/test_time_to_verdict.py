@@ -21,6 +21,7 @@ from checks.verify.contract import StopSpec
 from checks.verify.plan import Options, plan, run
 from checks.verify.report import judge
 from checks.verify.run import budgeted
+from checks.verify.user import launch
 from checks.verify.user.launch import STALL_FLOOR_S, StopRule
 from checks.verify.user.run import estimate
 from tests.checks.verify.user.test_command import SCRIPTS
@@ -221,9 +222,13 @@ def test_the_estimate_after_the_warm_up_never_promises_what_the_budget_cannot_ho
 
 
 @pytest.mark.slow
-def test_steps_that_stop_coming_after_the_budget_are_a_stall_in_seconds_not_minutes(tmp_path: Path) -> None:
+def test_steps_that_stop_coming_after_the_budget_are_a_stall_in_seconds_not_minutes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One step (start-up), then the script waits forever: with verify.stall_timeout_s 300, the stall is called
-    once the budget is spent and STALL_FLOOR_S more have passed without a step."""
+    once the budget is spent and the floor (STALL_FLOOR_S, 15 s; 3 s here to keep the suite short) has passed
+    without a step."""
+    monkeypatch.setattr(launch, "STALL_FLOOR_S", 3.0)
     started = time.monotonic()
     judged = verify_command(
         tmp_path, sys.executable, str(SCRIPTS / "paced_steps.py"), "--step-s", "0.1", "--stop-after", "1", steps=0,
@@ -231,6 +236,7 @@ def test_steps_that_stop_coming_after_the_budget_are_a_stall_in_seconds_not_minu
     )  # fmt: skip
     wall = time.monotonic() - started
     assert judged.report.measurements["command"]["ended"] == "stalled"
-    assert wall < 8 + STALL_FLOOR_S + 10, wall
+    assert wall < 8 + 3.0 + 10, wall  # not the 300 s of verify.stall_timeout_s
+    assert STALL_FLOOR_S == 15.0
     row = next(r for r in judged.report.results if r.id == "verify-command")
     assert "steps stopped after 1" in row.summary

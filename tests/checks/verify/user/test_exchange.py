@@ -18,7 +18,7 @@ def test_a_wide_model_over_gloo_is_comm_bound_by_the_a_b(tmp_path: Path) -> None
     said: list[str] = []
     judged = verify(
         tmp_path, *TORCHRUN_2, "ddp_gloo.py", "--wide", "100000", steps=6, said=said,
-        verify_cfg={"command_advice_s": 30.0},  # time for a run of each leg (several seconds each here)
+        verify_cfg={"command_advice_s": 20.0},  # time for one run of each leg (several seconds each here)
     )  # fmt: skip
     m = judged.report.measurements
     ab = m["ddp"]["ab"]
@@ -31,8 +31,3 @@ def test_a_wide_model_over_gloo_is_comm_bound_by_the_a_b(tmp_path: Path) -> None
     assert verdict(judged) == "comm-bound", m["diagnosis"]
     assert "model_advice" not in m  # comm-bound: no model-side re-runs (faster math would only wait longer)
     assert m["command"]["processes_left"] == []
-
-
-def test_no_a_b_without_the_budget_for_it(tmp_path: Path) -> None:
-    judged = verify(tmp_path, *TORCHRUN_2, "ddp_gloo.py", steps=4)  # verify.command_advice_s 0: no re-runs
-    assert judged.report.measurements["ddp"]["ab"] is None  # the comm hook's figure stands
