@@ -107,10 +107,11 @@ def diagnose(s: Signals, cfg: VerifyConfig) -> list[Verdict]:
     """Every verdict that fires, the primary one first."""
     if s.oom is not None:
         return [_oom(s.oom)]
-    if s.steps < 2:
-        return [
-            Verdict("cant-tell", "warn", "low", f"only {s.steps} measured step(s): too few to judge", "run more steps")
-        ]
+    if s.steps < 2:  # too few to split the step; what the sampler saw of the machine still holds
+        few = Verdict(
+            "cant-tell", "warn", "low", f"only {s.steps} measured step(s): too few to judge", "run more steps"
+        )
+        return [few, *(v for rule in (_contended, _throttle) if (v := rule(s, cfg)) is not None)]
     found = [v for rule in (_data, _h2d, _checkpoint, _launch, _comm) if (v := rule(s, cfg)) is not None]
     found += [v for rule in (_memory, _throttle, _contended, _straggler) if (v := rule(s, cfg)) is not None]
     if not any(v.id in TIME_VERDICTS for v in found):

@@ -209,7 +209,15 @@ def test_a_run_already_in_16_bits_is_not_told_to_use_bf16() -> None:
 
 
 def test_too_few_steps_is_cant_tell() -> None:
-    assert diagnose(signals(steps=1), CFG)[0].id == "cant-tell"
+    assert [v.id for v in diagnose(signals(steps=1), CFG)] == ["cant-tell"]
+
+
+def test_too_few_steps_still_name_a_crowded_cpu() -> None:
+    """A box so crowded that one step is all the budget held: the step cannot be split, but the sampler saw the
+    cores taken by others, and the report says so instead of only "run more steps"."""
+    found = diagnose(signals(steps=1, machine_cpu=0.99, tree_cpu=0.15), CFG)
+    assert [v.id for v in found] == ["cant-tell", "cpu-contended"]
+    assert "the training processes used 15% of them" in found[1].summary
 
 
 def test_amdahl_counts_only_the_scalable_share() -> None:
