@@ -19,7 +19,7 @@ class _Clock:
 
 
 def test_a_line_every_few_seconds_with_rate_and_time_left_then_done() -> None:
-    clock, said = _Clock(), []
+    clock, said = _Clock(), list[str]()
     bar = Lines(said.append, every_s=5.0, clock=clock).bar("decode", 1000, "img")
     for _ in range(10):  # 100 images a second, updated once a second
         clock.now += 1.0
@@ -34,7 +34,7 @@ def test_a_line_every_few_seconds_with_rate_and_time_left_then_done() -> None:
 
 
 def test_bytes_read_in_binary_units_and_a_quick_step_says_nothing() -> None:
-    clock, said = _Clock(), []
+    clock, said = _Clock(), list[str]()
     lines = Lines(said.append, every_s=5.0, clock=clock)
     quick = lines.bar("hash", 10, "B")
     clock.now += 1.0

@@ -99,11 +99,14 @@ def test_progress_lines_arrive_while_it_samples() -> None:
 
 
 def test_progress_line_names_the_busiest_gpu_and_what_is_left() -> None:
-    rows = [{"t_mono": float(i), "gpu0_util_pct": 10.0, "gpu1_util_pct": 90.0, "cpu_pct": 40.0} for i in range(5)]
+    rows: list[dict[str, float | None]] = [
+        {"t_mono": float(i), "gpu0_util_pct": 10.0, "gpu1_util_pct": 90.0, "cpu_pct": 40.0} for i in range(5)
+    ]
     line = watch.progress_line(rows, 12.4, 60, None)
     assert line == "watch: 12 of 60 s, 5 samples: GPU 1 busy 90%, CPU 40% (medians so far); 48 s left"
     assert "GPU 0 busy 10%" in watch.progress_line(rows, 12.4, 60, 0)
-    assert "no GPU sampled" in watch.progress_line([{"t_mono": 0.0, "cpu_pct": 5.0}], 1, 60)
+    alone: list[dict[str, float | None]] = [{"t_mono": 0.0, "cpu_pct": 5.0}]
+    assert "no GPU sampled" in watch.progress_line(alone, 1, 60)
 
 
 class _Stream(io.StringIO):

@@ -921,7 +921,7 @@ def _hook_ddp(model: Any, st: _Steps, register: Callable[..., Any]) -> None:
         import torch
 
         def skipped(state: Any, bucket: Any) -> Any:
-            done = torch.futures.Future()
+            done: Any = torch.futures.Future()
             done.set_result(bucket.buffer())
             return done
 

@@ -48,6 +48,7 @@ def save(step: int) -> None:
 
         dcp.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, checkpoint_id=os.path.join(out, "dcp"))
     elif writer == "accelerate":
+        assert accelerator is not None  # made above for this writer
         accelerator.save_state(os.path.join(out, "state"))
 
 

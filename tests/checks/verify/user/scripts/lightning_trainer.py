@@ -25,7 +25,9 @@ class Classifier(L.LightningModule):
 def main() -> None:
     data = TensorDataset(torch.randn(4096, 64), torch.randint(0, 4, (4096,)))
     folder = sys.argv[1] if len(sys.argv) > 1 else None
-    every = [L.pytorch.callbacks.ModelCheckpoint(folder, every_n_train_steps=2, save_top_k=-1)] if folder else []
+    every: list[L.pytorch.callbacks.Callback] = (
+        [L.pytorch.callbacks.ModelCheckpoint(folder, every_n_train_steps=2, save_top_k=-1)] if folder else []
+    )
     trainer = L.Trainer(
         max_epochs=100,
         accelerator="cpu",
