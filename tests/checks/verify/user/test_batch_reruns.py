@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,9 @@ def test_sweep_grows_the_batch_of_the_users_loader_to_the_knee(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_out_of_memory_at_the_asked_batch_gets_the_largest_batch_that_fits(tmp_path: Path) -> None:
-    # 1.5 GB of address space: torch and batch 256 fit here (0.7 GB at peak), batch 640's activations do not.
-    limited = "ulimit -v 1500000; exec python conv_net.py --batch-size 640"
+    # The address space an imported torch takes (0.64 GB for the CPU build here, 3.2 GB for a CUDA build, which
+    # maps its libraries even without a GPU) plus 0.86 GB: batch 256 fits (0.7 GB at peak), batch 640 does not.
+    limited = f"ulimit -v {torch_address_space_kb() + 858_000}; exec python conv_net.py --batch-size 640"
     judged, said = _verify(tmp_path, "bash", "-c", limited)
     m = judged.report.measurements
     assert m["command"]["ended"] == "crashed" and _row(judged, "verify-command").status.value == "fail"
@@ -83,6 +85,13 @@ def test_out_of_memory_at_the_asked_batch_gets_the_largest_batch_that_fits(tmp_p
     assert top["fix"].startswith(f"batch_size={oom['largest_fit']} where the DataLoader is built (")
     assert "conv_net.py:18" in top["fix"]
     assert any("ran out of memory: re-running it at smaller batch sizes" in line for line in said)
+
+
+def torch_address_space_kb() -> int:
+    """VmSize of the ``python`` the command runs (the first on PATH) once it has imported torch, in kB."""
+    probe = "import torch; print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmSize')))"
+    out = subprocess.run(["bash", "-c", f'exec python -c "{probe}"'], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip())
 
 
 def _rank(loader: dict[str, Any] | None, steps: int = 4) -> Rank:
