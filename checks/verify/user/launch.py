@@ -316,7 +316,7 @@ def _watch(
     on_event: Callable[[dict[str, Any]], None],
 ) -> None:
     """Poll until the command ends or a rule says stop (``run.ended`` then names the rule)."""
-    start = last_step = time.monotonic()
+    start = last_step = told = time.monotonic()
     tree_at, measured_at, world = 0.0, None, 1
     counts: dict[Any, int] = {}
     target = rule.warmup + rule.steps
@@ -327,8 +327,11 @@ def _watch(
             on_event(event)
         now = time.monotonic()
         if any(e.get("event") == "step" for e in news):
-            last_step = now
+            last_step = told = now
             counts, world = step_counts(run.events)
+        elif now - told >= PROGRESS_EVERY_S:  # a long step (or start-up) says it is still going
+            told = now
+            on_event({"event": "waiting", "seconds": now - last_step, "steps": max(counts.values(), default=0)})
         if now - tree_at >= TREE_EVERY_S:
             run.pids |= process_tree(proc.pid)
             tree_at = now
@@ -356,6 +359,7 @@ def _watch(
         time.sleep(_POLL_S)
 
 
+PROGRESS_EVERY_S = 15.0  # without a step for this long, the caller hears that the step is still running
 STALL_PACES = 5  # past the budget, a command is stalled after this many of its own step times without a step
 STALL_FLOOR_S = 15.0  # ... and never sooner than this (a save or an evaluation between steps). Tool-defined.
 

@@ -433,6 +433,13 @@ def _gather(
     warm: list[float] = []
 
     def event(e: dict[str, object]) -> None:
+        if e.get("event") == "waiting":  # the launcher's tick: no step for a while
+            steps, waited = e.get("steps"), e.get("seconds")
+            done = steps if isinstance(steps, int) else 0
+            seconds = waited if isinstance(waited, (int, float)) else 0.0
+            what = f"step {done + 1} running" if done else "waiting for the first optimizer step (start-up included)"
+            say(f"verify: {what} for {seconds:.0f} s")
+            return
         if e.get("event") == "device" and e.get("uuid") and "index" not in found:
             sampler.focus(str(e["uuid"]))
             found["index"] = gpu.index_of(str(e["uuid"]))

@@ -240,3 +240,17 @@ def test_steps_that_stop_coming_after_the_budget_are_a_stall_in_seconds_not_minu
     assert STALL_FLOOR_S == 15.0
     row = next(r for r in judged.report.results if r.id == "verify-command")
     assert "steps stopped after 1" in row.summary
+
+
+@pytest.mark.slow
+def test_a_long_step_is_said_to_be_running_while_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """2.5 s steps with the launcher's tick every second (15 s in the product): between step lines the terminal
+    hears which step is running and for how long, not silence."""
+    monkeypatch.setattr(launch, "PROGRESS_EVERY_S", 1.0)
+    said: list[str] = []
+    verify_command(
+        tmp_path, sys.executable, str(SCRIPTS / "paced_steps.py"), "--step-s", "2.5", steps=2, warmup=1, said=said
+    )
+    running = [line for line in said if " running for " in line]
+    assert running and all(line.startswith("verify: step ") and line.endswith(" s") for line in running), said
+    assert any(line.startswith("verify: step 2 running for ") for line in said), said
