@@ -3,8 +3,8 @@ alternated with re-runs whose exchange is skipped.
 
 The agent's comm hook times the exchange from the last gradient bucket handed to the all-reduce to the end of
 backward; a bucket that blocks earlier (gloo's all-reduce runs on the rank's own thread, a slow link stalls the
-queue) is not in that window, and two gloo ranks on a quiet box read 7-27 ms there against about 29 ms by an A/B
-of the same script. So the figure judged is the A/B's: with ``GPU_PREFLIGHT_DDP=skip`` the agent's hook hands
+queue) is not in that window (reported on another box: 7-27 ms there against about 29 ms by an A/B of the same
+script; on this project's 2-core box the two agreed within 1 ms, docs/verify.md). So the figure judged is the A/B's: with ``GPU_PREFLIGHT_DDP=skip`` the agent's hook hands
 every bucket back unreduced (no all-reduce at all; the ranks' weights drift apart, which a few timed steps do not
 mind), and the exchange the step waits for is the unchanged re-runs' mean step minus the skipped ones'. The legs
 alternate, unchanged first (unchanged, skipped, unchanged, skipped), so that a box that slows down during them
