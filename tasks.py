@@ -36,6 +36,7 @@ from provision.hosts import select_hosts
 if TYPE_CHECKING:
     from checks.machine.runner import Check
     from checks.probe.launch import LaunchContext
+    from checks.verify.plan import Options
     from checks.verify.run import Judged
 
 CHECKOUT = Path(__file__).resolve().parent
@@ -234,11 +235,6 @@ def verify(c: Context, f: fl.VerifyFlags) -> None:
         say(note)
     if f.command:
         return _verify_command(cfg, f)
-    if only := fl.command_only_flags(f):
-        raise PreflightError(
-            f"verify: {only[0]} applies to your own command, given after --",
-            hint="invoke verify [flags] -- python train.py; the built-in loop measures under preflight.verify.budget",
-        )
     request = run_verify.VerifyRequest(config=cfg, options=fill(Options, f), budget=f.budget)
     from checks.probe.launch import launch_context
 
@@ -246,6 +242,13 @@ def verify(c: Context, f: fl.VerifyFlags) -> None:
     # allocation's node list is the host list only where nothing launched this process (salloc's shell).
     in_job = launch_context().engine in ("slurm", "skypilot")
     specs, source = select_hosts(f.hosts, f.hosts_file, os.environ, cfg.hosts.slurm and not in_job)
+    if not specs and not in_job:
+        return _verify_builtin(cfg, f, request.options)
+    if only := fl.command_only_flags(f):
+        raise PreflightError(
+            f"verify: {only[0]} applies to one box's run; across hosts every node runs preflight.verify.steps",
+            hint="leave it out with --hosts or under srun",
+        )
     if specs and f.nproc:
         raise PreflightError("--nproc is per box; with --hosts each host runs one rank per GPU (slots=N caps it)")
     with interruptible(), terminate_as_interrupt():
@@ -255,6 +258,17 @@ def verify(c: Context, f: fl.VerifyFlags) -> None:
             judged = verify_hosts(request, specs, source, CHECKOUT, say)
         else:
             judged = run_verify.verify(request, say=say)
+    _show_judged(judged, every_row=f.all)
+    exit_with(judged.report.exit_code(strict=cfg.report.strict))
+
+
+def _verify_builtin(cfg: PreflightConfig, f: fl.VerifyFlags, options: Options) -> None:
+    """invoke verify without --: the tool's own training script (templates/train.py) as the command."""
+    from checks.verify.user.run import CommandRequest, verify_builtin
+
+    request = fill(CommandRequest, f, config=cfg, echo=sys.stderr.buffer, command=())
+    with interruptible(), terminate_as_interrupt():
+        judged = verify_builtin(request, options, say=say)
     _show_judged(judged, every_row=f.all)
     exit_with(judged.report.exit_code(strict=cfg.report.strict))
 

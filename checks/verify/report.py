@@ -44,7 +44,7 @@ class Setting:
     files: Files
     price_per_hour: float = 0.0
     loader: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the DataLoader settings asked
-    ckpt_every: int = 1  # the built-in loop's save interval (a command's saves are counted as they happen)
+    ckpt_every: int = 0  # the real run's save interval, to amortise a timed save over (0: saves count as they happen)
     epoch_samples: int | None = None  # staged data's samples: the epoch that ``verify-cost`` prices
     own_code: bool = False  # the step runs the user's model or data (their code, their copies)
 

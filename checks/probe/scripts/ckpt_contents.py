@@ -17,7 +17,7 @@ from typing import Any
 
 POSITION = ("epoch", "step", "iter", "global_step", "batch")
 RNG = ("rng", "random", "generator", "seed")
-DATA = ("sampler", "loader", "data")
+DATA = ("sampler", "loader", "data", "position")  # "position": where in the epoch (templates/train.py)
 
 
 def kind(value: Any, torch: Any) -> str:

@@ -132,15 +132,18 @@ class RankFigures:
     tokens_per_step: int | None = None  # batches of token ids: input_ids [B, T] (B x T), a [B, T] integer tensor
 
 
-def rank_figures(r: Rank) -> RankFigures | None:
-    """Step time, shares (checkpoints amortised over the measured steps) and samples/s of one process."""
+def rank_figures(r: Rank, every: int = 0) -> RankFigures | None:
+    """Step time, shares (checkpoints amortised over the measured steps) and samples/s of one process; ``every``
+    > 0: a save is made every that many steps in the real run (the tool's own script saves more often under
+    verify, so that one lands among the measured steps), and its time is amortised over them."""
     if not r.steps:
         return None
     samples = _median_int([s["samples"] for s in r.steps])
     records = [step_record(s) for s in r.steps]
     figs = step_figures(records, samples)
     ckpt = sum(s["checkpoint"] for s in r.steps)
-    per_step = ckpt / len(r.steps)
+    saves = sum(s["saves"] for s in r.steps)
+    per_step = ckpt / saves / every if every and saves else ckpt / len(r.steps)
     step_s = figs.mean_s + per_step
     rate = figs.samples_per_s or None
     tokens = _median_int([s.get("tokens") or 0 for s in r.steps])
@@ -154,12 +157,11 @@ def rank_figures(r: Rank) -> RankFigures | None:
         samples_per_s_with_checkpoints=samples / step_s if rate else None,
         tokens_per_s_with_checkpoints=tokens / step_s if tokens and step_s > 0 else None,
     )
-    saves = sum(s["saves"] for s in r.steps)
     checkpoint = (
         Checkpoint(
             save_s=ckpt / saves,
             bytes=round(sum(s["ckpt_bytes"] for s in r.steps) / saves),
-            every_steps=_every(len(r.steps), saves),
+            every_steps=every or _every(len(r.steps), saves),
             saves=saves,
         )
         if saves
@@ -232,7 +234,7 @@ def judge(
     ddp = rank_rows(found, lead, run.events) if len(found) > 1 else None  # the ranks, read once
     if ddp is not None and exchange is not None:
         ddp = with_exchange(ddp, exchange)
-    figs = rank_figures(lead) if lead else None
+    figs = rank_figures(lead, setting.ckpt_every) if lead else None
     child = _child_result(lead, figs) if lead else ChildResult()
     child = dataclasses.replace(child, sweep=sweep, oom=oom.oom if oom else None)
     if run.ended == "crashed":
@@ -259,11 +261,15 @@ def judge(
         s = verify_report.signals(setting, outcome, cfg, figs.fig, gate)
         ckpt = figs.checkpoint.to_json() if figs.checkpoint else None
         s = dataclasses.replace(s, checkpoint=ckpt, ddp=ddp, own_code=True)
-        results.append(_loop(lead, figs))
+        loop = _loop(lead, figs)
+        if run.interrupted:
+            loop = warn("verify-loop", f"interrupted: {loop.summary}", "the figures cover the steps before Ctrl-C",
+                        value=loop.value)  # fmt: skip
+        results.append(loop)
         if figs.fig.samples_per_s:  # the floor (verify.min_samples_per_s) gates a command as it gates the loop
             results.append(throughput(figs.fig, cfg, command=True))
     else:
-        results.append(skip("verify-loop", "no measured step"))
+        results.append(_no_step(oom))
     results.append(_loss(lead, cfg))
     results.append(contents_result(*(saved or (None, None))))
     verdicts = diagnose(s, cfg) if s is not None else []
@@ -311,6 +317,17 @@ def judge(
         model_advice=model,
     )  # fmt: skip
     return [*(gate or []), *results], m, verdicts
+
+
+def _no_step(search: OomSearch | None) -> Result:
+    """``verify-loop`` of a run without a measured step: out of memory at the asked batch fails it."""
+    if search is None:
+        return skip("verify-loop", "no measured step")
+    if search.oom is None:
+        return fail("verify-loop", f"out of memory at the asked batch: {search.site}", "lower the batch size")
+    fit = search.oom.largest_fit
+    hint = f"the largest batch that fits is {fit}: batch_size={fit}" if fit else "no smaller batch fitted either"
+    return fail("verify-loop", f"out of memory at batch {search.oom.batch}: {search.oom.message}", hint)
 
 
 FORWARD = (

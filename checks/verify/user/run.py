@@ -12,7 +12,6 @@ import shlex
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -21,12 +20,14 @@ from typing import IO, Any
 
 from checks.config import PreflightConfig
 from checks.errors import PreflightError
+from checks.facts import MachineFacts
 from checks.probe.sample import GpuReader, HostReader
 from checks.probe.torch import read_checkpoint
-from checks.reports.verify import CommFigures, Files
-from checks.result import Report, Result, ok
+from checks.reports.verify import Checkpoint, CommFigures, DataInfo, Files, Measurements
+from checks.result import Report, Result, Status, ok
 from checks.verify import plan as v
 from checks.verify import stop as stopper
+from checks.verify.builtin import Builtin, FirstSave, Replay, replay, resume_result
 from checks.verify.contract import PHASES, Cut, StopFacts, StopSpec
 from checks.verify.report import Setting
 from checks.verify.run import Judged, budget_s
@@ -60,6 +61,8 @@ class CommandRequest:
     budget: str = ""  # --budget as typed ("": preflight.verify.budget)
     sweep: bool = False  # --sweep: re-run the command at doubling batch sizes to the throughput knee
     ab: bool = False  # --ab: also time the model under torch.compile, when the run is compute-bound
+    builtin: Builtin | None = None  # invoke verify without --: the command is the tool's own script
+    facts: MachineFacts | None = None  # this machine, when the caller has read it already (the gate's input)
 
 
 def rule(request: CommandRequest, deadline: float = 0.0) -> StopRule:
@@ -94,6 +97,23 @@ def executable(argv: Sequence[str], cwd: str) -> None:
         raise PreflightError(f"verify: command not found: {first}", hint="check the command after --")
 
 
+def verify_builtin(request: CommandRequest, options: v.Options, say: Say) -> Judged:
+    """``invoke verify`` without ``--``: the tool's own training script (``templates/train.py``, flags from
+    ``options`` and ``preflight.verify``) run and judged as ``verify -- COMMAND`` runs any command."""
+    from checks.probe import LocalProbe
+    from checks.verify.builtin import prepare
+
+    cfg = request.config
+    with ExitStack() as stack:  # a temporary checkpoint folder lives as long as the run and its re-runs
+        warmup = cfg.verify.warmup if request.warmup < 0 else request.warmup
+        b, facts = prepare(options, cfg, LocalProbe(cfg.probe.torch_timeout_s).machine, stack, warmup)
+        if b.processes > 1:
+            say(f"verify: {b.processes} processes under torchrun ({'NCCL' if b.device != 'cpu' else 'gloo'})")
+        steps = request.steps or options.steps
+        built = dataclasses.replace(request, command=b.command, builtin=b, facts=facts, steps=steps)
+        return verify_command(built, say)
+
+
 def verify_command(request: CommandRequest, say: Say) -> Judged:
     """Run the command under the agent and the sampler, stop it by the rules, judge it, write the files."""
     started = time.monotonic()
@@ -106,16 +126,17 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
     if request.gate:
         from checks.probe import LocalProbe
 
-        facts = LocalProbe(cfg.probe.torch_timeout_s).machine()
-        gate_rows = v.gate(facts, cfg)
+        facts = request.facts or LocalProbe(cfg.probe.torch_timeout_s).machine()
+        gate_rows = v.gate(facts, cfg, request.builtin.device if request.builtin else "auto")
         cores, host = facts.host.usable_cores, facts.host.hostname
     else:
         cores, host = usable_here()
     price = request.price_per_hour or cfg.verify.price_per_hour
     setting = Setting(cores, Files(json_path, str(csv), str(png)), price, own_code=True)
-    run, trace, gpu, gpu_error = _gather(request, stop, cwd, cores, say)
+    first = FirstSave(request.builtin.keep_dir) if request.builtin else None
+    run, trace, gpu, gpu_error = _gather(request, stop, cwd, cores, say, first.seen if first else None)
     stop, pressed = under_pressure(run, stop, budget)
-    usage_error(request.command, run)
+    usage_error(request.command, run, builtin=request.builtin is not None)
     if run.ended == "no-torch":
         raise PreflightError(
             f"verify: {' '.join(request.command)} never imported torch ({j.describe_exit(run.returncode)})",
@@ -130,14 +151,23 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
     waits = _comm_share(ab, run, found) >= cfg.verify.share_warn  # comm-bound: faster math would only wait longer
     model = None if advice or waits else _model_advice(request, run, measured, stop, cwd, say, deadline, cuts)
     saved = _saved(run, found, deadline)
+    kept = (first.original, read_checkpoint(first.kept, timeout=30.0)) if first and first.kept else None
+    replayed = _replay(request, run, found, kept, first.kept if first else "", cwd, say, deadline, cuts)
     swept = _sweep(request, run, found, cwd, say, deadline, cuts) if request.sweep else None
     oom = _largest(request, run, cwd, say, deadline) if sweeper.oom(run) else None
+    setting = dataclasses.replace(
+        setting,
+        epoch_samples=epoch_samples(request.builtin, found),
+        ckpt_every=request.builtin.ckpt_every if request.builtin else 0,
+    )
     results, measurements, verdicts = j.judge(
         run, trace, setting, cfg.verify, stop.warmup, stop.steps, stop.seconds, gate_rows, gpu, gpu_error, advice,
         swept, oom, model, saved, ab,
     )  # fmt: skip
+    results, measurements = _described(request, results, measurements, found, replayed)
     steps = [s for r in found[:1] for s in r.steps]
-    title = f"invoke verify -- {request.command[0]}: {verdicts[0].id if verdicts else 'cant-tell'}"
+    what = "invoke verify" if request.builtin else f"invoke verify -- {request.command[0]}"
+    title = f"{what}: {verdicts[0].id if verdicts else 'cant-tell'}"
     block, ddp = measurements.steps, measurements.ddp
     problems = v.write_outputs(
         csv, png, trace, title, gpu, cores, steps=steps, shares=block.step_breakdown if block else None,
@@ -166,13 +196,103 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
     )
 
 
-def usage_error(argv: Sequence[str], run: CommandRun) -> None:
+def epoch_samples(builtin: Builtin | None, found: Sequence[j.Rank]) -> int | None:
+    """Each process's share of an epoch, the samples ``verify-cost`` prices: the tool's staged data (synthetic data
+    has no epoch), else the length of the dataset the command's DataLoader reads (a dataset without ``len``:
+    None), split among the ranks as a ``DistributedSampler`` splits it."""
+    if builtin is not None:
+        samples = builtin.epoch_samples
+    else:
+        lead = found[0] if found else None
+        got = (lead.loader or {}).get("samples") if lead else None
+        samples = got if isinstance(got, int) and got > 0 else None
+    return samples // max(1, len(found)) if samples else None
+
+
+def _described(
+    request: CommandRequest,
+    results: list[Result],
+    m: Measurements,
+    found: Sequence[j.Rank],
+    replayed: Replay | None,
+) -> tuple[list[Result], Measurements]:
+    """What the tool knows of its own script besides the agent's figures (``checks/verify/builtin.py``): the
+    ``verify-data`` row before ``verify-loop``, the allocator setting it trained with, the data it read, and the
+    out-of-memory fix as the flag that sets the batch."""
+    b = request.builtin
+    if b is None:
+        return results, m
+    lead = found[0] if found else None
+    loader = (lead.loader or {}) if lead else {}
+    dataset, samples = loader.get("dataset"), loader.get("samples")
+    data = b.data.to_json() if b.data is not None else {"kind": "user", "source": request.command[-1]}
+    info = DataInfo.from_json({**data, "reader": dataset} if dataset else data)
+    row = ok("verify-data", b.data_line(str(dataset or ""), samples if isinstance(samples, int) else None),
+             value=info.to_json())  # fmt: skip
+    out: list[Result] = []
+    for r in results:
+        if r.id == "verify-checkpoint" and replayed is not None:
+            r = resume_result(b, replayed, m.checkpoint)
+        if r.id == "verify-command":
+            r = dataclasses.replace(r, summary=r.summary.replace(shlex.join(request.command), b.shown(), 1))
+        if r.id == "verify-loop":
+            out.append(row)
+            if r.status is Status.OK or r.status is Status.WARN:
+                r = dataclasses.replace(r, summary=f"{r.summary}; allocator: {b.allocator()}")
+            elif m.oom is not None and m.oom.largest_fit:
+                r = dataclasses.replace(r, hint=f"the largest batch that fits is {m.oom.largest_fit}: "
+                                        f"--batch-size {m.oom.largest_fit}")  # fmt: skip
+        out.append(r)
+    ckpt = m.checkpoint
+    if replayed is not None:
+        ckpt = dataclasses.replace(
+            ckpt or Checkpoint(), dir=b.ckpt_dir, error=replayed.error or None, reproduced=replayed.reproduced,
+            uninterrupted=replayed.uninterrupted, resumed=replayed.resumed,
+            max_rel_diff=None if replayed.error else replayed.max_rel_diff,
+        )  # fmt: skip
+    return out, dataclasses.replace(m, run=dataclasses.replace(m.run, data=info), checkpoint=ckpt)
+
+
+def _replay(
+    request: CommandRequest,
+    run: CommandRun,
+    found: Sequence[j.Rank],
+    saved: tuple[str, dict[str, Any]] | None,
+    kept: str,
+    cwd: str,
+    say: Say,
+    deadline: float,
+    cuts: list[Cut],
+) -> Replay | None:
+    """The tool's own script: resume it from the checkpoint it saved and compare the losses (``builtin.replay``)."""
+    b, cfg = request.builtin, request.config.verify
+    zero = j.rank_zero(found)
+    if b is None or zero is None or saved is None or run.interrupted or run.ended not in ("stopped", "exited"):
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        cuts.append(
+            Cut(
+                "resume",
+                "the resume replay was not run",
+                f"--budget {stopper.more_budget(budget_s(request.budget, cfg), 30.0)}",
+            )
+        )
+        return None
+    say(f"verify: resuming the script from the checkpoint it saved ({saved[0]}) to compare the next steps' losses")
+    return replay(b, saved, run.events, zero.pid, cwd, cfg.resume_steps, left, cfg.resume_rtol, kept)
+
+
+def usage_error(argv: Sequence[str], run: CommandRun, builtin: bool = False) -> None:
     """A command that exits 2 before its first step refused its own flags or input (argparse, click and
     ``templates/train.py`` exit 2 on those): exit 2 too, with its own last line, rather than judging a crash."""
     stepped = any(e.get("event") == "step" for e in run.events)
     if run.returncode != 2 or stepped or run.ended not in ("crashed", "no-torch") or run.interrupted:
         return
     said = [line.strip() for line in own_stderr(run.stderr_tail) if line.strip()]
+    if builtin:  # the tool's own script refused a verify flag it was given (it names the flag)
+        line = said[-1].removeprefix("train.py: ") if said else "templates/train.py printed nothing"
+        raise PreflightError(f"verify: {line}", hint="invoke verify passes its flags on to templates/train.py")
     raise PreflightError(
         f"verify: {shlex.join(argv)} exited 2 before its first step: {said[-1] if said else 'it printed nothing'}",
         hint="a command exits 2 on bad flags or input: run it alone to fix them; verify passes them on unchanged",
@@ -422,9 +542,15 @@ def estimate(stop: StopRule, step_s: float) -> str:
 
 
 def _gather(
-    request: CommandRequest, stop: StopRule, cwd: str, cores: float, say: Say
+    request: CommandRequest,
+    stop: StopRule,
+    cwd: str,
+    cores: float,
+    say: Say,
+    saving: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[CommandRun, Trace, int | None, str | None]:
-    """The command under the sampler (NVML and the command's process tree)."""
+    """The command under the sampler (NVML and the command's process tree); ``saving`` hears each save as it
+    lands."""
     host = HostReader(usable=cores)
     gpu = GpuReader()
     found: dict[str, int | None] = {}
@@ -432,7 +558,9 @@ def _gather(
 
     warm: list[float] = []
 
-    def event(e: dict[str, object]) -> None:
+    def event(e: dict[str, Any]) -> None:
+        if saving is not None and e.get("event") in ("saved", "moved"):
+            saving(e)
         if e.get("event") == "waiting":  # the launcher's tick: no step for a while
             steps, waited = e.get("steps"), e.get("seconds")
             done = steps if isinstance(steps, int) else 0
@@ -455,9 +583,11 @@ def _gather(
 
     def started(pid: int) -> None:
         host.pid = pid
-        say(f"verify: started {' '.join(request.command)} (pid {pid})")
+        shown = request.builtin.shown() if request.builtin else shlex.join(request.command)
+        say(f"verify: started {shown} (pid {pid})")
 
-    stdout = subprocess.DEVNULL if request.quiet else (sys.stderr if request.json == "-" else None)
+    # --json -: stdout is the report alone, so the command's own output goes where its stderr goes
+    stdout = subprocess.DEVNULL if request.quiet else (2 if request.json == "-" else None)
     echo = None if request.quiet else request.echo
     with ExitStack() as stack:
         sampler = stack.enter_context(Sampler(request.config.verify.sample_interval_s, gpu, host))

@@ -28,8 +28,16 @@ WORDS = {
 
 
 def last_saved(events: Sequence[dict[str, Any]], pids: Sequence[int]) -> str | None:
-    """The last file ``pids`` (rank 0's process, or the only one) saved with torch.save that still exists."""
-    paths = [str(e["path"]) for e in events if e.get("event") == "saved" and e.get("pid") in pids and e.get("path")]
+    """The last file ``pids`` (rank 0's process, or the only one) saved with torch.save that still exists, under
+    the name it was renamed to (a save to a temporary name, then ``os.replace``)."""
+    paths: list[str] = []
+    for e in events:
+        if e.get("pid") not in pids or not e.get("path"):
+            continue
+        if e.get("event") == "saved":
+            paths.append(str(e["path"]))
+        elif e.get("event") == "moved" and str(e["path"]) in paths:  # saved under a temporary name, then renamed
+            paths[paths.index(str(e["path"]))] = str(e["to"])
     return next((p for p in reversed(paths) if os.path.isfile(p)), None)
 
 

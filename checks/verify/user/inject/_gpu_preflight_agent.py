@@ -488,6 +488,7 @@ def _on_torch(torch: Any) -> None:
     _patch_backward(torch, st)
     _safely(_patch_autocast, torch, st)
     torch.save = _saving(torch.save, st, _arg(1, "f"), read_back=True)
+    os.replace, os.rename = _following(os.replace), _following(os.rename)
     atexit.register(lambda: _safely(st.flush, True))
     os.register_at_fork(after_in_child=st.pending.clear)  # a forked child writes none of its parent's steps
     ddp = sys.modules.get("torch.nn.parallel.distributed")  # torch imports it with torch.nn, before this runs
@@ -714,6 +715,30 @@ def _saving(fn: Callable[..., Any], st: _Steps, target: Target, read_back: bool 
     return wrapper
 
 
+_READ_BACK: set[str] = set()  # the files torch.save wrote, whose renames verify follows
+
+
+def _following(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``os.replace``/``os.rename`` (``Path.replace``/``rename`` call them): a file torch.save wrote, renamed
+    into place (the atomic-save idiom), is read back under its final name."""
+
+    @functools.wraps(fn)
+    def wrapper(src: Any, dst: Any, *args: Any, **kwargs: Any) -> Any:
+        out = fn(src, dst, *args, **kwargs)
+        _safely(_moved, src, dst)
+        return out
+
+    return wrapper
+
+
+def _moved(src: Any, dst: Any) -> None:
+    if isinstance(src, (str, os.PathLike)) and isinstance(dst, (str, os.PathLike)):
+        before = os.path.abspath(os.fspath(src))
+        if before in _READ_BACK:
+            _READ_BACK.discard(before)
+            _say("moved", path=before, to=os.path.abspath(os.fspath(dst)), **_rank())
+
+
 def _note_file(save: _Save, target: Target, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
     where = target(args, kwargs, out)
     if isinstance(where, (str, os.PathLike)):
@@ -732,6 +757,7 @@ def _count_save(st: _Steps, save: _Save, where: Any, before: int | None, read_ba
         path = os.path.abspath(os.fspath(where))
         save.roots.append(path)
         if read_back:
+            _READ_BACK.add(path)
             _say("saved", path=path, **_rank())
     elif before is not None:  # a buffer (Lightning's BytesIO): its bytes are what its write puts on disk
         st.ckpt_bytes += (_buffer_at(where) or before) - before
@@ -1054,6 +1080,14 @@ def _call_site() -> str:
     return "?"
 
 
+def _length(dataset: Any) -> int | None:
+    """A map-style dataset's samples (the epoch verify prices); None for one without ``len`` (an iterable)."""
+    try:
+        return len(dataset)
+    except Exception:  # noqa: BLE001 - no len, or a len that raises: the epoch is unknown, not an error
+        return None
+
+
 def _loader_event(loader: Any, asked: dict[str, Any], site: str) -> None:
     got = {k: getattr(loader, k, None) for k in ("num_workers", "pin_memory", "persistent_workers")}
     got["prefetch_factor"] = getattr(loader, "prefetch_factor", None)
@@ -1061,6 +1095,7 @@ def _loader_event(loader: Any, asked: dict[str, Any], site: str) -> None:
         "loader",
         feed=f"data:{id(loader.dataset)}",
         dataset=type(loader.dataset).__name__,
+        samples=_length(loader.dataset),
         batch_size=getattr(loader, "batch_size", None),
         settings=got,
         asked=asked,
