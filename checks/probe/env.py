@@ -123,6 +123,30 @@ def _cpu(root: Path) -> tuple[str | None, tuple[str, ...]]:
     return model, tuple(f for f in CPU_FLAGS if f in flags)
 
 
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 flags of native bf16 math; Arm's Features say "bf16"
+
+
+def native_bf16(cpuinfo: str | None) -> bool | None:
+    """Whether the first processor of /proc/cpuinfo text does bf16 math natively (docs/sources.md#cpu-bf16):
+    ``avx512_bf16``/``amx_bf16`` among x86 ``flags``, ``bf16`` among Arm ``Features``; None: no such line."""
+    for line in (cpuinfo or "").splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "flags":
+            return any(f in value.split() for f in BF16_FLAGS)
+        if sep and key.strip() == "Features":
+            return "bf16" in value.split()
+    return None
+
+
+def read_native_bf16(root: Path = Path("/")) -> bool | None:
+    """``native_bf16`` of this machine (None where /proc/cpuinfo cannot be read). Command line equivalent:
+    ``grep -m1 -o -w -e avx512_bf16 -e amx_bf16 /proc/cpuinfo``."""
+    try:
+        return native_bf16((root / "proc" / "cpuinfo").read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return None
+
+
 def find_nvcc(env: Mapping[str, str]) -> str | None:
     """nvcc on PATH, else under CUDA_HOME / CUDA_PATH, else /usr/local/cuda (where NVIDIA's images put it)."""
     found = shutil.which("nvcc", path=env.get("PATH", ""))

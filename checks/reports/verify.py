@@ -325,6 +325,7 @@ class Measurements:
     per_rank: tuple[ProcessFigures, ...] | None = None  # verify -- COMMAND under torchrun: every process
     command_advice: JsonObject | None = None  # verify -- COMMAND: the loader re-runs (checks.verify.user.advice)
     model_advice: JsonObject | None = None  # verify -- COMMAND: the model-side re-runs (checks.verify.user.modelfix)
+    item_cost: JsonObject | None = None  # verify -- COMMAND: checks.verify.user.itemcost
 
     def to_json(self) -> JsonObject:
         out: JsonObject = {"run": self.run.to_json(), "dataloader": dict(self.dataloader)}
@@ -371,6 +372,8 @@ class Measurements:
             out["command_advice"] = self.command_advice
         if self.model_advice is not None:
             out["model_advice"] = self.model_advice
+        if self.item_cost is not None:
+            out["item_cost"] = self.item_cost
         out["files"] = self.files.to_json()
         return out
 

@@ -23,7 +23,7 @@ GPU utilisation is never a verdict on its own (docs/sources.md#nvml-utilization)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from checks.config import VerifyConfig
@@ -101,6 +101,10 @@ class Signals:
     ddp: DdpFigures | None = None  # measurements.ddp (checks.verify.distributed.figures); None: one process
     gate: tuple[Result, ...] | None = None  # bootstrap's fast checks as verify ran them; None: not run
     own_code: bool = False  # the user's model or data (--model/--dataset) or their own command ran, not the built-in
+    bf16_native: bool | None = None  # a CPU run in bf16: this CPU has avx512_bf16/amx_bf16 (None: not read)
+    item_cost: dict[str, Any] | None = None  # checks.verify.user.itemcost: __getitem__ and collate, timed in the run
+    ops_per_step: int | None = None  # the ops one (warm-up) step dispatched, views left out (the FLOP count's)
+    flops_per_step: int | None = None  # that step's matrix FLOPs
 
 
 def diagnose(s: Signals, cfg: VerifyConfig) -> list[Verdict]:
@@ -113,6 +117,7 @@ def diagnose(s: Signals, cfg: VerifyConfig) -> list[Verdict]:
         )
         return [few, *(v for rule in (_contended, _throttle) if (v := rule(s, cfg)) is not None)]
     found = [v for rule in (_data, _h2d, _checkpoint, _launch, _comm) if (v := rule(s, cfg)) is not None]
+    found = [_with_item_cost(v, s) for v in found]
     found += [v for rule in (_memory, _throttle, _contended, _straggler) if (v := rule(s, cfg)) is not None]
     if not any(v.id in TIME_VERDICTS for v in found):
         found.append(_compute_or_abstain(s, cfg))
@@ -399,7 +404,7 @@ def throttle_verdict(g: dict[str, Any] | None, cfg: VerifyConfig) -> Verdict | N
 
 def _compute_or_abstain(s: Signals, cfg: VerifyConfig) -> Verdict:
     c = s.shares["forward"] + s.shares["backward"] + s.shares["optimizer"]
-    ev = {k: round(v, 4) for k, v in s.shares.items()}
+    ev: dict[str, Any] = {k: round(v, 4) for k, v in s.shares.items()}
     if c >= cfg.compute_bound_min:
         # fewer than a settled verdict's steps (the budget of a slow or crowded box cut them): low
         confidence = "high" if s.steps >= cfg.critical_min_steps else "medium" if s.steps >= MIN_MEASURED else "low"
@@ -411,15 +416,16 @@ def _compute_or_abstain(s: Signals, cfg: VerifyConfig) -> Verdict:
         fix = f"healthy: the model's math is the limit. Faster math: {faster}"  # no bf16 for a run already in 16 bits
         if s.device == "cuda" and s.precision == "fp32":
             fix = "compute-bound in fp32: bf16 autocast (or torch.set_float32_matmul_precision('high')) uses the tensor cores"
-        return Verdict(
-            "compute-bound",
-            "info",
-            confidence,
-            f"forward + backward + optimizer take {_pct(c)} of each step",
-            fix,
-            c,
-            ev,
-        )
+        summary, severity = f"forward + backward + optimizer take {_pct(c)} of each step", "info"
+        if emulated_bf16(s):  # not healthy: the math is converted to fp32 and back around every kernel
+            summary += f"; {BF16_EMULATED} (no avx512_bf16 or amx_bf16 flag): not healthy compute"
+            fix, severity = EMULATED_FIX, "warn"
+            ev["bf16_native"] = False
+        projection = gpu_projection(s)
+        if projection is not None:
+            summary += f"; {projection['text']}"
+            ev["gpu_projection"] = {k: v for k, v in projection.items() if k != "text"}
+        return Verdict("compute-bound", severity, confidence, summary, fix, c, ev)
     top = max(("data_wait", "h2d", "checkpoint"), key=lambda k: s.shares[k])
     summary = f"no single bottleneck: compute {_pct(c)}, the largest other share ({top}) {_pct(s.shares[top])}"
     return Verdict(
@@ -433,6 +439,65 @@ def _compute_or_abstain(s: Signals, cfg: VerifyConfig) -> Verdict:
         0.0,
         ev,
     )
+
+
+BF16_EMULATED = "bf16 is emulated on this CPU"
+EMULATED_FIX = (
+    "bf16 is emulated on this CPU (docs/sources.md#cpu-bf16): drop the bf16 autocast here and train in fp32, or use "
+    "a CPU with avx512_bf16/amx_bf16 or a GPU; faster math after that: torch.compile"
+)
+
+
+def emulated_bf16(s: Signals) -> bool:
+    """A CPU run in bf16 on a CPU without native bf16: its compute is conversions around fp32 math."""
+    return s.device == "cpu" and s.precision == "bf16" and s.bf16_native is False
+
+
+# A CPU run's step of many small ops projected onto a GPU (an estimate, never a verdict): each op is at least one
+# kernel launch of 5-20 µs of host time (docs/sources.md#hta; the low end taken), and the step's matrix FLOPs run
+# at GPU_FLOPS. Tool-defined: MANY_OPS (counted here: a 48-block MLP of Linear(64, 64) dispatches 398 ops a step
+# with SGD, a two-conv net with Adam 77, four Linear(1024, 1024) with AdamW 136) and GPU_FLOPS, 10 TFLOP/s (about
+# an older GPU's fp32 rate: a slow GPU, so the launches must outlast even its math to be named).
+LAUNCH_S = 5e-6
+MANY_OPS = 200
+GPU_FLOPS = 10e12
+
+
+def gpu_projection(s: Signals) -> dict[str, Any] | None:
+    """For a CPU run of many small ops: on a GPU the launches alone (ops x ``LAUNCH_S``) would outlast the math
+    (FLOPs at ``GPU_FLOPS``), so the step would likely be launch-bound there. None otherwise (a GPU run, a
+    step of few ops or of large ones, or nothing counted)."""
+    ops, flops = s.ops_per_step, s.flops_per_step
+    if s.device != "cpu" or not ops or ops < MANY_OPS or flops is None:
+        return None
+    launches_ms, math_ms = 1e3 * ops * LAUNCH_S, 1e3 * flops / GPU_FLOPS
+    if launches_ms <= math_ms:
+        return None
+    text = (
+        f"on a GPU (estimate): {ops} ops per step of {flops / ops / 1e6:,.2g} MFLOP each are at least "
+        f"{launches_ms:.3g} ms of kernel launches (5 µs each, docs/sources.md#hta) against {math_ms:.2g} ms of math "
+        f"at {GPU_FLOPS / 1e12:.0f} TFLOP/s: likely launch-bound there (torch.compile, CUDA graphs, larger layers)"
+    )
+    return {"ops_per_step": ops, "launches_ms": round(launches_ms, 3), "math_ms": round(math_ms, 4), "text": text}
+
+
+def _with_item_cost(v: Verdict, s: Signals) -> Verdict:
+    """A data verdict with where a sample's time goes, where the run timed it (``Signals.item_cost``)."""
+    c = s.item_cost
+    if v.id not in ("data-bound", "cpu-starved") or not c:
+        return v
+    text = item_cost_text(c)
+    return replace(v, summary=f"{v.summary}; {text}", evidence={**v.evidence, "item_cost": c})
+
+
+def item_cost_text(c: dict[str, Any]) -> str:
+    """ "each sample takes X ms in __getitem__ (N per step = Y ms), collate Z ms" (and where it was timed)."""
+    n, per = c.get("samples_per_step"), c["getitem_ms_per_sample"]
+    step = f" ({n} per step = {c['getitem_ms_per_step']:,.1f} ms)" if n and c.get("getitem_ms_per_step") else ""
+    text = f"each sample takes {per:,.2f} ms in __getitem__{step}, collate {c['collate_ms_per_batch']:,.2f} ms a batch"
+    if c.get("workers"):
+        text += f" (timed in the {c['workers']} workers, which share that work)"
+    return text
 
 
 def _oom(oom: dict[str, Any]) -> Verdict:

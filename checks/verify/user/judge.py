@@ -44,8 +44,10 @@ from checks.verify.report import Setting
 from checks.verify.results import sweep_result, throughput
 from checks.verify.sampler import Trace
 from checks.verify.smoke.figures import StepFigures, breakdown, enqueue_ratio, loss_trend, step_figures
+from checks.verify.user import cpuflags
 from checks.verify.user.launch import CommandRun
 from checks.verify.user.saved import contents_result
+from checks.verify.user.signals import extra as command_signals
 
 ENDED = {
     "stopped": "stopped by verify",
@@ -261,6 +263,7 @@ def judge(
         s = verify_report.signals(setting, outcome, cfg, figs.fig, gate)
         ckpt = figs.checkpoint.to_json() if figs.checkpoint else None
         s = dataclasses.replace(s, checkpoint=ckpt, ddp=ddp, own_code=True)
+        s = dataclasses.replace(s, **command_signals(lead, run.events, s.device, s.precision))
         loop = _loop(lead, figs)
         if run.interrupted:
             loop = warn("verify-loop", f"interrupted: {loop.summary}", "the figures cover the steps before Ctrl-C",
@@ -282,7 +285,7 @@ def judge(
         verdicts = apply_advice(verdicts, advice)
     if model is not None and verdicts and verdicts[0].id == "compute-bound":
         top = verdicts[0]
-        fix = model_fix(model, top.fix)
+        fix = cpuflags.emulated_fix(model, model_fix(model, top.fix))  # what an fp32 re-run measured, if one ran
         verdicts = [dataclasses.replace(top, fix=fix, evidence={**top.evidence, "model_advice": model}), *verdicts[1:]]
     judged = verify_report.diagnosis_rows(verdicts, figs.fig if figs else None, child, s)
     sampler_row, sampler = verify_report.sampler_block(setting, outcome)
@@ -315,6 +318,7 @@ def judge(
         per_rank=tuple(per_rank(found)) if ddp is not None else None,
         command_advice=advice,
         model_advice=model,
+        item_cost=s.item_cost if s is not None else None,
     )  # fmt: skip
     return [*(gate or []), *results], m, verdicts
 
@@ -647,6 +651,7 @@ def model_fix(advice: dict[str, Any], rule_fix: str) -> str:
 
 
 UNTIMED = {"bf16": "bf16 autocast", "channels_last": "channels_last", "compile": "torch.compile (--ab times it)"}
+UNTIMED["fp32"] = "fp32 (no bf16 autocast: this CPU emulates bf16)"
 
 
 def _none_faster(what: str, advice: dict[str, Any], shown: str, rule_fix: str) -> str:

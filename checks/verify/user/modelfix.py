@@ -6,7 +6,9 @@ The changes (``GPU_PREFLIGHT_MODEL``; the agent applies them at the first optimi
 modules holding its parameters): ``bf16`` (``forward`` under ``torch.autocast(dtype=torch.bfloat16)``) where the
 steps ran fp32 or tf32, on the CPU too; ``channels_last`` (weights and 4-D inputs) where those modules hold 4-D
 weights (known from the first re-run's ``model-change`` line, or the main run's FLOP count of a convolution);
-and with ``--ab`` ``compile`` (``Module.compile()``, given ``COMPILE_WARMUP`` warm-up steps for its compilation).
+and with ``--ab`` ``compile`` (``Module.compile()``, given ``COMPILE_WARMUP`` warm-up steps for its compilation);
+first of all ``fp32`` (the script's bf16 autocast regions turned off) where the measured run was bf16 on a CPU
+without native bf16 (``checks/verify/user/cpuflags.py``): the cost of the emulation, measured.
 Each re-run is the command stopped after its warm-up and ``RERUN_STEPS`` steps, output hidden; the comparison
 is the mean step time of the measured steps against re-runs of the unchanged command timed the same way (one
 before the changes, and one after them when a change measured anything: their mean, so a box that slows down or
@@ -31,6 +33,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from checks.verify.user import cpuflags
 from checks.verify.user import judge as j
 from checks.verify.user.launch import CommandRun, StopRule, run_command
 
@@ -42,12 +45,15 @@ CHANGES: dict[str, dict[str, Any]] = {
     "bf16": {"autocast": "bf16"},
     "channels_last": {"channels_last": True},
     "compile": {"compile": True},
+    "fp32": {"autocast": "off"},
 }
 NO_CONV = "no 4-D weights (no convolution): channels_last changes nothing"
+NO_AUTOCAST = "no bf16 autocast region was entered: the bf16 is the weights' own (model.to(torch.bfloat16))"
 CODE = {
     "bf16": "with torch.autocast(device_type, dtype=torch.bfloat16): around the forward pass and the loss",
     "channels_last": "model.to(memory_format=torch.channels_last) and inputs .contiguous(memory_format=torch.channels_last)",
     "compile": "model = torch.compile(model) (or model.compile())",
+    "fp32": "drop the bf16 autocast on this CPU, which emulates bf16 (no avx512_bf16 or amx_bf16): train in fp32",
 }
 
 
@@ -56,6 +62,16 @@ def wanted(precision: str | None, ab: bool) -> list[str]:
     out = ["bf16"] if precision in (None, "fp32", "tf32") else []
     out.append("channels_last")
     return [*out, "compile"] if ab else out
+
+
+def emulated_bf16(run: CommandRun) -> bool:
+    """The measured run was bf16 on the CPU and this CPU lacks native bf16: its cost is worth an fp32 re-run."""
+    lead = j.rerun_lead(run, 0, 10**9)
+    if lead is None or lead.device.get("type") != "cpu":
+        return False
+    precisions = [str(s["precision"]) for s in lead.steps if s.get("precision")]
+    bf16 = bool(precisions) and max(set(precisions), key=precisions.count) == "bf16"
+    return bf16 and cpuflags.read_native_bf16() is False
 
 
 def first_losses(run: CommandRun) -> list[float]:
@@ -77,6 +93,8 @@ def agrees(base: Sequence[float], other: Sequence[float]) -> tuple[bool, float |
 
 def _row(change: str, run: CommandRun, warmup: int, base_losses: Sequence[float]) -> dict[str, Any]:
     row: dict[str, Any] = {"change": change, "ended": run.ended}
+    if change == "fp32" and not any(e.get("event") == "autocast-off" for e in run.events):
+        return row | {"skipped": NO_AUTOCAST}  # nothing was changed: its time says nothing about fp32
     applied = [e for e in run.events if e.get("event") == "model-change"]
     if applied:
         row["models"] = list(applied[-1].get("models") or [])
@@ -110,6 +128,8 @@ def measure(
 ) -> dict[str, Any]:
     """``measurements.model_advice`` (see the module docstring)."""
     start, longest, conv = time.monotonic(), 0.0, None
+    if "fp32" not in changes and emulated_bf16(base):
+        changes = ["fp32", *changes]
     base_losses = first_losses(base)
     baselines: list[float] = []
     rows: list[dict[str, Any]] = []
@@ -166,11 +186,11 @@ def pick(rows: Sequence[dict[str, Any]], min_gain: float) -> dict[str, Any] | No
 
 def _applies(change: str, asked: Sequence[str], rows: Sequence[dict[str, Any]]) -> bool:
     """A change worth naming untimed: asked but not timed (the budget, an interrupt), or compile without --ab; not
-    bf16 for a run already in 16 bits, not channels_last without 4-D weights."""
+    bf16 for a run already in 16 bits, not channels_last without 4-D weights, not fp32 without a bf16 autocast."""
     if change == "compile":
         return True
     skipped = next((r.get("skipped", "") for r in rows if r["change"] == change), "")
-    return change in asked and not skipped.startswith(NO_CONV)
+    return change in asked and not skipped.startswith((NO_CONV, NO_AUTOCAST))
 
 
 def _rated(rows: list[dict[str, Any]], baselines: Sequence[float]) -> list[dict[str, Any]]:

@@ -26,6 +26,11 @@ Once torch is imported it installs torch's global hooks and a few patches:
   step the models it steps (the outermost live ``nn.Module``s holding its parameters) get the change asked:
   their ``forward`` under ``torch.autocast`` (``{"autocast": "bf16"}``), ``channels_last`` weights and inputs,
   or ``Module.compile()``; one ``model-change`` line says what was changed and whether they hold 4-D weights;
+  ``{"autocast": "off"}`` (a CPU run in bf16 on a CPU that emulates it) turns the script's own bf16 autocast
+  regions on that device off instead, and one ``autocast-off`` line says the first one was;
+- a map-style dataset's cost, split (``_MapDatasetFetcher.fetch``): the samples' ``__getitem__``/``__getitems__``
+  and the ``collate_fn``, as step fields in the training process (``num_workers=0``) and one ``fetch`` line per
+  batch in each DataLoader worker (forked or spawned, the agent runs there too);
 - with ``GPU_PREFLIGHT_PEAK`` set (the sweep's re-runs only: it resets torch's peak statistics, which the
   script might read itself), each step's CUDA allocator peak (``torch.cuda.max_memory_reserved``).
 
@@ -209,6 +214,7 @@ class _Steps:
         self.peak = os.environ.get(PEAK_ENV) == "1"
         text = os.environ.get(MODEL_ENV, "")
         self.model_change: dict[str, Any] | None = json.loads(text) if text else None  # applied once, then None
+        self.fetch_cost: dict[str, list[float]] = {}  # feed -> [samples, batches, __getitem__ s, collate s]
 
     def mark(self) -> tuple[float, Any]:
         event = None
@@ -285,8 +291,10 @@ class _Steps:
                 "comm_bytes": self.comm_bytes,
                 "precision": self.precision(),
                 "peak_bytes": _safely(self.peak_bytes) if self.peak and self.cuda else None,
+                "fetch_cost": self.fetch_cost,
             }
         )
+        self.fetch_cost = {}
         self.amp = {}
         if self.counter is not None:
             _safely(self.stop_count)
@@ -328,7 +336,8 @@ class _Steps:
         counter, self.counter = self.counter, None
         counter.__exit__(None, None, None)
         # missed: ops whose formula could not read their arguments (the count is a lower bound by their FLOPs)
-        _say("flops", step=self.i, flops=int(counter.flops), missed=int(counter.missed), **self.rank)
+        _say("flops", step=self.i, flops=int(counter.flops), missed=int(counter.missed), ops=int(counter.ops),
+             **self.rank)  # fmt: skip
 
     def flush(self, wait: bool) -> None:
         """Write the steps whose clocks are readable (CUDA: their last event completed), at most every
@@ -404,8 +413,22 @@ class _Steps:
             "comm_exposed": None if comm is None else max(0.0, comm),
             "comm_bytes": raw["comm_bytes"] if self.comm_hooked else None,
             "peak_bytes": raw["peak_bytes"],
+            **_fetch_fields(raw.get("fetch_cost", {}).get(feed or "")),
             **self.rank,
         }
+
+    def fetched_in(self, key: str, samples: int, items_s: float, collate_s: float, worker: Any) -> None:
+        """One batch built by a map-style fetcher: its samples' time and its collate's, in this step's totals (the
+        training process), or one ``fetch`` line (a DataLoader worker: it has no steps, and may be killed)."""
+        if worker is not None:
+            _say("fetch", feed=key, ppid=os.getppid(), worker=worker.id, workers=worker.num_workers, samples=samples,
+                 getitem_s=items_s, collate_s=collate_s)  # fmt: skip
+            return
+        row = self.fetch_cost.setdefault(key, [0, 0, 0.0, 0.0])
+        row[0] += samples
+        row[1] += 1
+        row[2] += items_s
+        row[3] += collate_s
 
     def fetched(self, key: str, batch: Any, hint: Any = None) -> None:
         self.counts[key] = self.counts.get(key, 0) + 1
@@ -416,6 +439,54 @@ class _Steps:
         tokens = _tokens(self.torch, batch)
         if tokens:
             self.tokens[key] = self.tokens.get(key, 0) + tokens
+
+
+def _fetch_fields(cost: list[float] | None) -> dict[str, Any]:
+    """A step's map-style fetches from the batches' own loader in this process: samples, batches, seconds in the
+    samples' ``__getitem__``/``__getitems__`` and in the collate (none: the loader has workers, or is iterable)."""
+    if not cost:
+        return {}
+    return {
+        "fetched_samples": int(cost[0]),
+        "fetched_batches": int(cost[1]),
+        "getitem_s": cost[2],
+        "collate_s": cost[3],
+    }
+
+
+def _patch_fetch(torch: Any, st: _Steps) -> None:
+    """``_MapDatasetFetcher.fetch``: the collate timed by wrapping the fetcher's ``collate_fn`` for the call, the
+    samples (``__getitem__``/``__getitems__``) as the rest of it. A worker inherits the patch (fork) or makes its
+    own when it imports torch (spawn, forkserver: the start-up file runs there too)."""
+    import importlib
+
+    fetcher = importlib.import_module("torch.utils.data._utils.fetch")._MapDatasetFetcher
+    worker_info = importlib.import_module("torch.utils.data._utils.worker").get_worker_info
+    real = fetcher.fetch
+
+    @functools.wraps(real)
+    def fetch(self: Any, possibly_batched_index: Any) -> Any:
+        collate, spent = self.collate_fn, [0.0]
+
+        def timed_collate(data: Any) -> Any:
+            a = time.monotonic()
+            try:
+                return collate(data)
+            finally:
+                spent[0] += time.monotonic() - a
+
+        self.collate_fn = timed_collate
+        a = time.monotonic()
+        try:
+            batch = real(self, possibly_batched_index)
+        finally:
+            self.collate_fn = collate
+        took = time.monotonic() - a
+        n = len(possibly_batched_index) if self.auto_collation else 1
+        _safely(st.fetched_in, f"data:{id(self.dataset)}", n, took - spent[0], spent[0], worker_info())
+        return batch
+
+    fetcher.fetch = fetch
 
 
 def _batch_size(torch: Any, batch: Any, hint: Any = None, depth: int = 0) -> int | None:
@@ -487,6 +558,7 @@ def _on_torch(torch: Any) -> None:
     _patch_loader_init(dataloader.DataLoader)
     _patch_backward(torch, st)
     _safely(_patch_autocast, torch, st)
+    _safely(_patch_fetch, torch, st)
     torch.save = _saving(torch.save, st, _arg(1, "f"), read_back=True)
     os.replace, os.rename = _following(os.replace), _following(os.rename)
     atexit.register(lambda: _safely(st.flush, True))
@@ -593,13 +665,36 @@ def _change_model(torch: Any, opt: Any, wanted: dict[str, Any]) -> None:
         if wanted.get("channels_last") and conv:
             m.to(memory_format=torch.channels_last)
             _wrap_forward(m, functools.partial(_channels_last_inputs, torch))
-        if wanted.get("autocast"):
+        if wanted.get("autocast") == "off":
+            _autocast_off(torch, next(m.parameters()).device.type)
+        elif wanted.get("autocast"):
             device = next(m.parameters()).device.type
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[wanted["autocast"]]
             _wrap_forward(m, functools.partial(_under_autocast, torch, device=device, dtype=dtype))
         if wanted.get("compile"):
             m.compile()
     _say("model-change", asked=wanted, models=[type(m).__name__ for m in roots], conv=conv, **_rank())
+
+
+def _autocast_off(torch: Any, device: str) -> None:
+    """The script's own bf16 autocast regions on ``device`` entered disabled (the math runs in the weights' fp32);
+    one ``autocast-off`` line at the first (none: the run's bf16 was not autocast's, bf16 weights say)."""
+    cls = torch.amp.autocast_mode.autocast
+    if getattr(cls, "_gpu_preflight_off", None) == device:
+        return
+    real = cls.__enter__
+    said: list[bool] = []  # the first region turned off was told
+
+    @functools.wraps(real)
+    def __enter__(self: Any) -> Any:
+        if str(getattr(self, "device", "")) == device and getattr(self, "fast_dtype", None) == torch.bfloat16:
+            self._enabled = False
+            if not said:
+                said.append(True)
+                _say("autocast-off", device=device, **_rank())
+        return real(self)
+
+    cls.__enter__, cls._gpu_preflight_off = __enter__, device
 
 
 def _wrap_forward(m: Any, wrap: Callable[[Any], Any]) -> None:
@@ -876,15 +971,23 @@ def _flop_counter(torch: Any) -> Any:
     class Count(TorchDispatchMode):
         flops = 0
         missed = 0
+        ops = 0  # the ops the step dispatched (not views, not their decompositions): on a GPU, about its kernels
+        inside = 0  # > 0: inside a decomposition of a counted op
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             if func in metadata:
                 return NotImplemented
+            if not self.inside and not getattr(func, "is_view", False):
+                self.ops += 1
             packet = getattr(func, "_overloadpacket", None)  # a higher-order op (torch.compile's) has none
             if packet is not None and packet not in flop_registry:
-                with self:
-                    out = func.decompose(*args, **kwargs)
+                self.inside += 1
+                try:
+                    with self:
+                        out = func.decompose(*args, **kwargs)
+                finally:
+                    self.inside -= 1
                 if out is not NotImplemented:
                     return out
             out = func(*args, **kwargs)
