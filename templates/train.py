@@ -164,15 +164,20 @@ class StagedTokens:
 
 
 def load_callable(ref: str) -> Any:
-    """``MODULE:CALLABLE`` imported from the current folder, called with no arguments."""
+    """``MODULE:CALLABLE`` (``CALLABLE`` may be dotted) imported from the current folder, called with no
+    arguments; any error on the way is a usage error (exit 2) naming it."""
     module, _, name = ref.partition(":")
     if not module or not name:
         raise UsageError(f"{ref!r} is not MODULE:CALLABLE (e.g. mydata:make_dataset)")
     sys.path.insert(0, os.getcwd())
     try:
-        factory = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
+        factory = importlib.import_module(module)
+        for part in name.split("."):  # mymodel:Factory.build works
+            factory = getattr(factory, part)
+    except Exception as exc:  # a missing module or attribute, or an error while importing: the user's to fix
         raise UsageError(f"cannot import {ref}: {type(exc).__name__}: {exc}") from None
+    if not callable(factory):
+        raise UsageError(f"{ref} is a {type(factory).__name__}, not a callable")
     try:
         return factory()
     except TypeError as exc:

@@ -810,24 +810,25 @@ def test_the_words_after_two_dashes_reach_verify_as_its_command(
     from checks.verify.user import run as run_user
 
     asked: list[run_user.CommandRequest] = []
-    own: list[run_verify.VerifyRequest] = []
+    own: list[run_user.CommandRequest] = []
 
     def judged(request: run_user.CommandRequest, say: Callable[[str], None]) -> run_verify.Judged:
         asked.append(request)  # what the package is given; nothing runs
         return run_verify.Judged(Report("box", "live", ()), (), "", (), False)
 
-    def own_loop(request: run_verify.VerifyRequest, say: Callable[[str], None]) -> run_verify.Judged:
+    def own_script(request: run_user.CommandRequest, options: object, say: Callable[[str], None]) -> run_verify.Judged:
         own.append(request)
         return run_verify.Judged(Report("box", "live", ()), (), "", (), False)
 
     monkeypatch.setattr(run_user, "verify_command", judged)
-    monkeypatch.setattr(run_verify, "verify", own_loop)
+    monkeypatch.setattr(run_user, "verify_builtin", own_script)
     run = here(home, "verify", "--steps", "3", "-q", "--seconds", "2.5", "--", "python", "train.py", "--lr", "3e-4")
     assert run.code == 0, run.why()
     assert asked[0].command == ("python", "train.py", "--lr", "3e-4")
     assert (asked[0].steps, asked[0].quiet, asked[0].seconds, asked[0].warmup) == (3, True, 2.5, -1)
     assert not own
-    assert here(home, "verify").code == 0 and len(own) == 1 and len(asked) == 1  # without --: verify's own loop
+    assert here(home, "verify").code == 0 and len(own) == 1 and len(asked) == 1  # without --: the tool's script
+    assert here(home, "verify", "-q", "--warmup", "3").code == 0 and (own[1].quiet, own[1].warmup) == (True, 3)
 
 
 @pytest.mark.parametrize("flag", [("--nproc", "2"), ("--model", "m:f"), ("--hosts", "h1,h2"), ("--ckpt-every", "5")])
@@ -858,11 +859,12 @@ def test_verify_passes_sweep_and_ab_to_the_users_command(
 
 
 @pytest.mark.parametrize("flag", [("--seconds", "5"), ("--warmup", "3"), ("-q",)])
-def test_verify_refuses_a_command_flag_without_a_command(here: Here, home: Path, flag: tuple[str, ...]) -> None:
-    """--seconds, --warmup and --quiet shape the user's command's run; the built-in loop used to ignore them."""
-    run = here(home, "verify", *flag)
+def test_verify_refuses_a_one_box_flag_across_hosts(here: Here, home: Path, flag: tuple[str, ...]) -> None:
+    """--seconds, --warmup and --quiet shape one box's run (the tool's script or yours); across hosts every node
+    runs preflight.verify.steps, so they are refused there rather than ignored."""
+    run = here(home, "verify", *flag, "--hosts", "h1,h2")
     long = {"-q": "--quiet"}.get(flag[0], flag[0])
-    assert_usage_error(run, f"verify: {long} applies to your own command, given after --")
+    assert_usage_error(run, f"verify: {long} applies to one box's run; across hosts every node runs")
 
 
 @pytest.mark.parametrize("task", [("bootstrap",), ("stage-data", "--source", "x"), ("watch",)])
@@ -901,12 +903,12 @@ def test_verify_says_when_its_steps_need_a_pace_the_child_timeout_allows(
     here: Here, home: Path, monkeypatch: pytest.MonkeyPatch, steps: str, env: dict[str, str], note: str
 ) -> None:
     from checks.errors import PreflightError
-    from checks.verify import run as run_verify
+    from checks.verify.user import run as run_user
 
     def started(*args: object, **kwargs: object) -> None:  # verify's run, past the task's flag checks: nothing trains
         raise PreflightError("started", code=1)
 
-    monkeypatch.setattr(run_verify, "verify", started)
+    monkeypatch.setattr(run_user, "verify_builtin", started)
     run = here(home, "verify", "--steps", steps, env=env)
     assert run.code == 1 and run.err.endswith("gpu-preflight: started\n"), run.why()
     lines = run.err.splitlines()[:-1]

@@ -118,7 +118,8 @@ def prepare(
             else "synthetic data, made in memory: read in the training process (workers would only copy it)"
         )
     if workers < 0:
-        workers = int(loader.get("num_workers") or 0)
+        advised = loader.get("num_workers")
+        workers = advised if isinstance(advised, int) else 0
     loader = {"num_workers": workers, "persistent_workers": workers > 0, "prefetch_factor": 2 if workers else None}
     gpu = cfg.device == "cuda" or (cfg.device == "auto" and facts.torch.device_count > 0)
     batch = opts.batch_size or (cfg.batch_size_gpu if gpu else cfg.batch_size_cpu)
@@ -240,6 +241,7 @@ def replay(
             tuple(losses),
             resumed,
             took,
+            rtol,
             f"{why} after {len(resumed)} step(s){': ' + last[-1] if last else ''}",
         )
     return Replay(path, at, tuple(losses), resumed, took, rtol)

@@ -467,7 +467,9 @@ def _model_advice(
     if max(shares["data_wait"], shares["h2d"]) >= cfg.share_warn or shares["checkpoint"] >= cfg.checkpoint_share_warn:
         return None
     precisions = [str(s["precision"]) for s in m.lead.steps if s.get("precision")]
-    changes = modelfix.wanted(max(set(precisions), key=precisions.count) if precisions else None, request.ab)
+    changes = (["fp32"] if modelfix.emulated_bf16(run) else []) + modelfix.wanted(
+        max(set(precisions), key=precisions.count) if precisions else None, request.ab
+    )
     seconds = _rerun_seconds(request, stop, deadline, cuts, "the model-side re-runs")
     if seconds <= 0:
         return None
@@ -572,7 +574,7 @@ def _gather(
             sampler.focus(str(e["uuid"]))
             found["index"] = gpu.index_of(str(e["uuid"]))
         if e.get("event") == "step" and isinstance(e.get("i"), int) and e.get("rank") in (0, None):
-            i = int(e["i"])  # type: ignore[call-overload]
+            i = int(e["i"])
             if i <= stop.warmup:
                 warm.append(sum(float(v) for p in PHASES if isinstance(v := e.get(p), (int, float))))
             if i not in shown and (i == stop.warmup or i % 10 == 0):
