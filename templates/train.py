@@ -174,7 +174,7 @@ def load_callable(ref: str) -> Any:
         factory = importlib.import_module(module)
         for part in name.split("."):  # mymodel:Factory.build works
             factory = getattr(factory, part)
-    except Exception as exc:  # a missing module or attribute, or an error while importing: the user's to fix
+    except Exception as exc:  # noqa: BLE001 - a missing module or attribute, or an error at import: exit 2
         raise UsageError(f"cannot import {ref}: {type(exc).__name__}: {exc}") from None
     if not callable(factory):
         raise UsageError(f"{ref} is a {type(factory).__name__}, not a callable")

@@ -7,8 +7,7 @@ import time
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
-from torch.utils.data import default_collate
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 GETITEM_S = 0.004
 COLLATE_S = 0.010
