@@ -60,8 +60,14 @@ class Builtin:
     alloc_given: tuple[str, ...]  # the variables set on the command line (the others: the user's own export)
     processes: int
     device: str  # auto, cuda or cpu as configured: a cpu run is not gated by the GPU side
+    gpu: bool  # the script trains on the GPU (--device cuda)
     ckpt_every: int  # the real run's save interval, over which the save timed under verify is amortised
     keep_dir: str  # where the first checkpoint is kept for the resume replay (the script overwrites its file)
+
+    def describe(self) -> str:
+        """The progress line for several processes."""
+        backend = "NCCL" if self.gpu else "gloo on the CPU"
+        return f"verify: {self.processes} processes, DistributedDataParallel ({backend}) under torchrun"
 
     def shown(self) -> str:
         """The command as a user would type it from the checkout (the full one is in the report)."""
@@ -149,7 +155,19 @@ def prepare(
         launcher = [sys.executable]
     command = (*prefix, *launcher, str(TEMPLATE), *flags)
     return Builtin(
-        command, data, loader, note, ckpt, temporary, alloc, given, local, cfg.device, cfg.checkpoint_every_steps, keep
+        command,
+        data,
+        loader,
+        note,
+        ckpt,
+        temporary,
+        alloc,
+        given,
+        local,
+        cfg.device,
+        gpu,
+        cfg.checkpoint_every_steps,
+        keep,
     ), facts
 
 

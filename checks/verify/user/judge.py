@@ -294,7 +294,7 @@ def judge(
     m = Measurements(
         run=RunFacts(
             device=child.device, precision=child.precision, batch_size=child.batch_size, accum=child.accum, model=None,
-            data=child.data, torch=None, threads=None, seconds=round(run.seconds, 2), interrupted=run.interrupted,
+            data=child.data, torch=_torch_version(run, lead), threads=None, seconds=round(run.seconds, 2), interrupted=run.interrupted,
             failure=None if run.ended in ("stopped", "exited") else run.ended, error=None,
         ),
         dataloader=dict(((lead.loader or {}).get("settings") if lead else None) or {}),  # the keywords it used
@@ -321,6 +321,13 @@ def judge(
         item_cost=s.item_cost if s is not None else None,
     )  # fmt: skip
     return [*(gate or []), *results], m, verdicts
+
+
+def _torch_version(run: CommandRun, lead: Rank | None) -> str | None:
+    """The torch the command imported (the agent's ``torch`` line; the lead process's where there are several)."""
+    lines = [e for e in run.events if e.get("event") == "torch" and e.get("version")]
+    mine = [e for e in lines if lead is not None and e.get("pid") == lead.pid] or lines
+    return str(mine[0]["version"]) if mine else None
 
 
 def _no_step(search: OomSearch | None) -> Result:

@@ -62,5 +62,5 @@ def test_a_dataset_factory_that_needs_arguments_exits_2(tmp_path: Path) -> None:
     run = invoke(home, "verify", "--steps", "2", "--dataset", f"{PLUGINS}:photos_from", env=env)
     assert run.code == 2 and "Traceback" not in run.err + run.out, run.why()
     last = run.err.strip().splitlines()[-1]  # after the child's progress lines: one error line
-    assert last.startswith(f"gpu-preflight: --dataset {PLUGINS}:photos_from needs arguments (root)"), run.why()
-    assert "takes no arguments" in last and "verify-loop" not in run.out
+    assert last.startswith(f"gpu-preflight: verify: {PLUGINS}:photos_from() failed: photos_from() missing"), run.why()
+    assert "'root'" in last and "takes no arguments" in last and "verify-loop" not in run.out
