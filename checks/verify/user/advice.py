@@ -27,6 +27,7 @@ from typing import Any
 
 from checks.verify.user import judge as j
 from checks.verify.user.launch import CommandRun, StopRule, run_command
+from checks.verify.user.rerun import too_slow
 
 RERUN_WARMUP = 2  # the first step holds start-up; the second the workers' first batches
 RERUN_STEPS = 8
@@ -69,6 +70,11 @@ def measure(
     speed-up over them, and the change to make (or none, or that none is measurable here). ``base_step_s`` (the
     measured run's) is the baseline only when no re-run of the unchanged command fit the budget."""
     start = time.monotonic()
+    if slow := too_slow(base_step_s, RERUN_WARMUP + RERUN_STEPS, budget_s):
+        unrun = [{"overrides": setting, "skipped": slow} for setting in candidates(asked, cores, cuda)]
+        none: dict[str, Any] = {"baseline_mean_step_s": round(base_step_s, 6), "baseline_runs": [], "spread": 0.0}
+        none |= {"site": site, "candidates": unrun, "min_gain": min_gain, "faster": None, "change": None}
+        return none | {"not_measurable": slow, "seconds": 0.0, "interrupted": False}
     timer = _Runs(argv, cwd, budget_s, start)
     baselines: list[float] = []
     rows: list[dict[str, Any]] = []

@@ -36,6 +36,7 @@ from typing import Any
 from checks.verify.user import cpuflags
 from checks.verify.user import judge as j
 from checks.verify.user.launch import CommandRun, StopRule, run_command
+from checks.verify.user.rerun import too_slow
 
 RERUN_WARMUP = 2  # the first step is the unchanged model's (the change is made at the first optimizer step)
 COMPILE_WARMUP = 4  # torch.compile compiles at the first call after the change: the steps that hold it
@@ -125,11 +126,19 @@ def measure(
     base: CommandRun,
     budget_s: float,
     min_gain: float,
+    step_s: float | None = None,
 ) -> dict[str, Any]:
-    """``measurements.model_advice`` (see the module docstring)."""
+    """``measurements.model_advice`` (see the module docstring); ``step_s``: the measured run's, to skip re-runs
+    that cannot fit at its pace."""
     start, longest, conv = time.monotonic(), 0.0, None
     if "fp32" not in changes and emulated_bf16(base):
         changes = ["fp32", *changes]
+    if slow := too_slow(step_s, RERUN_WARMUP + RERUN_STEPS, budget_s):
+        return {
+            "baseline_mean_step_s": None, "baseline_runs": 0, "min_gain": min_gain, "faster": None, "change": None,
+            "candidates": [{"change": c, "skipped": slow} for c in changes],
+            "not_timed": [c for c in CHANGES if _applies(c, changes, [])], "seconds": 0.0, "interrupted": False,
+        }  # fmt: skip
     base_losses = first_losses(base)
     baselines: list[float] = []
     rows: list[dict[str, Any]] = []
