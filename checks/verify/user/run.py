@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 from checks.config import PreflightConfig
@@ -135,6 +136,37 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
     setting = Setting(cores, Files(json_path, str(csv), str(png)), price, own_code=True)
     first = FirstSave(request.builtin.keep_dir) if request.builtin else None
     run, trace, gpu, gpu_error = _gather(request, stop, cwd, cores, say, first.seen if first else None)
+    gathered = Gathered(run, trace, gpu, gpu_error, stop, setting, gate_rows, host, started, budget, cwd, first)
+    return evaluate(request, gathered, say)
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """The measured run and what ``verify_command`` set up around it: what ``evaluate`` judges."""
+
+    run: CommandRun
+    trace: Trace
+    gpu: int | None
+    gpu_error: str | None
+    stop: StopRule
+    setting: Setting  # the usable cores, the files, the price
+    gate_rows: list[Result] | None
+    host: str
+    started: float  # monotonic: when verify began (verify-time)
+    budget: float
+    cwd: str
+    first: FirstSave | None = None
+    # False: the run spanned hosts (checks/verify/hosts.py): no re-run of the command (loader and model advice, the
+    # exchange A/B, the resume replay, the batch searches), and no checkpoint file read here
+    reruns: bool = True
+
+
+def evaluate(request: CommandRequest, g: Gathered, say: Say) -> Judged:
+    """Judge a measured run: the re-runs it calls for, the judge, the files, ``verify-time``."""
+    run, trace, gpu, gpu_error, stop, setting = g.run, g.trace, g.gpu, g.gpu_error, g.stop, g.setting
+    cfg, cwd, cores, host, first, gate_rows = request.config, g.cwd, setting.usable_cores, g.host, g.first, g.gate_rows
+    started, budget = g.started, g.budget
+    json_path, csv, png = setting.files.json, Path(setting.files.csv), Path(setting.files.png)
     stop, pressed = under_pressure(run, stop, budget)
     usage_error(request.command, run, builtin=request.builtin is not None)
     if run.ended == "no-torch":
@@ -145,16 +177,18 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
     cuts: list[Cut] = [pressed] if pressed is not None else []
     found = j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)  # every process's steps, read once
     deadline = started + budget - stopper.TAIL_S
-    measured = _measured(request, run, found)
-    advice = _advice(request, measured, stop, cwd, cores, say, deadline, cuts)
-    ab = _exchange(request, run, found, stop, cwd, say, deadline, cuts)
-    waits = _comm_share(ab, run, found) >= cfg.verify.share_warn  # comm-bound: faster math would only wait longer
-    model = None if advice or waits else _model_advice(request, run, measured, stop, cwd, say, deadline, cuts)
-    saved = _saved(run, found, deadline)
-    kept = (first.original, read_checkpoint(first.kept, timeout=30.0)) if first and first.kept else None
-    replayed = _replay(request, run, found, kept, first.kept if first else "", cwd, say, deadline, cuts)
-    swept = _sweep(request, run, found, cwd, say, deadline, cuts) if request.sweep else None
-    oom = _largest(request, run, cwd, say, deadline) if sweeper.oom(run) else None
+    advice = ab = model = saved = replayed = swept = oom = None
+    if g.reruns:
+        measured = _measured(request, run, found)
+        advice = _advice(request, measured, stop, cwd, cores, say, deadline, cuts)
+        ab = _exchange(request, run, found, stop, cwd, say, deadline, cuts)
+        waits = _comm_share(ab, run, found) >= cfg.verify.share_warn  # comm-bound: faster math would only wait longer
+        model = None if advice or waits else _model_advice(request, run, measured, stop, cwd, say, deadline, cuts)
+        saved = _saved(run, found, deadline)
+        kept = (first.original, read_checkpoint(first.kept, timeout=30.0)) if first and first.kept else None
+        replayed = _replay(request, run, found, kept, first.kept if first else "", cwd, say, deadline, cuts)
+        swept = _sweep(request, run, found, cwd, say, deadline, cuts) if request.sweep else None
+        oom = _largest(request, run, cwd, say, deadline) if sweeper.oom(run) else None
     setting = dataclasses.replace(
         setting,
         epoch_samples=epoch_samples(request.builtin, found),
