@@ -31,7 +31,7 @@ from checks.machine import bootstrap as bootstrap_run
 from checks.machine.runner import SnapshotRequest, record_snapshot
 from checks.render import render_text
 from provision.alloc_env import diff
-from provision.hosts import select_hosts
+from provision.hosts import HostSpec, select_hosts
 
 if TYPE_CHECKING:
     from checks.machine.runner import Check
@@ -233,7 +233,7 @@ def verify(c: Context, f: fl.VerifyFlags) -> None:
     cfg = replace(cfg, report=replace(cfg.report, strict=cfg.report.strict or f.strict))  # --strict sets it
     if note := fl.timeout_note(f, cfg.verify):
         say(note)
-    if f.command:
+    if f.command and not (f.hosts or f.hosts_file):  # a command goes across hosts only with --hosts
         return _verify_command(cfg, f)
     request = run_verify.VerifyRequest(config=cfg, options=fill(Options, f), budget=f.budget)
     from checks.probe.launch import launch_context
@@ -242,22 +242,45 @@ def verify(c: Context, f: fl.VerifyFlags) -> None:
     # allocation's node list is the host list only where nothing launched this process (salloc's shell).
     in_job = launch_context().engine in ("slurm", "skypilot")
     specs, source = select_hosts(f.hosts, f.hosts_file, os.environ, cfg.hosts.slurm and not in_job)
-    if not specs and not in_job:
+    if specs:
+        return _verify_hosts(cfg, f, request.options, specs, source)
+    if not in_job:
         return _verify_builtin(cfg, f, request.options)
     if only := fl.command_only_flags(f):
         raise PreflightError(
             f"verify: {only[0]} applies to one box's run; across hosts every node runs preflight.verify.steps",
             hint="leave it out with --hosts or under srun",
         )
-    if specs and f.nproc:
-        raise PreflightError("--nproc is per box; with --hosts each host runs one rank per GPU (slots=N caps it)")
     with interruptible(), terminate_as_interrupt():
-        if specs:
-            from checks.verify.hosts import verify_hosts
+        judged = run_verify.verify(request, say=say)
+    _show_judged(judged, every_row=f.all)
+    exit_with(judged.report.exit_code(strict=cfg.report.strict))
 
-            judged = verify_hosts(request, specs, source, CHECKOUT, say)
-        else:
-            judged = run_verify.verify(request, say=say)
+
+def _verify_hosts(
+    cfg: PreflightConfig, f: fl.VerifyFlags, options: Options, specs: list[HostSpec], source: str
+) -> None:
+    """verify --hosts h1,h2 [-- torchrun ...]: one torchrun job across the hosts, judged as a command is
+    (checks/verify/hosts.py)."""
+    from checks.verify.hosts import verify_hosts
+    from checks.verify.user.run import CommandRequest
+
+    if not f.command and (only := fl.command_only_flags(f)):
+        raise PreflightError(
+            f"verify: {only[0]} applies to one box's run; across hosts every node runs preflight.verify.steps",
+            hint="leave it out with --hosts or under srun",
+        )
+    if f.nproc:
+        raise PreflightError("--nproc is per box; with --hosts each host runs one rank per GPU (slots=N caps it)")
+    own = [x for x in fl.own_loop_flags(f) if x not in ("--hosts", "--hosts-file")] if f.command else []
+    if own:
+        raise PreflightError(
+            f"verify: {own[0]} sets the tool's own script, not your command",
+            hint="leave it out, or run verify --hosts without -- COMMAND",
+        )
+    request = fill(CommandRequest, f, config=cfg, echo=None)
+    with interruptible(), terminate_as_interrupt():
+        judged = verify_hosts(request, options, specs, source, CHECKOUT, say)
     _show_judged(judged, every_row=f.all)
     exit_with(judged.report.exit_code(strict=cfg.report.strict))
 

@@ -1,27 +1,39 @@
-"""``invoke verify --hosts h1,h2``: the same DDP run across hosts, over the SSH fan-out of ``bootstrap --hosts``.
+"""``invoke verify --hosts h1,h2 [-- torchrun ...]``: one multi-node torchrun job across hosts, over the SSH fan-out
+of ``bootstrap --hosts``, judged as ``verify -- COMMAND`` judges a command on one box.
 
 Every host is connected, its Python checked and the checkout shipped by the host flow bootstrap uses too
-(``provision.flow``, ``--install`` included), then probed (``checks.verify.smoke.node probe``: GPUs, cores, and
-on the first host a free port). The ranks are planned here: NCCL with one rank per GPU where every host has
-GPUs and NCCL (``slots=N`` caps a host), else gloo with one rank per host (``slots=N``: N); rank 0 is on the
-first host, whose address (as SSH reached it, or ``addr=`` from a hosts file) and free port are the static
-rendezvous. Each host runs its own ranks (``node run``); rank 0's result, with every rank's figures, is judged
-here as a one-box run is.
+(``provision.flow``, ``--install`` included), then probed (``checks.verify.user.node probe``: GPUs, cores, and on
+the first host a free port). The ranks are planned here: NCCL with one rank per GPU where every host has GPUs and
+NCCL (``slots=N`` caps a host), else gloo with one rank per host (``slots=N``: N); rank 0 is on the first host,
+whose address (as SSH reached it, or ``addr=`` from a hosts file) and free port are torchrun's static rendezvous
+(``--nnodes``, ``--node-rank``, ``--master-addr``, ``--master-port``, ``--nproc-per-node`` per host).
+
+What runs is the tool's script ``templates/train.py`` (its flags from verify's, as ``invoke verify`` on one box
+builds them: ``checks/verify/builtin.py``), or the user's own torchrun command after ``--`` with torchrun's node
+flags rewritten per host (``--standalone`` and ``--rdzv-*`` dropped; anything but torchrun or ``python -m
+torch.distributed.run`` is refused, exit 2). Each host runs its part under the agent (``checks.verify.user.node
+run``); the program is given its exact step count (warm-up + steps) and ends by itself, every node together. The
+nodes' runs are merged into one ``CommandRun`` (torchrun sets ``RANK``: the ranks are global) and judged by the
+command path (``checks.verify.user.run.evaluate``): every rank's figures are in one report. The re-runs a one-box
+command gets (loader and model advice, the exchange A/B, the resume replay, --sweep) are not run across hosts.
 
 A host that cannot be reached or readied is one line and exit 2 before anything runs. A host whose ranks fail
-stops the others (SIGTERM to their node, which stops its ranks); the report names the rank. A failure that only
-says a peer went away (``LOST_PEER``) is a symptom: the other hosts get ``PEER_GRACE_S`` to report the cause
-before they are stopped, and a host stopped here is never named as the cause. Ctrl-C stops every host's ranks
-after their step and judges the partial run (exit 130).
+stops the others (SIGTERM to their node, which stops its ranks); the report names the host and the rank. A failure
+that only says a peer went away (``LOST_PEER``) is a symptom: the other hosts get ``PEER_GRACE_S`` to report the
+cause before they are stopped, and a host stopped here is never named as the cause. Ctrl-C stops every host's
+ranks and judges the partial run (exit 130).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
 import shlex
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from functools import partial
@@ -30,12 +42,12 @@ from typing import Any
 
 from checks.config import PreflightConfig
 from checks.errors import PreflightError
-from checks.probe import LocalProbe
-from checks.result import Report, Result, ok
+from checks.reports.verify import Files
+from checks.result import Result, Status, ok, skip
 from checks.verify import plan as v
-from checks.verify.contract import ChildResult, DdpSpec
+from checks.verify.report import Setting
 from checks.verify.sampler import Trace
-from checks.verify.smoke.launch import INTERRUPT_GRACE_S, ChildRun
+from checks.verify.user.launch import INT_GRACE_S, TERM_GRACE_S, CommandRun, StopRule, own_stderr
 from provision.hosts import HostSpec
 
 Say = Callable[[str], None]
@@ -45,6 +57,11 @@ LOST_PEER = ("connection closed", "connection reset", "broken pipe", "peer", "ti
 # on h2 was stopped and came back as "killed"). Tool-defined: a rank's exit and its host's report take a few
 # seconds at most; a host that is hung, not failing, is stopped this much later.
 PEER_GRACE_S = 10.0
+NODE = "checks.verify.user.node"
+# torchrun's flags that say where this node is in the job: set per host here, the user's dropped
+NODE_FLAGS = ("nnodes", "node-rank", "master-addr", "master-port", "nproc-per-node", "standalone")
+VALUELESS = ("standalone", "m", "module", "no-python", "run-path")  # torchrun's flags that take no value
+RERUNS = "loader/model advice, the exchange A/B, the resume replay and --sweep re-run one box's command: not run across hosts"  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -78,6 +95,46 @@ def layout(hosts: list[Host], device: str) -> tuple[str, list[int]]:
     return "gloo", [h.spec.slots or 1 for h in hosts]
 
 
+def torchrun_parts(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The user's torchrun command as (torchrun's flags without the node ones, the program and its arguments);
+    exit 2 for a command that is not torchrun or ``python -m torch.distributed.run``."""
+    first = os.path.basename(argv[0]) if argv else ""
+    if first == "torchrun":
+        rest = list(argv[1:])
+    elif first.startswith("python") and list(argv[1:3]) == ["-m", "torch.distributed.run"]:
+        rest = list(argv[3:])
+    else:
+        raise PreflightError(
+            f"verify --hosts: {shlex.join(argv) or 'no command'}: across hosts verify runs a torchrun command "
+            "(torchrun or python -m torch.distributed.run), its node flags set for each host",
+            hint="invoke verify --hosts h1,h2 -- torchrun train.py ARGS (or leave -- out: the tool's own script)",
+        )
+    kept: list[str] = []
+    i = 0
+    while i < len(rest) and rest[i].startswith("-"):
+        token = rest[i]
+        name, has_value = token.lstrip("-").split("=", 1)[0].replace("_", "-"), "=" in token
+        takes = not has_value and name not in VALUELESS
+        value = [rest[i + 1]] if takes and i + 1 < len(rest) else []
+        if name not in NODE_FLAGS and not name.startswith("rdzv-"):
+            kept += [token, *value]
+        i += 1 + len(value)
+    if i >= len(rest):
+        raise PreflightError(f"verify --hosts: {shlex.join(argv)}: no training script after torchrun's flags")
+    return kept, rest[i:]
+
+
+def node_flags(addr: str, port: int, index: int, nodes: int, local: int) -> list[str]:
+    """torchrun's static rendezvous for one host: rank 0's host at ``addr:port``."""
+    return [
+        f"--nnodes={nodes}",
+        f"--node-rank={index}",
+        f"--master-addr={addr}",
+        f"--master-port={port}",
+        f"--nproc-per-node={local}",
+    ]
+
+
 def ready(spec: HostSpec, cfg: PreflightConfig, root: Path, hosts: Any, first: bool) -> Host:
     """Ready the host (``provision.flow``: connect, claim the checkout directory, ship it, --install), probe it."""
     readied = hosts.ready(spec, cfg, root)
@@ -90,19 +147,10 @@ def ready(spec: HostSpec, cfg: PreflightConfig, root: Path, hosts: Any, first: b
 
 
 def _node(ready: Any, args: list[str], timeout: float, stdin: bytes | None = None) -> dict[str, Any]:
-    """Run ``python -m checks.verify.smoke.node ARGS`` in the host's checkout; its last line as JSON."""
+    """Run ``python -m checks.verify.user.node ARGS`` in the host's checkout; its last line as JSON."""
     from provision.flow import run_module
 
-    return run_module(ready, "checks.verify.smoke.node", args, timeout, stdin=stdin, stoppable=False)
-
-
-def node_spec(spec: dict[str, Any], host: Host, block: dict[str, Any], node: dict[str, Any], cfg: Any) -> bytes:
-    """Verify's child spec for one host: its ranks, its own checkpoint directory, the checkout as the user path."""
-    mine = {**spec, "ddp": {**block, "threads": max(1, int(host.probe["cores"]) // node["local"])}}
-    mine["checkpoint"] = {**spec["checkpoint"], "dir": f"{host.prepared.tmp}/ckpt"}
-    mine |= {"user_path": host.prepared.directory, "node": node, "timeout_s": cfg.timeout_s}
-    mine["stall_s"] = cfg.stall_timeout_s
-    return json.dumps(mine).encode()
+    return run_module(ready, NODE, args, timeout, stdin=stdin, stoppable=False)
 
 
 def _run_node(host: Host, payload: bytes, timeout: float) -> dict[str, Any]:
@@ -112,13 +160,13 @@ def _run_node(host: Host, payload: bytes, timeout: float) -> dict[str, Any]:
 
 
 def _failed(got: dict[str, Any]) -> bool:
-    return bool("error" in got or got.get("failure") or (got.get("result") or {}).get("error"))
+    return "error" in got or got.get("ended") not in ("exited", "stopped")
 
 
 def run_nodes(
     hosts: list[Host], payloads: list[bytes], timeout: float, say: Say
 ) -> tuple[list[dict[str, Any]], list[int], bool, set[int]]:
-    """Run every host's ranks; when one host fails, stop the others; Ctrl-C stops all of them after their step.
+    """Run every host's ranks; when one host fails, stop the others; Ctrl-C stops all of them.
 
     Returns each host's run, the order in which they ended, whether Ctrl-C cut the run short, and the hosts
     stopped here because another failed (their own failure is then the stop, not a cause)."""
@@ -147,7 +195,7 @@ def run_nodes(
                 if interrupted:
                     raise
                 interrupted = stopping = True
-                say("verify: interrupted: stopping every host's ranks after their step")
+                say("verify: interrupted: stopping every host's ranks")
                 _stop_all(hosts)
                 continue
             for f in done:
@@ -173,37 +221,70 @@ def _stop_all(hosts: list[Host]) -> None:
     stop_all([h.ready for h in hosts])
 
 
-def combine(
-    hosts: list[Host], runs: list[dict[str, Any]], order: list[int], interrupted: bool, stopped: set[int]
-) -> ChildRun:
-    """Rank 0's result with every host's ranks; a failure is the first host's to fail for its own reason (a
-    rank that only lost its peer on another host comes after, and a host stopped here is never the cause)."""
-    base = dict(runs[0].get("result") or {})
-    ranks = [r for got in runs for r in ((got.get("result") or {}).get("ranks") or [])]
+@dataclasses.dataclass(frozen=True)
+class Culprit:
+    """The host whose ranks failed first for their own reason, and the rank torchrun named (None: not named)."""
+
+    host: str
+    rank: int | None
+    why: str
+
+
+def merge(
+    hosts: list[Host],
+    runs: list[dict[str, Any]],
+    order: list[int],
+    interrupted: bool,
+    stopped: set[int],
+    argv: Sequence[str],
+) -> tuple[CommandRun, Culprit | None]:
+    """One ``CommandRun`` of every host's run (events concatenated, each tagged with its host; the ranks are
+    global), and the culprit of a failure: the first host to fail for its own reason (a rank that only lost its
+    peer on another host comes after, and a host stopped here is never the cause)."""
+    run = CommandRun(argv=tuple(argv), interrupted=interrupted)
+    for h, got in zip(hosts, runs, strict=True):
+        run.events += [{**e, "host": h.spec.name} for e in got.get("events") or []]
+        run.signals += list(got.get("signals") or [])
+        run.pids |= set(got.get("pids") or [])
+        run.left += [int(p) for p in got.get("left") or []]  # process ids on their host: ``left_on`` names it
+    run.seconds = max(float(got.get("seconds") or 0.0) for got in runs)
+    run.stopped_by_verify = interrupted or bool(stopped)
     failing = [i for i in order if _failed(runs[i])]
     own = [i for i in failing if i not in stopped and not _lost_peer(runs[i])]
-    culprit = next(iter(own or failing), None)
-    run = ChildRun(result=None, interrupted=interrupted, seconds=max((g.get("seconds") or 0.0) for g in runs))
-    if culprit is not None and not interrupted:
-        got = runs[culprit]
-        bad = got.get("result") or {}
-        run.failure, run.rank = got.get("failure") or "crashed", got.get("rank")
-        run.log_tail = got.get("log_tail") or got.get("error") or ""
-        where = f"on {hosts[culprit].spec.name}"
-        base = {**(base or bad), "error": f"{bad.get('error') or got.get('error') or run.failure} ({where})"}
-        base["error_kind"] = bad.get("error_kind") or "crash"
-    if interrupted and base:
-        base.update(interrupted=True, error=None, error_kind=None)
-    if base:
-        base["ranks"] = sorted(ranks, key=lambda r: r["rank"])
-        if base.get("ddp"):
-            base["ddp"] = {**base["ddp"], "hosts": _where(hosts, runs)}
-        run.result = ChildResult.from_json(base)
-    return run
+    first = next(iter(own or failing), None)
+    lead = runs[first] if first is not None and not interrupted else runs[0]
+    run.returncode = lead.get("returncode")
+    run.stderr_tail = list(lead.get("stderr_tail") or []) or ([str(lead["error"])] if lead.get("error") else [])
+    if interrupted:
+        run.ended = "interrupted"
+    elif first is not None:
+        ended = lead.get("ended")
+        run.ended = ended if ended not in (None, "exited", "stopped", "interrupted") else "crashed"
+        run.returncode = 1 if run.returncode in (None, 0) else run.returncode
+    elif any(got.get("ended") == "stopped" for got in runs):  # a user's command, stopped after its steps
+        run.ended, run.stop_reason = "stopped", "steps"
+    else:
+        run.ended = "exited"
+    if first is None or interrupted:
+        return run, None
+    return run, Culprit(hosts[first].spec.name, _rank(lead), _why(lead))
+
+
+def _rank(got: dict[str, Any]) -> int | None:
+    """The failed rank as torchrun's failure report names it (``rank : 1 (local_rank: 0)`` under ``Root Cause``)."""
+    text = "\n".join(got.get("stderr_tail") or [])
+    found = re.findall(
+        r"^\s*rank\s*:\s*(\d+)", text[text.rfind("Root Cause") :] if "Root Cause" in text else text, re.M
+    )
+    return int(found[0]) if found else None
 
 
 def _why(got: dict[str, Any]) -> str:
-    return str((got.get("result") or {}).get("error") or got.get("error") or "")
+    """A host's failure in one line: its error, else the last line of its ranks' own traceback."""
+    if got.get("error"):
+        return str(got["error"])
+    tail = [line for line in own_stderr(list(got.get("stderr_tail") or [])) if line.strip()]
+    return tail[-1].strip() if tail else str(got.get("ended") or "")
 
 
 def _lost_peer(got: dict[str, Any]) -> bool:
@@ -214,66 +295,165 @@ def _lost_peer(got: dict[str, Any]) -> bool:
 def _where(hosts: list[Host], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for h, got in zip(hosts, runs, strict=True):
-        ranks = [r["rank"] for r in ((got.get("result") or {}).get("ranks") or [])]
+        ranks = sorted({e["rank"] for e in got.get("events") or [] if e.get("event") == "step" and "rank" in e})
         out.append({"host": h.spec.name, "address": h.session.peer_address(), "ranks": ranks})
     return out
 
 
-def verify_hosts(request: Any, hosts: list[HostSpec], source: str, root: Path, say: Say) -> Any:
-    """Plan here, ready every host, run the ranks across them, judge rank 0's result (``checks.verify.run``)."""
-    from checks.verify.report import judge
-    from checks.verify.run import Judged
+def _script(
+    request: Any, options: v.Options, stack: ExitStack, backend: str, steps: int, warmup: int
+) -> tuple[Any, list[str]]:
+    """The tool's script for every host: ``builtin.prepare``'s flags with the device and batch of the planned
+    backend and the exact step count (every node ends by itself, together); ``--ckpt-dir`` is each host's own
+    temporary one unless one was asked for (then the same path on every host). Returns the ``Builtin`` and the
+    script's flags."""
+    from checks.probe import LocalProbe
+    from checks.verify.builtin import TEMPLATE, prepare
 
-    cfg, opts = request.config, request.options
-    if opts.sweep or opts.ab:
-        raise PreflightError("verify: --sweep and --ab time one process; run them without --hosts")
+    cfg = request.config
+    b, _ = prepare(dataclasses.replace(options, nproc=1), cfg, LocalProbe(cfg.probe.torch_timeout_s).machine, stack, warmup)  # fmt: skip
+    flags = list(b.command[b.command.index(str(TEMPLATE)) + 1 :])
+    eff = v.effective(cfg.verify, options)
+    gpu = backend == "nccl"
+    batch = options.batch_size or (eff.batch_size_gpu if gpu else eff.batch_size_cpu)
+    wanted = {"--device": "cuda" if gpu else "cpu", "--batch-size": str(batch), "--steps": str(warmup + steps)}
+    if not (options.ckpt_dir or eff.checkpoint_dir):
+        wanted["--ckpt-dir"] = "{tmp}/ckpt"  # each host's own
+    for i, flag in enumerate(flags[:-1]):
+        if flag in wanted:
+            flags[i + 1] = wanted[flag]
+    return b, flags
+
+
+def verify_hosts(request: Any, options: v.Options, hosts: list[HostSpec], source: str, root: Path, say: Say) -> Any:
+    """Plan here, ready every host, run one torchrun job across them, judge it as a command on one box is judged.
+    ``request``: ``checks.verify.user.run.CommandRequest`` (its ``command``: the user's torchrun command, or empty
+    for the tool's script)."""
+    from checks.verify.builtin import TEMPLATE
+    from checks.verify.run import budget_s
+    from checks.verify.user.run import Gathered, evaluate
+
+    cfg = request.config
+    if options.sweep or options.ab or request.sweep or request.ab:
+        raise PreflightError("verify: --sweep and --ab re-run one box's command; run them without --hosts")
+    if request.seconds:
+        raise PreflightError("verify --hosts: every node runs an exact number of steps", hint="use --steps N")
     if len(hosts) < 2:
         raise PreflightError("verify --hosts needs two or more hosts", hint="for one box: invoke verify --nproc N")
+    user = tuple(request.command)
+    kept, program = torchrun_parts(user) if user else ([], [])
+    started = time.monotonic()
+    budget = budget_s(request.budget, cfg.verify)
+    warmup = cfg.verify.warmup if request.warmup < 0 else request.warmup
+    steps = request.steps or options.steps or cfg.verify.steps
+    if steps < 1 or warmup < 1:
+        raise PreflightError("verify: --steps and --warmup must be at least 1 (the first step includes start-up)")
+    json_path, csv, png = v.outputs(request.json, request.plot, cfg.verify)
+    cwd = request.cwd or os.getcwd()
     from provision.flow import Hosts  # fabric and paramiko load only for --hosts
 
     with ExitStack() as stack:
-        p, facts = v.plan(dataclasses.replace(opts, nproc=1), cfg, LocalProbe(cfg.probe.torch_timeout_s).machine, stack)
-        p = dataclasses.replace(p, spec=dataclasses.replace(p.spec, loader_probe=None))
         connected = stack.enter_context(Hosts())
         say(f"verify: readying {len(hosts)} hosts from {source} (ship the checkout, probe torch)")
         readied = _ready_all(hosts, cfg, root, connected)
-        backend, counts = layout(readied, p.spec.device)
-        world = sum(counts)
-        block = {"world_size": world, "backend": backend, "windows": cfg.verify.ddp_windows}
-        block |= {"window_steps": cfg.verify.ddp_window_steps, "solo_steps": cfg.verify.ddp_solo_steps}
-        block["timeout_s"] = cfg.verify.ddp_timeout_s
+        device = v.effective(cfg.verify, options).device if not user else "auto"
+        backend, counts = layout(readied, device)
+        world, n = sum(counts), len(readied)
+        env: dict[str, str] = {}
+        if user:
+            b, shown = None, user
+        else:
+            b, flags = _script(request, options, stack, backend, steps, warmup)
+            env = {k: str(b.alloc.variables[k]) for k in b.alloc_given}
+            program = ["templates/train.py", *flags]
+            prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
+            same = [f"--nproc-per-node={counts[0]}"] if len(set(counts)) == 1 else []
+            launcher = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={n}", *same]
+            shown = (*prefix, *launcher, str(TEMPLATE), *[f.replace("{tmp}", "$TMP") for f in flags])
+            b = dataclasses.replace(b, command=shown, processes=world)
         addr, port = readied[0].session.peer_address(), int(readied[0].probe["port"])
-        firsts = [sum(counts[:i]) for i in range(len(counts))]
-        nodes = [
-            {"addr": addr, "port": port, "first": f, "local": n, "index": i, "nodes": len(readied)}
-            for i, (f, n) in enumerate(zip(firsts, counts, strict=True))
-        ]
-        say(f"verify: {world} ranks ({backend}) on {len(readied)} hosts, rendezvous {addr}:{port}")
-        payloads = [node_spec(p.spec.to_json(), h, block, n, cfg.verify) for h, n in zip(readied, nodes, strict=True)]
+        say(f"verify: {world} ranks ({backend}) on {n} hosts under torchrun, rendezvous {addr}:{port}")
+        payloads = []
+        for i, (h, local) in enumerate(zip(readied, counts, strict=True)):
+            spec = {
+                "launch": [*node_flags(addr, port, i, n, local), *kept],
+                "program": [a.replace("{tmp}", h.prepared.tmp) for a in program],
+                "cwd": cwd if user else h.prepared.directory,
+                "env": env,
+                "master_addr": addr,
+                "warmup": warmup,
+                "steps": steps if user else 0,  # a user's command is stopped after them; the tool's script ends itself
+                "first_step_s": cfg.verify.timeout_s,
+                "stall_s": cfg.verify.stall_timeout_s,
+            }
+            payloads.append(json.dumps(spec).encode())
         runs, order, interrupted, stopped = run_nodes(
-            readied, payloads, cfg.verify.timeout_s + INTERRUPT_GRACE_S + 60, say
+            readied, payloads, cfg.verify.timeout_s + INT_GRACE_S + TERM_GRACE_S + 60, say
         )
-        child = combine(readied, runs, order, interrupted, stopped)
-        outcome = v.Outcome(child, Trace(), None, "the sampler follows this machine only: not run with --hosts")
-        v.raise_usage(outcome)
-        p = dataclasses.replace(p, spec=dataclasses.replace(p.spec, ddp=DdpSpec.from_json(block)))
-        results, judged, verdicts = judge(p, outcome, cfg.verify)
-        measurements = judged.to_json()
-        problems = v.write_outputs(p.csv_path, p.png_path, outcome.trace, "invoke verify --hosts", None, p.usable_cores)
+        run, culprit = merge(readied, runs, order, interrupted, stopped, shown)
+        cores = float(readied[0].probe.get("cores") or 1.0)
+        price = request.price_per_hour or cfg.verify.price_per_hour
+        setting = Setting(cores, Files(json_path, str(csv), str(png)), price, own_code=True)
+        rule = StopRule(warmup, steps, 0.0, cfg.verify.timeout_s, cfg.verify.stall_timeout_s)
+        host = readied[0].spec.name
+        gathered = Gathered(run, Trace(), None, None, rule, setting, None, host, started, budget, cwd, reruns=False)
+        judged = evaluate(dataclasses.replace(request, command=shown, builtin=b), gathered, say)
+        where = _where(readied, runs)
     head = hosts_result(readied, counts, backend, source)
-    report = Report(host=facts.host.hostname, machine="live", results=(head, *results), measurements=measurements)
-    notes = (*problems, f"wrote {p.json_path}, {p.csv_path}, {p.png_path}")
-    return Judged(report, tuple(verdicts), p.json_path, notes, interrupted, focus="diagnosis")
+    results = [_named(r, culprit, left_on(readied, runs)) for r in judged.report.results]
+    results = [_checkpoint_row(r, host) if r.id == "verify-checkpoint" and b is not None else r for r in results]
+    measurements = dict(judged.report.measurements or {})
+    if measurements.get("ddp"):
+        measurements["ddp"] = {**measurements["ddp"], "hosts": where, "link_mbit_s": link_mbit_s(measurements["ddp"])}
+    report = dataclasses.replace(judged.report, results=(head, *results), measurements=measurements)
+    return dataclasses.replace(judged, report=report)
+
+
+def link_mbit_s(ddp: dict[str, Any]) -> float | None:
+    """What the network carried while the exchange was exposed: the ring all-reduce's bus bytes (2(n-1)/n of the
+    gradients) over the exposed exchange, in Mbit/s (a floor: a part of the exchange the backward hid is left out)."""
+    grad, exposed, world = ddp.get("grad_bytes"), ddp.get("comm_exposed_ms"), int(ddp.get("world_size") or 1)
+    if not grad or not exposed or world < 2:
+        return None
+    return round(grad * 2 * (world - 1) / world * 8 / (exposed / 1000) / 1e6, 1)
+
+
+def left_on(hosts: list[Host], runs: list[dict[str, Any]]) -> str:
+    """Where processes were left running: "h2: 123 456" per host ("" when none was)."""
+    left = [(h.spec.name, got.get("left") or []) for h, got in zip(hosts, runs, strict=True)]
+    return "; ".join(f"{name}: {' '.join(map(str, pids))}" for name, pids in left if pids)
+
+
+def _named(r: Result, culprit: Culprit | None, left: str) -> Result:
+    """``verify-command`` names the host (and the rank torchrun named) whose ranks failed, and the hosts of the
+    processes left running."""
+    if r.id != "verify-command" or (culprit is None and not left):
+        return r
+    if left:
+        return dataclasses.replace(r, summary=f"{r.summary} (on {left})", hint=f"{r.hint} on their hosts ({left})")
+    assert culprit is not None
+    who = f"rank {culprit.rank} on {culprit.host}" if culprit.rank is not None else f"on {culprit.host}"
+    return dataclasses.replace(r, summary=f"{r.summary} ({who})")
+
+
+def _checkpoint_row(r: Result, host: str) -> Result:
+    """``verify-checkpoint`` of the tool's script across hosts: rank 0 saved on its host; the file is not read or
+    resumed from here (the replay re-runs one box's script)."""
+    if r.status is not Status.SKIP:
+        return r
+    return skip("verify-checkpoint", f"rank 0 saved its checkpoint on {host}: the resume replay runs on one box only")
 
 
 def hosts_result(hosts: list[Host], counts: list[int], backend: str, source: str) -> Result:
-    """``verify-hosts``: which host ran which ranks, and how the checkout got there."""
+    """``verify-hosts``: which host ran which ranks, how the checkout got there, and what is not run across hosts."""
     parts, first = [], 0
     for h, n in zip(hosts, counts, strict=True):
         parts.append(f"{h.spec.name} rank{'s' if n > 1 else ''} {first}{f'-{first + n - 1}' if n > 1 else ''}")
         first += n
     shipped = hosts[0].ready.shipped
-    summary = f"{len(hosts)} hosts from {source}, {backend}: {', '.join(parts)} (checkout shipped by {shipped})"
+    summary = (
+        f"{len(hosts)} hosts from {source}, {backend}: {', '.join(parts)} (checkout shipped by {shipped}); {RERUNS}"
+    )
     return ok("verify-hosts", summary, value=len(hosts))
 
 

@@ -1,7 +1,8 @@
 """``invoke verify --hosts`` against real hosts: two network namespaces with sshd, joined by a 200 Mbit/s link.
 
 The hosts are tests/netns.py's (tc-shaped veths, real sshd, the checkout shipped by rsync); each runs its rank
-with gloo. The model is one wide Linear layer (~4.7M parameters, 18.9 MB of fp32 gradients) importable on the
+with gloo, as one torchrun job across them (the tool's script templates/train.py under the agent, judged by the
+command path: checks/verify/hosts.py). The model is one wide Linear layer (~4.7M parameters, 18.9 MB of fp32 gradients) importable on the
 hosts from a folder on their Python path, as a user's own module would be: across the 200 Mbit/s link its
 all-reduce (~0.76 s on the wire) costs more than the step's math and the run must come out ``comm-bound``; the
 same model as two ranks on one box (``--nproc 2``, gloo over loopback) must expose a fraction of that time
@@ -189,7 +190,11 @@ def test_two_hosts_on_200_mbit_are_comm_bound_with_the_gradient_bytes_and_the_li
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     rows = _by_id(report)
     assert rows["verify-hosts"]["status"] == "ok" and "h1 rank 0, h2 rank 1" in rows["verify-hosts"]["summary"]
-    ddp = report["measurements"]["ddp"]
+    assert "not run across hosts" in rows["verify-hosts"]["summary"]
+    assert rows["verify-command"]["status"] == "ok" and "torchrun --nnodes=2" in rows["verify-command"]["summary"]
+    m = report["measurements"]
+    assert m["command"]["ended"] == "exited" and m["command"]["steps_seen"] == {"0": 5, "1": 5}  # warm-up 1 + 4
+    ddp = m["ddp"]
     assert ddp["world_size"] == 2 and ddp["backend"] == "gloo"
     assert [h["host"] for h in ddp["hosts"]] == ["h1", "h2"] and [h["ranks"] for h in ddp["hosts"]] == [[0], [1]]
     assert abs(ddp["grad_bytes"] / (4 * PARAMS) - 1) < 0.05, ddp["grad_bytes"]
@@ -197,12 +202,12 @@ def test_two_hosts_on_200_mbit_are_comm_bound_with_the_gradient_bytes_and_the_li
     wire_s = ddp["grad_bytes"] / (RATE_MBIT * 1e6 / 8)
     assert 0.75 <= ddp["comm_exposed_ms"] / 1000 / wire_s <= 1.6, (ddp["comm_exposed_ms"], wire_s)
     assert 0.5 * RATE_MBIT <= ddp["link_mbit_s"] <= 1.1 * RATE_MBIT, ddp["link_mbit_s"]
-    verdicts = {v["id"]: v for v in report["measurements"]["diagnosis"]["verdicts"]}
-    comm = verdicts["comm-bound"]
-    assert comm["evidence"]["link_mbit_s"] == ddp["link_mbit_s"] and comm["evidence"]["hosts"] == ddp["hosts"]
-    assert "across 2 hosts" in comm["summary"] and "instead of 2 hosts" in comm["fix"]
+    verdicts = {v["id"]: v for v in m["diagnosis"]["verdicts"]}
+    assert "comm-bound" in verdicts, verdicts
+    # Every rank of both hosts, with its own figures: the exchange's rows and every process's breakdown.
     assert [r["rank"] for r in ddp["per_rank"]] == [0, 1] and all(r["own_s"] for r in ddp["per_rank"])
-    assert rows["verify-checkpoint"]["status"] == "ok", rows["verify-checkpoint"]  # rank 1 loaded its own copy
+    assert [r["rank"] for r in m["per_rank"]] == [0, 1]
+    assert all(r["steps"] == 4 and r["step_breakdown"] and r["median_s"] for r in m["per_rank"]), m["per_rank"]
     assert seconds < 400
 
 
@@ -214,13 +219,54 @@ def test_nothing_is_left_running_on_the_hosts(ctl: Controller, across: Any) -> N
         assert left == [], host.name
 
 
+USER_SCRIPT = """
+import torch
+import torch.distributed as dist
+from torch import nn
+
+dist.init_process_group("gloo")
+model = nn.parallel.DistributedDataParallel(nn.Linear(64, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(100_000):  # trains until verify stops it
+    x, y = torch.randn(32, 64), torch.randint(0, 4, (32,))
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_users_torchrun_command_runs_across_the_hosts_with_its_node_flags_set_per_host(ctl: Controller) -> None:
+    script = ctl.home / "plugins" / "user_ddp.py"
+    script.write_text(USER_SCRIPT)
+    report = ctl.home / "user-command.json"
+    argv = [sys.executable, "-m", "invoke", "-f", str(ctl.home / "run.yaml"), "verify", "--json", str(report)]
+    argv += ["--hosts", "h1,h2", "--", "torchrun", "--standalone", "--nproc-per-node=3", str(script)]
+    proc = subprocess.run(argv, cwd=REPO, env=ctl.env(), capture_output=True, text=True, timeout=300)
+    doc = json.loads(report.read_text()) if report.exists() else {}
+    assert doc, proc.stderr[-3000:]
+    rows, m = _by_id(doc), doc["measurements"]
+    assert rows["verify-command"]["status"] == "ok", rows["verify-command"]
+    assert m["command"]["ended"] == "stopped" and m["command"]["steps_seen"] == {"0": 5, "1": 5}  # 1 + 4
+    assert [h["ranks"] for h in m["ddp"]["hosts"]] == [[0], [1]]  # one rank a host (gloo), not the 3 it asked for
+    assert [r["rank"] for r in m["per_rank"]] == [0, 1]
+    time.sleep(1)
+    assert _leftovers(ctl) == []
+
+
+def test_a_command_that_is_not_torchrun_is_refused_across_hosts(ctl: Controller) -> None:
+    argv = [sys.executable, "-m", "invoke", "-f", str(ctl.home / "run.yaml"), "verify", "--hosts", "h1,h2"]
+    proc = subprocess.run([*argv, "--", "python", "train.py"], cwd=REPO, env=ctl.env(), capture_output=True, text=True)
+    assert proc.returncode == 2 and "across hosts verify runs a torchrun command" in proc.stderr, proc.stderr
+
+
 def test_a_rank_dying_on_one_host_stops_the_other_and_is_named(ctl: Controller) -> None:
     start = time.monotonic()
     proc, report = ctl.verify("--hosts", "h1,h2", "--model", "userplugin:crash_on_second_host", timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    loop = _by_id(report)["verify-loop"]
-    assert loop["status"] == "fail" and "rank 1" in loop["summary"] and "planted failure" in loop["summary"], loop
-    assert "on h2" in loop["summary"], loop
+    command = _by_id(report)["verify-command"]
+    assert command["status"] == "fail" and "planted failure" in command["summary"], command
+    assert command["summary"].endswith("(rank 1 on h2)"), command
     assert time.monotonic() - start < 150
     time.sleep(1)
     assert _leftovers(ctl) == []
@@ -262,7 +308,9 @@ def test_ctrl_c_stops_every_hosts_ranks_writes_the_partial_report_and_exits_130(
     doc = json.loads(report.read_text())
     loop = _by_id(doc)["verify-loop"]
     assert loop["status"] == "warn" and loop["summary"].startswith("interrupted"), loop
+    assert doc["measurements"]["command"]["ended"] == "interrupted"
     assert 3 <= doc["measurements"]["step_time"]["steps"] < 400
+    assert set(doc["measurements"]["command"]["steps_seen"]) == {"0", "1"}
     time.sleep(1)
     assert _leftovers(ctl) == []
     for host in ctl.cluster.hosts:  # the run's temporary directories are gone from every host
@@ -270,15 +318,16 @@ def test_ctrl_c_stops_every_hosts_ranks_writes_the_partial_report_and_exits_130(
         assert left == [], host.name
 
 
-def _measured_steps(tmp: Path, at_least: int, timeout: float) -> bool:
-    """Wait until the first rank on a host (its events file under the host's TMPDIR) logged measured steps."""
+def _measured_steps(tmp: Path, at_least: int, timeout: float, warmup: int = 1) -> bool:
+    """Wait until rank 0 (the agent's events files under its host's TMPDIR) logged measured steps."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         # A folder can vanish while the walk is in it (a probe's temporary working directory): look again.
         with contextlib.suppress(OSError, ValueError):  # and a line half written
-            for events in tmp.rglob("events.0.jsonl"):
+            for events in tmp.rglob("events-*.jsonl"):
                 lines = [json.loads(x) for x in events.read_text().splitlines() if x.endswith("}")]
-                if any(e.get("phase") == "measure" and e.get("i", 0) >= at_least for e in lines):
+                steps = [e for e in lines if e.get("event") == "step" and e.get("rank") == 0]
+                if len(steps) >= warmup + at_least:
                     return True
         time.sleep(0.2)
     return False
