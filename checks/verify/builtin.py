@@ -63,6 +63,7 @@ class Builtin:
     gpu: bool  # the script trains on the GPU (--device cuda)
     ckpt_every: int  # the real run's save interval, over which the save timed under verify is amortised
     keep_dir: str  # where the first checkpoint is kept for the resume replay (the script overwrites its file)
+    first_save: int  # the step of the script's first save under verify (the warm-up's last + 1)
 
     def describe(self) -> str:
         """The progress line for several processes."""
@@ -127,6 +128,7 @@ def prepare(
         advised = loader.get("num_workers")
         workers = advised if isinstance(advised, int) else 0
     loader = {"num_workers": workers, "persistent_workers": workers > 0, "prefetch_factor": 2 if workers else None}
+    first_save = min(warmup + 1, cfg.checkpoint_every_steps)
     gpu = cfg.device == "cuda" or (cfg.device == "auto" and facts.torch.device_count > 0)
     batch = opts.batch_size or (cfg.batch_size_gpu if gpu else cfg.batch_size_cpu)
     if data is None:
@@ -143,7 +145,7 @@ def prepare(
         "--seq-len", str(cfg.seq_len), "--batch-size", str(batch), "--accum", str(cfg.accum),
         "--workers", str(workers), "--precision", cfg.precision, "--device", "cuda" if gpu else "cpu",
         "--lr", repr(cfg.lr), "--seed", str(cfg.seed), "--ckpt-dir", ckpt,
-        "--ckpt-every", str(min(warmup + 1, cfg.checkpoint_every_steps)), "--steps", str(UNTIL_STOPPED),
+        "--ckpt-every", str(first_save), "--steps", str(UNTIL_STOPPED),
     ]  # fmt: skip
     alloc = allocator_env(facts, config)
     keep = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-preflight-resume-"))
@@ -168,6 +170,7 @@ def prepare(
         gpu,
         cfg.checkpoint_every_steps,
         keep,
+        first_save,
     ), facts
 
 
