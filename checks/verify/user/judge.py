@@ -38,7 +38,7 @@ from checks.result import Result, fail, ok, skip, warn
 from checks.verify import distributed
 from checks.verify import report as verify_report
 from checks.verify.contract import PHASES, ChildResult, ChildRun, Step
-from checks.verify.diagnosis import Signals, Verdict, diagnose
+from checks.verify.diagnosis import TIME_VERDICTS, Signals, Verdict, diagnose
 from checks.verify.plan import Outcome
 from checks.verify.report import Setting
 from checks.verify.results import sweep_result, throughput
@@ -283,10 +283,12 @@ def judge(
                     for v in verdicts]  # fmt: skip
     if advice is not None:
         verdicts = apply_advice(verdicts, advice)
-    if model is not None and verdicts and verdicts[0].id == "compute-bound":
-        top = verdicts[0]
+    at = next((i for i, v in enumerate(verdicts) if v.id == "compute-bound"), None)  # after cpu-contended, if any
+    if model is not None and at is not None and all(v.id == "cpu-contended" for v in verdicts[:at]):
+        top = verdicts[at]
         fix = cpuflags.emulated_fix(model, model_fix(model, top.fix))  # what an fp32 re-run measured, if one ran
-        verdicts = [dataclasses.replace(top, fix=fix, evidence={**top.evidence, "model_advice": model}), *verdicts[1:]]
+        top = dataclasses.replace(top, fix=fix, evidence={**top.evidence, "model_advice": model})
+        verdicts = [*verdicts[:at], top, *verdicts[at + 1 :]]
     judged = verify_report.diagnosis_rows(verdicts, figs.fig if figs else None, child, s)
     sampler_row, sampler = verify_report.sampler_block(setting, outcome)
     cost_row, priced = verify_report.cost_block(setting, child, figs.fig if figs else None)
@@ -672,9 +674,10 @@ def _args(setting: dict[str, Any]) -> str:
 
 def apply_advice(verdicts: list[Verdict], advice: dict[str, Any]) -> list[Verdict]:
     """The primary data verdict with the measured fix and its evidence; the others as they were."""
-    if not verdicts or verdicts[0].id not in ("data-bound", "cpu-starved"):
+    at = next((i for i, v in enumerate(verdicts) if v.id in ("data-bound", "cpu-starved")), None)
+    if at is None or any(v.id in TIME_VERDICTS for v in verdicts[:at]):  # the primary time verdict is not data
         return verdicts
-    top = verdicts[0]
+    top = verdicts[at]
     ev = top.evidence
     starved = None
     if top.id == "cpu-starved" and ev.get("cpu_during_wait") is not None and ev.get("usable_cores"):
@@ -683,4 +686,8 @@ def apply_advice(verdicts: list[Verdict], advice: dict[str, Any]) -> list[Verdic
             float(ev["cpu_during_wait"]), None if machine is None else float(machine), float(ev["usable_cores"])
         )
     fix = measured_fix(advice, top.fix, starved)
-    return [dataclasses.replace(top, fix=fix, evidence={**ev, "command_advice": advice}), *verdicts[1:]]
+    return [
+        *verdicts[:at],
+        dataclasses.replace(top, fix=fix, evidence={**ev, "command_advice": advice}),
+        *verdicts[at + 1 :],
+    ]

@@ -25,7 +25,7 @@ from checks.facts import MachineFacts
 from checks.probe.sample import GpuReader, HostReader
 from checks.probe.torch import read_checkpoint
 from checks.reports.verify import Checkpoint, CommFigures, DataInfo, Files, Measurements
-from checks.result import Report, Result, Status, ok
+from checks.result import Report, Result, Status, ok, skip
 from checks.verify import plan as v
 from checks.verify import stop as stopper
 from checks.verify.builtin import Builtin, FirstSave, Replay, replay, resume_result
@@ -109,7 +109,7 @@ def verify_builtin(request: CommandRequest, options: v.Options, say: Say) -> Jud
         warmup = cfg.verify.warmup if request.warmup < 0 else request.warmup
         b, facts = prepare(options, cfg, LocalProbe(cfg.probe.torch_timeout_s).machine, stack, warmup)
         if b.processes > 1:
-            say(f"verify: {b.processes} processes under torchrun ({'NCCL' if b.device != 'cpu' else 'gloo'})")
+            say(b.describe())
         steps = request.steps or options.steps
         built = dataclasses.replace(request, command=b.command, builtin=b, facts=facts, steps=steps)
         return verify_command(built, say)
@@ -180,13 +180,14 @@ def evaluate(request: CommandRequest, g: Gathered, say: Say) -> Judged:
     advice = ab = model = saved = replayed = swept = oom = None
     if g.reruns:
         measured = _measured(request, run, found)
+        saved = _saved(run, found, deadline)
+        # the resume replay first: a checkpoint that does not resume outweighs any speed-up, and it is one short run
+        kept = (first.original, read_checkpoint(first.kept, timeout=30.0)) if first and first.kept else None
+        replayed = _replay(request, run, found, kept, first.kept if first else "", cwd, say, deadline, cuts)
         advice = _advice(request, measured, stop, cwd, cores, say, deadline, cuts)
         ab = _exchange(request, run, found, stop, cwd, say, deadline, cuts)
         waits = _comm_share(ab, run, found) >= cfg.verify.share_warn  # comm-bound: faster math would only wait longer
         model = None if advice or waits else _model_advice(request, run, measured, stop, cwd, say, deadline, cuts)
-        saved = _saved(run, found, deadline)
-        kept = (first.original, read_checkpoint(first.kept, timeout=30.0)) if first and first.kept else None
-        replayed = _replay(request, run, found, kept, first.kept if first else "", cwd, say, deadline, cuts)
         swept = _sweep(request, run, found, cwd, say, deadline, cuts) if request.sweep else None
         oom = _largest(request, run, cwd, say, deadline) if sweeper.oom(run) else None
     setting = dataclasses.replace(
@@ -267,6 +268,9 @@ def _described(
     for r in results:
         if r.id == "verify-checkpoint" and replayed is not None:
             r = resume_result(b, replayed, m.checkpoint)
+        elif r.id == "verify-checkpoint" and r.status is Status.SKIP:
+            r = skip("verify-checkpoint", f"the run ended before the script's first save (step {b.first_save}): "
+                     "no save timed, no resume replayed")  # fmt: skip
         if r.id == "verify-command":
             r = dataclasses.replace(r, summary=r.summary.replace(shlex.join(request.command), b.shown(), 1))
         if r.id == "verify-loop":
@@ -508,7 +512,7 @@ def _model_advice(
     if seconds <= 0:
         return None
     say(f"verify: the command is compute-bound: timing {', '.join(changes)} on it (up to {seconds:.0f} s)")
-    return modelfix.measure(request.command, cwd, changes, run, seconds, cfg.advice_min_gain)
+    return modelfix.measure(request.command, cwd, changes, run, seconds, cfg.advice_min_gain, m.figs.fig.mean_s)
 
 
 def _saved(run: CommandRun, found: Sequence[j.Rank], deadline: float) -> tuple[str, dict[str, Any]] | None:
@@ -571,10 +575,11 @@ def estimate(stop: StopRule, step_s: float) -> str:
             f"left for measured steps, {fit} at this pace; verify stops the command when the budget ends and "
             f"judges the steps it has (fewer than {stopper.MIN_MEASURED}: low confidence)"
         )
-    return (
-        f"verify: warm-up done, {step_s:.2f} s a step: about {least * step_s:.0f}-{most * step_s:.0f} s more "
-        f"({least} to {most} measured steps, until the shares are stable), within the {spec.budget_s:g} s budget"
+    span = f"{most * step_s:.0f}" if least == most else f"{least * step_s:.0f}-{most * step_s:.0f}"
+    steps = (
+        f"{most} measured steps" if least == most else f"{least} to {most} measured steps, until the shares are stable"
     )
+    return f"verify: warm-up done, {step_s:.2f} s a step: about {span} s more ({steps}), within the {spec.budget_s:g} s budget"
 
 
 def _gather(

@@ -238,7 +238,7 @@ def test_a_busy_neighbour_is_named_before_the_verdict_it_slows() -> None:
     """A crowded box slows every figure: its contention is the first thing said (a CPU hog per core on the 2-core
     box left the training half the cores, the scheduler's fair share, and called it compute-bound before)."""
     assert [v.id for v in diagnose(signals(machine_cpu=0.99, tree_cpu=0.3), CFG)] == ["cpu-contended", "compute-bound"]
-    assert [v.id for v in diagnose(signals(machine_cpu=1.0, tree_cpu=0.5), CFG)][0] == "cpu-contended"  # hog per core
+    assert next(v.id for v in diagnose(signals(machine_cpu=1.0, tree_cpu=0.5), CFG)) == "cpu-contended"  # hog per core
     assert [v.id for v in diagnose(signals(machine_cpu=0.99, tree_cpu=0.9), CFG)] == ["compute-bound"]  # all ours
     assert [v.id for v in diagnose(signals(machine_cpu=0.99, tree_cpu=0.7), CFG)] == ["compute-bound"]  # a small one
     balanced = signals(machine_cpu=0.99, tree_cpu=0.3, shares=shares(data_wait=0.08, h2d=0.08))

@@ -130,19 +130,18 @@ def test_stable_shares_stop_the_measured_steps_early(tmp_path: Path, monkeypatch
 
 @pytest.mark.slow
 def test_a_slow_step_model_gets_its_verdict_within_the_budget_and_names_the_cut(tmp_path: Path) -> None:
-    """As a user runs it: 0.5 s steps, up to 30 measured, a 25 s budget for the whole command (the gate's torch
-    probe, the child's start, the warm-up, the checkpoint round trip and the report included). The stop rule
-    cannot end it first (critical_min_steps 60), so the budget does: fewer steps, said so with the flag; and
-    the warm-up of 8 steps ends once it has used a sixth of the time left (rule.WARMUP_SHARE), also named.
+    """As a user runs it: 0.5 s steps, up to 30 measured after a warm-up of 8, a 25 s budget for the whole command
+    (the gate's torch probe, the script's start, the warm-up, the resume replay and the report included). The
+    stop rule cannot end it first (critical_min_steps 60), so the budget does: fewer steps, said so with the flag
+    that gets them all; the resume replay still runs (one short start of the script), and the model-side re-runs
+    that cannot fit what is left are skipped at once, not started.
 
     Not ``measures``: its steps sleep, so it needs the box's time, not its cores, and it shares them with the other
-    tests (it held the box alone for 21 s a run). Beside 2 and 4 busy-loop processes it passed 5 of 5 (22.7-25.8 s
-    wall): the budget takes a loaded box's slower start out of the warm-up and the measured steps, as it should."""
+    tests. 18-21 s wall on the 2-core box under other tests' load."""
     env = {
         "INVOKE_PREFLIGHT_VERIFY_STEPS": "30",
         "INVOKE_PREFLIGHT_VERIFY_WARMUP": "8",
         "INVOKE_PREFLIGHT_VERIFY_CRITICAL_MIN_STEPS": "60",
-        "INVOKE_PREFLIGHT_VERIFY_LOADER_PROBE_S": "0",
         "INVOKE_PREFLIGHT_VERIFY_BATCH_SIZE_CPU": "16",
         "INVOKE_PREFLIGHT_VERIFY_REPORT_DIR": str(tmp_path / "reports"),
         "SMOKE_STEP_S": "0.5",
@@ -157,15 +156,20 @@ def test_a_slow_step_model_gets_its_verdict_within_the_budget_and_names_the_cut(
     assert timed["seconds"] <= 25 and timed["within_budget"], timed
     assert wall <= 25 + 5, wall  # the interpreter's own start is before verify's clock
     assert timed["stop"]["reason"] == "budget" and rule.MIN_UNDER_PRESSURE <= timed["stop"]["measured"] < 30
-    assert [c["part"] for c in timed["cuts"]] == ["warmup", "measure"], timed["cuts"]
+    measure = timed["cuts"][0]
+    assert measure["part"] == "measure" and measure["fix"].endswith("or --steps 30"), timed["cuts"]
     loop = next(r for r in report["results"] if r["id"] == "verify-loop")["summary"]
-    warm = int(loop.split(" warm-up excluded")[0].rsplit("(", 1)[1])
-    assert rule.MIN_WARMUP <= warm < 8, loop
+    assert "(8 warm-up excluded)" in loop, loop
     row = next(r for r in report["results"] if r["id"] == "verify-time")
     assert row["summary"].startswith("verdict in ") and "of the 25 s budget" in row["summary"]
     assert "or --steps 30 gets it all)" in row["summary"] and "--budget " in row["summary"]
-    assert "verify: warm-up done, 0.5" in done.err and "s of the 25 s budget left" in done.err
-    assert report["measurements"]["diagnosis"]["verdict"] == "compute-bound"
+    assert "verify: warm-up done, 0.5" in done.err and "25 s budget" in done.err
+    ckpt = next(r for r in report["results"] if r["id"] == "verify-checkpoint")
+    assert ckpt["status"] == "ok" and "reproduces the next" in ckpt["summary"], ckpt
+    verdicts = [v["id"] for v in report["measurements"]["diagnosis"]["verdicts"]]
+    assert "compute-bound" in verdicts, verdicts  # first, or after cpu-contended on a loaded box
+    model = report["measurements"].get("model_advice") or {}
+    assert all("mean_step_s" not in c for c in model.get("candidates", [])), model  # none started past the budget
 
 
 # --- verify -- COMMAND -----------------------------------------------------------------------------------------

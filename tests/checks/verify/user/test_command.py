@@ -22,6 +22,7 @@ from checks.probe.sample import process_exists, process_tree
 from checks.verify.run import Judged
 from checks.verify.user.run import CommandRequest, verify_command
 from tests.checks.verify.report_schema import SCHEMA, violations
+from tests.fakes.verdicts import planted, planted_id
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,7 @@ def verify(tmp_path: Path, *command: str, steps: int = 6, warmup: int = 2, verif
 
 
 def verdict(judged: Judged) -> str:
-    return str(judged.report.measurements["diagnosis"]["verdict"])
+    return planted_id(judged.report.measurements)
 
 
 def row(judged: Judged, rid: str) -> Any:
@@ -72,7 +73,7 @@ def test_data_bound_loop_and_the_measured_loader_fix(tmp_path: Path) -> None:
     assert advice["faster"]["overrides"]["num_workers"] >= 1 and advice["faster"]["speedup"] >= 1.1
     assert advice["change"].startswith("DataLoader(..., num_workers=")
     assert advice["change"].endswith("data_bound.py:22")  # where the script builds its loader
-    assert judged.verdicts[0].fix.startswith(advice["change"])
+    assert planted(judged.verdicts).fix.startswith(advice["change"])
     assert all(c.get("processes_left") == [] for c in advice["candidates"] if "ended" in c)
 
 
@@ -165,7 +166,7 @@ def test_torchrun_ranks_get_their_loader_settings_timed_together(tmp_path: Path)
     assert advice["candidates"] and all(c["overrides"]["num_workers"] <= per_rank for c in advice["candidates"])
     timed = [c for c in advice["candidates"] if "speedup" in c]
     assert timed and all(c["processes_left"] == [] for c in timed), advice
-    fix = judged.verdicts[0].fix
+    fix = planted(judged.verdicts).fix
     assert "on your command" in fix, fix  # the measured change, or the measured ratios: never the bare rule
 
 

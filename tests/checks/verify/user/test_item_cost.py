@@ -17,6 +17,7 @@ import pytest
 from checks.verify.diagnosis import item_cost_text
 from checks.verify.user.itemcost import item_cost
 from tests.checks.verify.user.test_command import verify
+from tests.fakes.verdicts import planted
 
 GETITEM_MS, COLLATE_MS, BATCH = 4.0, 10.0, 8
 
@@ -65,7 +66,7 @@ def check_split(judged_m: dict, summary: str, where: str) -> dict:
 def test_loading_in_the_training_process(tmp_path: Path) -> None:
     judged = verify(tmp_path, sys.executable, "costly_items.py")
     m = judged.report.measurements
-    v = judged.verdicts[0]
+    v = planted(judged.verdicts)
     assert v.id in ("data-bound", "cpu-starved") and v.evidence["item_cost"] == m["item_cost"]
     c = check_split(m, v.summary, "training process")
     # Both parts ran inside the data wait, one after the other: together they fit in it.
@@ -78,7 +79,7 @@ def test_loading_in_the_training_process(tmp_path: Path) -> None:
 def test_loading_in_workers(tmp_path: Path, start: str) -> None:
     judged = verify(tmp_path, sys.executable, "costly_items.py", "--workers", "2", "--start", start)
     m = judged.report.measurements
-    v = judged.verdicts[0]
+    v = planted(judged.verdicts)
     assert v.id in ("data-bound", "cpu-starved")
     c = check_split(m, v.summary, "workers")
     assert c["workers"] == 2 and v.summary.endswith("(timed in the 2 workers, which share that work)")

@@ -16,6 +16,7 @@ from checks.verify.user import modelfix
 from checks.verify.user.judge import model_fix
 from checks.verify.user.run import CommandRequest, verify_command
 from tests.checks.verify.report_schema import SCHEMA, violations
+from tests.fakes.verdicts import planted, planted_id
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -58,14 +59,14 @@ def test_a_fp32_conv_net_gets_a_measured_model_side_fix(tmp_path: Path) -> None:
     judged = verify_command(request, say=said.append)
     assert process_tree(os.getpid()) - before == set()
     m = judged.report.measurements
-    assert m["diagnosis"]["verdict"] == "compute-bound" and m["run"]["precision"] == "fp32"
+    assert planted_id(m) == "compute-bound" and m["run"]["precision"] == "fp32"
     advice = m["model_advice"]
     rows = {r["change"]: r for r in advice["candidates"]}
     assert set(rows) == {"bf16", "channels_last"} and advice["baseline_runs"] >= 1
     assert "mean_step_s" in rows["bf16"], advice  # the first change always fits the budget; the second may not
     for row in (r for r in rows.values() if "skipped" not in r):  # timed on the model the optimizer steps
         assert row["models"] == ["Sequential"] and row["mean_step_s"] > 0 and row["loss_agrees"], row
-    fix = judged.verdicts[0].fix
+    fix = planted(judged.verdicts).fix
     if advice["faster"]:  # this box's CPU has native bf16: measured 1.6-2.6x here
         assert fix.startswith(advice["change"]) and "faster on your command, loss agreeing" in fix
     else:

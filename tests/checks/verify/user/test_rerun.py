@@ -14,7 +14,10 @@ NEVER = ("/nonexistent/never-started",)  # a re-run that started would fail loud
 def test_the_pace_decides_whether_two_reruns_fit() -> None:
     assert too_slow(0.05, 10, 60.0) == ""  # 2 x (3 + 0.5) s: fits
     why = too_slow(11.6, 10, 58.0)
-    assert why == f"2 re-runs of 10 steps at 11.60 s a step need about {2 * (START_S + 116):.0f} s, more than the 58 s left"
+    assert (
+        why
+        == f"2 re-runs of 10 steps at 11.60 s a step need about {2 * (START_S + 116):.0f} s, more than the 58 s left"
+    )
     assert too_slow(None, 10, 1.0) == "" and too_slow(0.0, 10, 1.0) == ""  # no pace known: let the budget decide
 
 
