@@ -131,7 +131,7 @@ def describe(facts: StopFacts) -> str:
             if facts.measured < min(MIN_MEASURED, facts.asked)
             else ""
         )
-        return f"{facts.measured} steps: the budget held no more ({within}){few}"
+        return f"{facts.measured} step{'' if facts.measured == 1 else 's'}: the budget held no more ({within}){few}"
     return f"{facts.measured} steps, the cap verify.steps ({within})"
 
 

@@ -357,7 +357,8 @@ def under_pressure(run: CommandRun, stop: StopRule, budget: float) -> tuple[Stop
         if done > stop.warmup
         else f"during the warm-up (step {done} of {stop.warmup})"
     )
-    summary = f"the budget ran out {when} at {pace:.2f} s a step: steps {warmup + 1}-{done} are judged, the warm-up's among them"
+    judged = f"step {done} is" if done == warmup + 1 else f"steps {warmup + 1}-{done} are"
+    summary = f"the budget ran out {when} at {pace:.2f} s a step: {judged} judged, the warm-up's among them"
     return dataclasses.replace(stop, warmup=warmup), Cut(
         "warmup", summary, f"--budget {stopper.more_budget(budget, short)}"
     )
