@@ -831,7 +831,7 @@ def test_the_words_after_two_dashes_reach_verify_as_its_command(
     assert here(home, "verify", "-q", "--warmup", "3").code == 0 and (own[1].quiet, own[1].warmup) == (True, 3)
 
 
-@pytest.mark.parametrize("flag", [("--nproc", "2"), ("--model", "m:f"), ("--hosts", "h1,h2"), ("--ckpt-every", "5")])
+@pytest.mark.parametrize("flag", [("--nproc", "2"), ("--model", "m:f"), ("--ckpt-every", "5")])
 def test_verify_refuses_its_own_loop_flags_with_a_command(here: Here, home: Path, flag: tuple[str, ...]) -> None:
     """Flags that shape verify's built-in loop would be silently ignored by the user's command: refused instead."""
     run = here(home, "verify", *flag, "--", "python", "train.py")
