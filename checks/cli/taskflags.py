@@ -113,11 +113,12 @@ class StageFlags:
 
 @dataclass(frozen=True)
 class Command:
-    """The flags that apply to ``verify -- COMMAND``; last among verify's bases, so the older flags keep their letters."""
+    """The flags that shape how a run is measured (once only for `verify -- COMMAND`, now for every single-box run);
+    last among verify's bases, so the older flags keep their letters."""
 
-    warmup: int = flag(-1, "with -- COMMAND: optimizer steps left out before measuring (-1: preflight.verify.warmup)")
-    seconds: float = flag(0.0, "with -- COMMAND: measure for this many seconds instead of --steps (0: count steps)")
-    quiet: bool = flag(False, "with -- COMMAND: hide the command's own output")
+    warmup: int = flag(-1, "optimizer steps left out before measuring (-1: preflight.verify.warmup; not with --hosts)")
+    seconds: float = flag(0.0, "measure for this many seconds instead of --steps (0: count steps; not with --hosts)")
+    quiet: bool = flag(False, "hide the training script's (or your command's) own output (not with --hosts)")
 
 
 @dataclass(frozen=True)
@@ -132,10 +133,8 @@ class VerifyFlags(Outputs, EveryRow, Hosts, Command, Strict):
     price_per_hour: float = flag(
         0.0, "this machine's price per hour: cost per epoch and per lost share (0: preflight.verify.price_per_hour)"
     )
-    sweep: bool = flag(False, "double the batch until OOM or the throughput knee (with -- COMMAND: re-runs of it)")
-    ab: bool = flag(
-        False, "also time the model under torch.compile (reduce-overhead on a GPU; with -- COMMAND: a re-run)"
-    )
+    sweep: bool = flag(False, "re-run at doubling batch sizes until OOM or the throughput knee")
+    ab: bool = flag(False, "also time the model under torch.compile, by a re-run (when the run is compute-bound)")
     dataset: str = flag("", "your own dataset: MODULE:CALLABLE returning a map-style Dataset of (input, target)")
     model: str = flag("", "your own model: MODULE:CALLABLE returning an nn.Module")
     device: str = flag("", "auto, cuda or cpu (default preflight.verify.device)")
