@@ -96,7 +96,12 @@ def measure(
         if last is not None and last[1]:
             baselines.append(last[1])
     best = _best(rows, baselines or [base_step_s])
-    if best is not None and _gain(best, baselines) >= 1 + min_gain and spread(baselines) > min_gain / 2:
+    # one baseline has no spread to judge by: a candidate that beat it is timed again, alternated, whatever it shows
+    if (
+        best is not None
+        and _gain(best, baselines) >= 1 + min_gain
+        and (len(baselines) < 2 or spread(baselines) > min_gain / 2)
+    ):
         again = timer.run(best["overrides"])  # a wide spread: once more each, alternated, and the means decide
         back = timer.run(None) if again is not None and again[1] else None
         if again is not None and again[1] and back is not None and back[1]:

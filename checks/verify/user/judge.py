@@ -656,6 +656,8 @@ def model_fix(advice: dict[str, Any], rule_fix: str) -> str:
     rest = "the model's math is the limit here; " + "; ".join(
         [*(["not timed: " + ", ".join(untimed)] if untimed else []), "a faster GPU"]
     )
+    if advice.get("not_measurable"):  # the box's own noise is larger than the gains seen: no guess dressed as one
+        return f"no model-side change is measurable on this box now: {advice['not_measurable']} ({shown}); {rest}"
     return _none_faster("model-side change", advice, shown, rest)
 
 

@@ -165,9 +165,13 @@ def measure(
             baselines += [step_s] if step_s else []
             continue
         conv = _conv(run) if conv is None else conv
+        if change == "channels_last" and conv is False:  # its own re-run found no 4-D weight: nothing changed
+            rows.append({"change": change, "skipped": NO_CONV})
+            continue
         rows.append(_row(change, run, warmup, base_losses))
     rows = _rated(rows, baselines)
-    faster = pick(rows, min_gain)
+    noise = _spread(baselines)
+    faster = pick(rows, max(min_gain, noise))
     return {
         "baseline_mean_step_s": round(statistics.fmean(baselines), 6) if baselines else None,
         "baseline_runs": len(baselines),
@@ -182,7 +186,19 @@ def measure(
         ],
         "seconds": round(time.monotonic() - start, 1),
         "interrupted": any(r.get("ended") == "interrupted" for r in rows),
+        "spread": round(noise, 3),
+        "not_measurable": (
+            f"re-runs of the unchanged command differed by {noise:.0%} (other processes on the box?), more than the "
+            f"{min_gain:.0%} a change must gain"
+            if faster is None and noise >= min_gain
+            else None
+        ),
     }
+
+
+def _spread(values: Sequence[float]) -> float:
+    """(max - min) / mean of the unchanged command's re-runs (0 with fewer than two): a gain must beat it."""
+    return (max(values) - min(values)) / statistics.fmean(values) if len(values) >= 2 else 0.0
 
 
 def pick(rows: Sequence[dict[str, Any]], min_gain: float) -> dict[str, Any] | None:

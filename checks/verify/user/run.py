@@ -374,7 +374,8 @@ def stop_facts(run: CommandRun, found: Sequence[j.Rank], stop: StopRule) -> Stop
         reason = run.ended
     else:
         reason = {"stable": "stable", "budget": "budget"}.get(run.stop_reason, "forced" if spec is None else "steps")
-    warm = [sum(float(x.get(p) or 0.0) for p in PHASES) for x in lead.warmup[1:] or lead.steps or lead.warmup]
+    # the pace the cut is told at: the measured steps', else the warm-up's after its first (which holds start-up)
+    warm = [sum(float(x.get(p) or 0.0) for p in PHASES) for x in lead.steps or lead.warmup[1:] or lead.warmup]
     return StopFacts(
         reason,
         len(lead.steps),
@@ -448,10 +449,11 @@ def _advice(
         return None
     say(f"verify: the command waited for data: timing DataLoader settings on it (up to {seconds:.0f} s)")
     loader = m.lead.loader
-    return advice.measure(
+    got = advice.measure(
         request.command, cwd, loader.get("asked") or {}, str(loader.get("site")), m.base.fig.mean_s,
         cores / len(m.found), m.lead.device.get("type") == "cuda", seconds, cfg.advice_min_gain,
     )  # fmt: skip
+    return _kept_cut(got, cuts)
 
 
 def _exchange(
@@ -513,7 +515,18 @@ def _model_advice(
     if seconds <= 0:
         return None
     say(f"verify: the command is compute-bound: timing {', '.join(changes)} on it (up to {seconds:.0f} s)")
-    return modelfix.measure(request.command, cwd, changes, run, seconds, cfg.advice_min_gain, m.figs.fig.mean_s)
+    got = modelfix.measure(request.command, cwd, changes, run, seconds, cfg.advice_min_gain, m.figs.fig.mean_s)
+    return _kept_cut(got, cuts)
+
+
+def _kept_cut(got: dict[str, Any], cuts: list[Cut] | None) -> dict[str, Any]:
+    """Keep the ``advice`` cut ``_rerun_seconds`` noted only when the re-runs were limited by it: a candidate
+    skipped for the seconds left, or a re-run stopped at the limit (a run whose re-runs all fit cut nothing)."""
+    rows = got.get("candidates") or []
+    limited = any(str(r.get("skipped", "")).endswith(" left") or r.get("ended") == "limit" for r in rows)
+    if cuts and cuts[-1].part == "advice" and not limited:
+        cuts.pop()
+    return got
 
 
 def _saved(run: CommandRun, found: Sequence[j.Rank], deadline: float) -> tuple[str, dict[str, Any]] | None:
