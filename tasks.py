@@ -233,28 +233,53 @@ def verify(c: Context, f: fl.VerifyFlags) -> None:
     cfg = replace(cfg, report=replace(cfg.report, strict=cfg.report.strict or f.strict))  # --strict sets it
     if note := fl.timeout_note(f, cfg.verify):
         say(note)
-    if f.command and not (f.hosts or f.hosts_file):  # a command goes across hosts only with --hosts
-        return _verify_command(cfg, f)
-    request = run_verify.VerifyRequest(config=cfg, options=fill(Options, f), budget=f.budget)
     from checks.probe.launch import launch_context
+    from checks.verify.job import in_job as across_job
+    from checks.verify.job import torchrun_command
 
-    # A Slurm task (srun) or SkyPilot node runs its own part of the job's run (plan.job_node), without SSH; the
-    # allocation's node list is the host list only where nothing launched this process (salloc's shell).
-    in_job = launch_context().engine in ("slurm", "skypilot")
+    if f.command and not (f.hosts or f.hosts_file):  # a command goes across hosts only with --hosts, or srun's nodes
+        if torchrun_command(f.command) and across_job(ctx := launch_context()):
+            return _verify_job(cfg, f, fill(Options, f), ctx)
+        return _verify_command(cfg, f)  # any other command: judged where it runs (under srun: on each node)
+    request = run_verify.VerifyRequest(config=cfg, options=fill(Options, f), budget=f.budget)
+
+    # A Slurm task (srun) or SkyPilot node runs its own part of the job's run (checks/verify/job.py), without SSH;
+    # the allocation's node list is the host list only where nothing launched this process (salloc's shell).
+    ctx = launch_context()
+    in_job = ctx.engine in ("slurm", "skypilot")
     specs, source = select_hosts(f.hosts, f.hosts_file, os.environ, cfg.hosts.slurm and not in_job)
     if specs:
         return _verify_hosts(cfg, f, request.options, specs, source)
-    if not in_job:
+    if not across_job(ctx):  # one box, or a job of one node
         return _verify_builtin(cfg, f, request.options)
-    if only := fl.command_only_flags(f):
+    return _verify_job(cfg, f, request.options, ctx)
+
+
+def _verify_job(cfg: PreflightConfig, f: fl.VerifyFlags, options: Options, ctx: LaunchContext) -> None:
+    """srun -N2 --ntasks-per-node=1 invoke verify [-- torchrun ...]: each task runs its node's part of one torchrun
+    job across the job's nodes; node 0 gathers every node's run and judges it as a command (checks/verify/job.py),
+    the others say where the report is and exit with their own ranks' status."""
+    from checks.verify.job import Sent, verify_job
+    from checks.verify.user.run import CommandRequest
+
+    if not f.command and (only := fl.command_only_flags(f)):
         raise PreflightError(
-            f"verify: {only[0]} applies to one box's run; across hosts every node runs preflight.verify.steps",
-            hint="leave it out with --hosts or under srun",
+            f"verify: {only[0]} applies to one box's run; across a job's nodes every node runs an exact step count",
+            hint="leave it out under srun (--steps N sets the count)",
         )
+    if own := fl.own_loop_flags(f) if f.command else []:
+        raise PreflightError(
+            f"verify: {own[0]} sets the tool's own script, not your command",
+            hint="leave it out, or run verify under srun without -- COMMAND",
+        )
+    request = fill(CommandRequest, f, config=cfg, echo=None)
     with interruptible(), terminate_as_interrupt():
-        judged = run_verify.verify(request, say=say)
-    _show_judged(judged, every_row=f.all)
-    exit_with(judged.report.exit_code(strict=cfg.report.strict))
+        done = verify_job(request, options, ctx, say)
+    if isinstance(done, Sent):
+        say(done.line)
+        return exit_with(done.code)
+    _show_judged(done, every_row=f.all)
+    exit_with(done.report.exit_code(strict=cfg.report.strict))
 
 
 def _verify_hosts(

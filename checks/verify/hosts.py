@@ -238,12 +238,25 @@ def merge(
     stopped: set[int],
     argv: Sequence[str],
 ) -> tuple[CommandRun, Culprit | None]:
-    """One ``CommandRun`` of every host's run (events concatenated, each tagged with its host; the ranks are
-    global), and the culprit of a failure: the first host to fail for its own reason (a rank that only lost its
-    peer on another host comes after, and a host stopped here is never the cause)."""
+    """One ``CommandRun`` of every host's run: ``merge_named`` with the hosts' names."""
+    return merge_named([h.spec.name for h in hosts], runs, order, interrupted, stopped, argv)
+
+
+def merge_named(
+    names: Sequence[str],
+    runs: list[dict[str, Any]],
+    order: list[int],
+    interrupted: bool,
+    stopped: set[int],
+    argv: Sequence[str],
+) -> tuple[CommandRun, Culprit | None]:
+    """One ``CommandRun`` of every node's run (events concatenated, each tagged with its node's name; the ranks
+    are global), and the culprit of a failure: the first node to fail for its own reason (a rank that only lost
+    its peer on another node comes after, and a node stopped here is never the cause). ``checks/verify/job.py``
+    merges a Slurm job's nodes with it too."""
     run = CommandRun(argv=tuple(argv), interrupted=interrupted)
-    for h, got in zip(hosts, runs, strict=True):
-        run.events += [{**e, "host": h.spec.name} for e in got.get("events") or []]
+    for name, got in zip(names, runs, strict=True):
+        run.events += [{**e, "host": name} for e in got.get("events") or []]
         run.signals += list(got.get("signals") or [])
         run.pids |= set(got.get("pids") or [])
         run.left += [int(p) for p in got.get("left") or []]  # process ids on their host: ``left_on`` names it
@@ -267,7 +280,7 @@ def merge(
         run.ended = "exited"
     if first is None or interrupted:
         return run, None
-    return run, Culprit(hosts[first].spec.name, _rank(lead), _why(lead))
+    return run, Culprit(names[first], _rank(lead), _why(lead))
 
 
 def _rank(got: dict[str, Any]) -> int | None:
@@ -293,10 +306,17 @@ def _lost_peer(got: dict[str, Any]) -> bool:
 
 
 def _where(hosts: list[Host], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return where_named([h.spec.name for h in hosts], [h.session.peer_address() for h in hosts], runs)
+
+
+def where_named(
+    names: Sequence[str], addresses: Sequence[str | None], runs: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``measurements.ddp.hosts``: each node's name, address and the ranks that stepped there."""
     out = []
-    for h, got in zip(hosts, runs, strict=True):
+    for name, address, got in zip(names, addresses, runs, strict=True):
         ranks = sorted({e["rank"] for e in got.get("events") or [] if e.get("event") == "step" and "rank" in e})
-        out.append({"host": h.spec.name, "address": h.session.peer_address(), "ranks": ranks})
+        out.append({"host": name, "address": address, "ranks": ranks})
     return out
 
 
@@ -400,8 +420,16 @@ def verify_hosts(request: Any, options: v.Options, hosts: list[HostSpec], source
         judged = evaluate(dataclasses.replace(request, command=shown, builtin=b), gathered, say)
         where = _where(readied, runs)
     head = hosts_result(readied, counts, backend, source)
-    results = [_named(r, culprit, left_on(readied, runs)) for r in judged.report.results]
-    results = [_checkpoint_row(r, host) if r.id == "verify-checkpoint" and b is not None else r for r in results]
+    return assemble(judged, head, culprit, left_on(readied, runs), where, host, b is not None)
+
+
+def assemble(
+    judged: Any, head: Result, culprit: Culprit | None, left: str, where: list[dict[str, Any]], host: str, own: bool
+) -> Any:
+    """The judged run across nodes as its report says it: ``head`` first, ``verify-command`` naming the culprit
+    and the processes left, the tool's script's checkpoint row (``own``), and ``ddp.hosts`` with the link."""
+    results = [_named(r, culprit, left) for r in judged.report.results]
+    results = [_checkpoint_row(r, host) if r.id == "verify-checkpoint" and own else r for r in results]
     measurements = dict(judged.report.measurements or {})
     if measurements.get("ddp"):
         measurements["ddp"] = {**measurements["ddp"], "hosts": where, "link_mbit_s": link_mbit_s(measurements["ddp"])}
@@ -420,7 +448,12 @@ def link_mbit_s(ddp: dict[str, Any]) -> float | None:
 
 def left_on(hosts: list[Host], runs: list[dict[str, Any]]) -> str:
     """Where processes were left running: "h2: 123 456" per host ("" when none was)."""
-    left = [(h.spec.name, got.get("left") or []) for h, got in zip(hosts, runs, strict=True)]
+    return left_named([h.spec.name for h in hosts], runs)
+
+
+def left_named(names: Sequence[str], runs: list[dict[str, Any]]) -> str:
+    """``left_on`` by the nodes' names."""
+    left = [(name, got.get("left") or []) for name, got in zip(names, runs, strict=True)]
     return "; ".join(f"{name}: {' '.join(map(str, pids))}" for name, pids in left if pids)
 
 
@@ -446,15 +479,19 @@ def _checkpoint_row(r: Result, host: str) -> Result:
 
 def hosts_result(hosts: list[Host], counts: list[int], backend: str, source: str) -> Result:
     """``verify-hosts``: which host ran which ranks, how the checkout got there, and what is not run across hosts."""
-    parts, first = [], 0
-    for h, n in zip(hosts, counts, strict=True):
-        parts.append(f"{h.spec.name} rank{'s' if n > 1 else ''} {first}{f'-{first + n - 1}' if n > 1 else ''}")
-        first += n
     shipped = hosts[0].ready.shipped
-    summary = (
-        f"{len(hosts)} hosts from {source}, {backend}: {', '.join(parts)} (checkout shipped by {shipped}); {RERUNS}"
-    )
+    parts = ranks_text([h.spec.name for h in hosts], counts)
+    summary = f"{len(hosts)} hosts from {source}, {backend}: {parts} (checkout shipped by {shipped}); {RERUNS}"
     return ok("verify-hosts", summary, value=len(hosts))
+
+
+def ranks_text(names: Sequence[str], counts: Sequence[int]) -> str:
+    """Which node ran which global ranks: "h1 rank 0, h2 ranks 1-2"."""
+    parts, first = [], 0
+    for name, n in zip(names, counts, strict=True):
+        parts.append(f"{name} rank{'s' if n > 1 else ''} {first}{f'-{first + n - 1}' if n > 1 else ''}")
+        first += n
+    return ", ".join(parts)
 
 
 def _ready_all(hosts: list[HostSpec], cfg: PreflightConfig, root: Path, connected: Any) -> list[Host]:

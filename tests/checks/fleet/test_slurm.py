@@ -6,7 +6,10 @@ fault, caught by bootstrap's ulimits check on n2 alone. Skipped with the reason 
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,45 +73,122 @@ def test_the_sbatch_template_runs_bootstrap_and_the_users_ddp_across_both_nodes(
         # Both nodes fail the planted /dev/shm floor, so both get their drain command.
         assert "scontrol update NodeName=n1 State=DRAIN Reason='gpu-preflight: shm" in text, text
         assert "srun --exclude=n[1-2]" in text, text
-        ranks = []
-        for node in ("n1", "n2"):  # one torchrun agent per node, c10d rendezvous on n1: each node's verify its rank
-            m = json.loads((reports / f"verify-{node}.json").read_text(encoding="utf-8"))["measurements"]
-            assert m["command"]["stopped_by_verify"] and m["step_time"]["steps"] == 4, (node, text)
-            assert m["command"]["processes_left"] == [] and len(m["command"]["steps_seen"]) == 1, m["command"]
-            ranks += list(m["command"]["steps_seen"])
-        assert sorted(ranks) == ["0", "1"]  # the job's two ranks, one on each node
+        # Step 2: the user's command under torchrun on each node (its node flags set per node, rendezvous on n1):
+        # n1 (node 0) gathers both nodes' runs and writes the one report, with the job's two ranks, one a node.
+        m = json.loads((reports / "verify-n1.json").read_text(encoding="utf-8"))["measurements"]
+        assert m["command"]["ended"] == "stopped" and m["step_time"]["steps"] == 4, text
+        assert m["command"]["processes_left"] == [] and m["command"]["steps_seen"] == {"0": 6, "1": 6}, m["command"]
+        assert [h["host"] for h in m["ddp"]["hosts"]] == ["n1", "n2"] and [h["ranks"] for h in m["ddp"]["hosts"]] == [
+            [0],
+            [1],
+        ]
+        assert not (reports / "verify-n2.json").exists(), text
     finally:
         import shutil
 
         shutil.rmtree(reports, ignore_errors=True)
 
 
-def test_srun_verify_trains_one_ddp_run_across_both_nodes(slurm: Cluster, tmp_path: Path) -> None:
-    """``srun -N2 --ntasks-per-node=1 invoke verify``: each node's verify starts its rank under torchrun, and the
-    two ranks form one gloo run across n1 and n2 (rendezvous on the job's first node); each node judges its own."""
-    import subprocess
-
-    verify = f'echo SLURM_JOB_ID $SLURM_JOB_ID; exec "{sys.executable}" -m invoke verify --json "{tmp_path}/verify-$SLURMD_NODENAME.json"'
-    env = slurm.env(MASTER_ADDR="127.0.0.1", **_quick(tmp_path), INVOKE_PREFLIGHT_VERIFY_STEPS="4",
+def _srun_verify(
+    slurm: Cluster, tmp_path: Path, *args: str, **extra: str
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``srun -N2 --ntasks-per-node=1 invoke verify --json verify-NODE.json ARGS`` with a short run: what each task
+    said, and the wall time of srun."""
+    verify = (
+        f'echo SLURM_JOB_ID $SLURM_JOB_ID; exec "{sys.executable}" -m invoke verify '
+        f'--json "{tmp_path}/verify-$SLURMD_NODENAME.json" {shlex.join(args)}'
+    )
+    # A port of the test's own: the port from the job id is the same for another test cluster's job on this box.
+    env = slurm.env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), **_quick(tmp_path), INVOKE_PREFLIGHT_VERIFY_STEPS="4",
                     INVOKE_PREFLIGHT_VERIFY_WARMUP="2", INVOKE_PREFLIGHT_VERIFY_DDP_WINDOWS="1",
                     INVOKE_PREFLIGHT_VERIFY_DDP_WINDOW_STEPS="2", INVOKE_PREFLIGHT_VERIFY_DDP_SOLO_STEPS="2",
                     # What is asserted is the run's shape, not its data: small images, no loader probe.
-                    INVOKE_PREFLIGHT_VERIFY_IMAGE_SIZE="16", INVOKE_PREFLIGHT_VERIFY_LOADER_PROBE_S="0")  # fmt: skip
+                    INVOKE_PREFLIGHT_VERIFY_IMAGE_SIZE="16", INVOKE_PREFLIGHT_VERIFY_LOADER_PROBE_S="0", **extra)  # fmt: skip
+    began = time.monotonic()
     try:
         done = subprocess.run(["srun", "-N2", "--ntasks-per-node=1", "bash", "-c", verify], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=300)  # fmt: skip
     finally:
         slurm.cancel_all()
+    return done, time.monotonic() - began
+
+
+def _free_port() -> int:
+    """A port free here with the next one free too (the nodes' exchange after the run takes MASTER_PORT + 1)."""
+    import socket
+
+    while True:
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+
+
+def test_srun_verify_trains_one_ddp_run_across_both_nodes(slurm: Cluster, tmp_path: Path) -> None:
+    """``srun -N2 --ntasks-per-node=1 invoke verify``: each task runs its node's part of one torchrun job of the
+    tool's script (rendezvous on the job's first node), and n1 (node 0) gathers both nodes' runs and writes the one
+    report with every rank; n2 says where it is and writes none."""
+    done, seconds = _srun_verify(slurm, tmp_path)
     said = done.stdout + done.stderr
-    assert "verify: 2 processes across 2 nodes, rank 0 here" in said and "rank 1 here" in said, said[-3000:]
-    for node, rank in (("n1", 0), ("n2", 1)):
-        doc = json.loads((tmp_path / f"verify-{node}.json").read_text(encoding="utf-8"))
-        ddp = doc["measurements"]["ddp"]
-        assert ddp["world_size"] == 2 and ddp["backend"] == "gloo", (node, ddp)
-        assert [r["rank"] for r in ddp["per_rank"]] == [rank], (node, ddp["per_rank"])  # its own rank, judged here
-        assert ddp["grad_bytes"] and ddp["comm_exposed_ms"] is not None, ddp
+    assert done.returncode == 0, said[-3000:]
+    assert "verify: n1: node 0 of 2 in the slurm job" in said and "verify: n2: node 1 of 2" in said, said[-3000:]
+    assert "verify: n2: this node's ranks ended (exited); the job's report is written on n1" in said, said[-3000:]
+    assert not (tmp_path / "verify-n2.json").exists()  # one report for the job, on node 0
+    doc = json.loads((tmp_path / "verify-n1.json").read_text(encoding="utf-8"))
+    rows, m = {r["id"]: r for r in doc["results"]}, doc["measurements"]
+    assert rows["verify-hosts"]["status"] == "ok" and "n1 rank 0, n2 rank 1" in rows["verify-hosts"]["summary"]
+    assert rows["verify-command"]["status"] == "ok" and "--nnodes=2" in rows["verify-command"]["summary"], rows
+    assert m["command"]["ended"] == "exited" and m["command"]["steps_seen"] == {"0": 6, "1": 6}  # warm-up 2 + 4
+    ddp = m["ddp"]
+    assert ddp["world_size"] == 2 and ddp["backend"] == "gloo", ddp
+    assert [h["host"] for h in ddp["hosts"]] == ["n1", "n2"] and [h["ranks"] for h in ddp["hosts"]] == [[0], [1]]
+    assert [r["rank"] for r in ddp["per_rank"]] == [0, 1], ddp["per_rank"]  # every rank of both nodes, judged on n1
+    assert ddp["grad_bytes"] and ddp["comm_exposed_ms"] is not None, ddp
+    assert [r["rank"] for r in m["per_rank"]] == [0, 1]
+    assert all(r["steps"] == 4 and r["median_s"] for r in m["per_rank"]), m["per_rank"]
     job = next(line.split()[-1] for line in said.splitlines() if "SLURM_JOB_ID " in line)
-    assert _job_processes(job) == []  # no rank, torchrun agent or DataLoader worker of the job is left
+    assert _job_processes(job, slurm.conf) == []  # no rank, torchrun agent or DataLoader worker of the job is left
+    print(f"srun -N2 invoke verify: {seconds:.1f} s")
+
+
+def test_srun_verify_of_a_users_torchrun_command_runs_it_across_both_nodes(slurm: Cluster, tmp_path: Path) -> None:
+    """``srun -N2 --ntasks-per-node=1 invoke verify -- torchrun --standalone --nproc-per-node=3 ddp_gloo.py``:
+    torchrun's node flags are set per node (one gloo rank each, rendezvous on n1), each node's ranks are stopped
+    after warm-up + steps, and n1's one report holds both nodes' ranks."""
+    done, _ = _srun_verify(slurm, tmp_path, "--", "torchrun", "--standalone", "--nproc-per-node=3", str(SCRIPTS / "ddp_gloo.py"))  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    doc = json.loads((tmp_path / "verify-n1.json").read_text(encoding="utf-8"))
+    rows, m = {r["id"]: r for r in doc["results"]}, doc["measurements"]
+    assert rows["verify-command"]["status"] == "ok", rows["verify-command"]
+    assert m["command"]["ended"] == "stopped" and m["command"]["steps_seen"] == {"0": 6, "1": 6}, m["command"]
+    assert [h["ranks"] for h in m["ddp"]["hosts"]] == [[0], [1]]  # one rank a node (gloo), not the 3 it asked for
+    assert [r["rank"] for r in m["per_rank"]] == [0, 1]
+    assert not (tmp_path / "verify-n2.json").exists()
+    job = next(line.split()[-1] for line in said.splitlines() if "SLURM_JOB_ID " in line)
+    assert _job_processes(job, slurm.conf) == []
+
+
+def test_srun_verify_with_a_rendezvous_address_that_does_not_resolve_fails_within_a_minute(
+    slurm: Cluster, tmp_path: Path
+) -> None:
+    """``MASTER_ADDR=n0.invalid srun -N2 invoke verify``: every task stops before torchrun starts, with one line
+    naming the address and the fix (as bootstrap does: test_slurm_admin.py), instead of waiting on the rendezvous."""
+    argv = ["srun", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "invoke", "verify"]
+    began = time.monotonic()
+    try:
+        done = subprocess.run(argv, cwd=REPO, env=slurm.env(MASTER_ADDR="n0.invalid", **_quick(tmp_path)),
+                              capture_output=True, text=True, timeout=90)  # fmt: skip
+    finally:
+        slurm.cancel_all()
+    took = time.monotonic() - began
+    errors = [line for line in done.stderr.splitlines() if "n0.invalid" in line]
+    assert took < 60 and done.returncode == 2, (took, done.stderr[-2000:])
+    assert len(errors) == 2 and all("does not resolve" in line and "MASTER_ADDR" in line for line in errors), errors
 
 
 def test_hook_drain_and_resume_against_the_real_slurmctld(slurm: Cluster, tmp_path: Path) -> None:
@@ -144,8 +224,9 @@ def test_hook_drain_and_resume_against_the_real_slurmctld(slurm: Cluster, tmp_pa
         slurm.run("scontrol", "update", "NodeName=n2", "State=RESUME")
 
 
-def _job_processes(job_id: str) -> list[tuple[int, str, str]]:
-    """(pid, SLURM_PROCID, command line) of every process of this Slurm job on the box, read from /proc."""
+def _job_processes(job_id: str, conf: Path | None = None) -> list[tuple[int, str, str]]:
+    """(pid, SLURM_PROCID, command line) of every process of this Slurm job on the box, read from /proc; with
+    ``conf``, of this cluster's job only (another test cluster on the box numbers its jobs alike)."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -155,7 +236,7 @@ def _job_processes(job_id: str) -> list[tuple[int, str, str]]:
             cmd = (proc / "cmdline").read_text(errors="replace").replace("\0", " ")
         except OSError:
             continue
-        if env.get("SLURM_JOB_ID") == job_id:
+        if env.get("SLURM_JOB_ID") == job_id and (conf is None or env.get("SLURM_CONF") == str(conf)):
             found.append((int(proc.name), env.get("SLURM_PROCID", ""), cmd))
     return found
 
