@@ -1,8 +1,9 @@
 """``invoke sbatch``: a ready sbatch script that checks a job's nodes with the cluster's own engine.
 
 The script runs ``invoke bootstrap`` once per node under ``srun`` (the nodes meet at the job's first node, and rank
-0 writes one report for the job: checks/fleet/job.py), then ``invoke verify`` on every node: the built-in loop, or
-the user's own command under ``torchrun`` across the job's nodes (c10d rendezvous on the first node). The job runs
+0 writes one report for the job: checks/fleet/job.py), then ``invoke verify`` on every node: the tool's training script, or
+the user's own command under ``torchrun``, as one run across the job's nodes judged in one report on the first
+node (checks/verify/job.py). The job runs
 where Slurm starts it, the folder ``sbatch`` ran in (``$SLURM_SUBMIT_DIR``, or ``sbatch --chdir``), so the user's
 ``python train.py`` finds train.py and the reports go to ``reports/slurm-<job id>/`` beside it; the tool is found
 by its checkout (``invoke -r CHECKOUT``). Nothing here runs anything: the text is printed or written.
@@ -93,12 +94,12 @@ def render(r: SbatchRequest) -> str:
         torchrun = "" if own else torchrun + " "
         user = " ".join(q(w) for w in r.command)
         lines += [
-            "# 2. Your training, unchanged, under torchrun across the job's nodes; verify on each node judges its ranks.",
+            "# 2. Your training, unchanged, under torchrun across the job's nodes; verify writes one report on the first.",
             "srun --ntasks-per-node=1 bash -c " + q(f"{_VERIFY} -- {torchrun}{user}"),
         ]
     else:
         lines += [
-            "# 2. verify's built-in training loop as one DDP run across the job's nodes (each node judges its ranks;",
+            "# 2. verify's training script as one DDP run across the job's nodes (one report, on the first node;",
             "#    pass your command after -- to judge your own).",
             "srun --ntasks-per-node=1 bash -c " + q(_VERIFY),
         ]
