@@ -25,7 +25,7 @@ from checks.facts import AllreduceFacts, FleetFacts, HostOutcome, LinkFacts
 from checks.fleet.report import FleetReport, build_fleet_report
 from checks.machine import bootstrap as bootstrap_run
 from checks.probe.collective import allreduce_facts
-from checks.probe.launch import LaunchContext, unresolved
+from checks.probe.launch import LaunchContext, check_rendezvous
 from checks.probe.torch import SCRIPTS, ChildFailed, run_child
 from checks.result import Report, Result
 from checks.typedjson import ContractError, Record
@@ -156,18 +156,6 @@ def job_bootstrap(request: JobRequest, notify: Callable[[str], None]) -> FleetRe
         source=where,
     )
     return build_fleet_report(facts, request.config, ctx.node_name)
-
-
-def check_rendezvous(ctx: LaunchContext, timeout_s: float) -> None:
-    """Refuse, before the node's checks, a rendezvous address this node cannot resolve: the store would wait
-    ``hosts.job_wait_s`` and more for peers that can never reach it."""
-    why = unresolved(ctx.master_addr, timeout_s)
-    if why is None:
-        return
-    raise PreflightError(
-        f"{ctx.node_name}: the rendezvous address {ctx.master_addr} ({ctx.master_from}) does not resolve: {why}",
-        hint="set MASTER_ADDR to an address every node resolves: the first node's NodeAddr in scontrol show node",
-    )
 
 
 def _allreduce(data: dict[str, Any] | None, nodes: int, enabled: bool) -> tuple[tuple[AllreduceFacts, ...], str | None]:

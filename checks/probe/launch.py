@@ -222,3 +222,15 @@ def unresolved(addr: str, timeout_s: float) -> str | None:
     worker.start()
     worker.join(timeout_s)
     return found[0] if found else f"no answer from the resolver within {timeout_s:g} s"
+
+
+def check_rendezvous(ctx: LaunchContext, timeout_s: float) -> None:
+    """Refuse, before anything starts, a rendezvous address this node cannot resolve (exit 2, naming it): bootstrap's
+    store and verify's torchrun would wait for peers that can never reach it."""
+    why = unresolved(ctx.master_addr, timeout_s)
+    if why is None:
+        return
+    raise PreflightError(
+        f"{ctx.node_name}: the rendezvous address {ctx.master_addr} ({ctx.master_from}) does not resolve: {why}",
+        hint="set MASTER_ADDR to an address every node resolves: the first node's NodeAddr in scontrol show node",
+    )

@@ -113,17 +113,7 @@ def prepare(
     facts = machine()
     local = distributed.processes(opts.nproc, cfg, facts)
     loader = loader_advice(facts, config).as_dict()
-    workers = opts.workers if opts.workers >= 0 else cfg.num_workers
-    note = ""
-    if workers < 0 and data is not None:
-        # A staged dataset is a memory map with nothing left to decode: a worker only copies each batch once more
-        # through shared memory (BENCHMARKS.md "staged loader": 56k samples/s in-process vs 7.5k with 1 worker).
-        workers = 0
-        note = (
-            "staged data: read in the training process, as staged_loader does (workers only copy it)"
-            if data.source == "staged"
-            else "synthetic data, made in memory: read in the training process (workers would only copy it)"
-        )
+    workers, note = v.workers_for(opts, cfg, data)
     if workers < 0:
         advised = loader.get("num_workers")
         workers = advised if isinstance(advised, int) else 0

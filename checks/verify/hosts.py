@@ -350,7 +350,6 @@ def verify_hosts(request: Any, options: v.Options, hosts: list[HostSpec], source
     ``request``: ``checks.verify.user.run.CommandRequest`` (its ``command``: the user's torchrun command, or empty
     for the tool's script)."""
     from checks.verify.builtin import TEMPLATE
-    from checks.verify.run import budget_s
     from checks.verify.user.run import Gathered, evaluate
 
     cfg = request.config
@@ -360,14 +359,8 @@ def verify_hosts(request: Any, options: v.Options, hosts: list[HostSpec], source
         raise PreflightError("verify --hosts: every node runs an exact number of steps", hint="use --steps N")
     if len(hosts) < 2:
         raise PreflightError("verify --hosts needs two or more hosts", hint="for one box: invoke verify --nproc N")
-    user = tuple(request.command)
-    kept, program = torchrun_parts(user) if user else ([], [])
     started = time.monotonic()
-    budget = budget_s(request.budget, cfg.verify)
-    warmup = cfg.verify.warmup if request.warmup < 0 else request.warmup
-    steps = request.steps or options.steps or cfg.verify.steps
-    if steps < 1 or warmup < 1:
-        raise PreflightError("verify: --steps and --warmup must be at least 1 (the first step includes start-up)")
+    user, kept, program, budget, warmup, steps = asked(request, options, cfg)
     json_path, csv, png = v.outputs(request.json, request.plot, cfg.verify)
     cwd = request.cwd or os.getcwd()
     from provision.flow import Hosts  # fabric and paramiko load only for --hosts
@@ -516,3 +509,21 @@ def _ready_all(hosts: list[HostSpec], cfg: PreflightConfig, root: Path, connecte
             f"verify --hosts: {'; '.join(problems)}", hint="bootstrap --hosts says more about each host"
         )
     return [f.result() for f in futures]
+
+
+def asked(
+    request: Any, options: v.Options, cfg: PreflightConfig
+) -> tuple[tuple[str, ...], list[str], list[str], float, int, int]:
+    """What a run across nodes (--hosts, or srun: ``checks/verify/job.py``) is asked for, checked (exit 2): the
+    user's command and its torchrun parts (none: the tool's script), the budget, the warm-up and the exact steps
+    every node runs."""
+    from checks.verify.run import budget_s
+
+    user = tuple(request.command)
+    kept, program = torchrun_parts(user) if user else ([], [])
+    budget = budget_s(request.budget, cfg.verify)
+    warmup = cfg.verify.warmup if request.warmup < 0 else request.warmup
+    steps = request.steps or options.steps or cfg.verify.steps
+    if steps < 1 or warmup < 1:
+        raise PreflightError("verify: --steps and --warmup must be at least 1 (the first step includes start-up)")
+    return user, kept, program, budget, warmup, steps

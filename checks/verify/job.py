@@ -6,7 +6,7 @@ Each task (one per node) runs its node's part of the job itself, as ``checks.ver
 host, SIGTERM/SIGINT stop its ranks): its node rank is its task rank, the node count the job's tasks, and the
 rendezvous the job's first node at ``MASTER_ADDR``/``MASTER_PORT`` (``checks.probe.launch``: the step's first node
 and a port from the job id unless the user set them); an address that does not resolve stops every task at once,
-naming it (as bootstrap's ``checks.fleet.job.check_rendezvous``). The node's ranks: one per GPU with NCCL (``--nproc`` caps it),
+naming it (``checks.probe.launch.check_rendezvous``, as bootstrap does). The node's ranks: one per GPU with NCCL (``--nproc`` caps it),
 else one gloo rank (``--nproc N``: N); the job's nodes are taken to be alike (one partition).
 
 What runs is the tool's script (``hosts._script``: ``builtin.prepare``'s flags with the exact step count, so that
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.errors import PreflightError
-from checks.probe.launch import LaunchContext, unresolved
+from checks.probe.launch import LaunchContext, check_rendezvous
 from checks.reports.verify import Files
 from checks.result import Result, ok
 from checks.verify import hosts as h
@@ -92,7 +92,6 @@ def verify_job(request: Any, options: v.Options, ctx: LaunchContext, say: Say) -
     empty for the tool's script)."""
     from checks.probe.tcp import route
     from checks.verify.builtin import TEMPLATE
-    from checks.verify.run import budget_s
     from checks.verify.smoke.node import probe
     from checks.verify.user import node
     from checks.verify.user.run import Gathered, evaluate
@@ -107,15 +106,9 @@ def verify_job(request: Any, options: v.Options, ctx: LaunchContext, say: Say) -
             f"verify under {ctx.engine}: {ctx.local_world_size} tasks on this node; it runs as one task per node",
             hint="srun --ntasks-per-node=1 invoke verify: each node starts its own ranks (one per GPU)",
         )
-    _check_rendezvous(ctx, cfg.hosts.connect_timeout_s)
-    user = tuple(request.command)
-    kept, program = h.torchrun_parts(user) if user else ([], [])
+    check_rendezvous(ctx, cfg.hosts.connect_timeout_s)
     started = time.monotonic()
-    budget = budget_s(request.budget, cfg.verify)
-    warmup = cfg.verify.warmup if request.warmup < 0 else request.warmup
-    steps = request.steps or options.steps or cfg.verify.steps
-    if steps < 1 or warmup < 1:
-        raise PreflightError("verify: --steps and --warmup must be at least 1 (the first step includes start-up)")
+    user, kept, program, budget, warmup, steps = h.asked(request, options, cfg)
     first = ctx.rank == 0
     json_path, csv, png = v.outputs(request.json, request.plot, cfg.verify) if first else ("", "", "")
     cwd = request.cwd or os.getcwd()
@@ -185,18 +178,6 @@ def verify_job(request: Any, options: v.Options, ctx: LaunchContext, say: Say) -
     head = job_result(names, counts, backend, where)
     spots = h.where_named(names, addresses, runs)
     return h.assemble(judged, head, culprit, h.left_named(names, runs), spots, me, b is not None)
-
-
-def _check_rendezvous(ctx: LaunchContext, timeout_s: float) -> None:
-    """Refuse, before anything starts, a rendezvous address this node cannot resolve: torchrun would wait for peers
-    that can never reach it (bootstrap's ``checks.fleet.job.check_rendezvous``, the same words)."""
-    why = unresolved(ctx.master_addr, timeout_s)
-    if why is None:
-        return
-    raise PreflightError(
-        f"{ctx.node_name}: the rendezvous address {ctx.master_addr} ({ctx.master_from}) does not resolve: {why}",
-        hint="set MASTER_ADDR to an address every node resolves: the first node's NodeAddr in scontrol show node",
-    )
 
 
 def _exchange(

@@ -143,6 +143,19 @@ def data_spec(opts: Options, cfg: VerifyConfig) -> DataSpec | None:
         ) from None
 
 
+def workers_for(opts: Options, cfg: VerifyConfig, data: DataSpec | None) -> tuple[int, str]:
+    """The DataLoader workers asked (``--workers``, else ``verify.num_workers``; -1: bootstrap's advice) and why they
+    differ from that advice: none for the tool's own data (staged or synthetic), which is read in the training
+    process. A staged dataset is a memory map with nothing left to decode: a worker only copies each batch once more
+    through shared memory (BENCHMARKS.md "staged loader": 56k samples/s in-process vs 7.5k with 1 worker)."""
+    workers = opts.workers if opts.workers >= 0 else cfg.num_workers
+    if workers >= 0 or data is None:
+        return workers, ""
+    if data.source == "staged":
+        return 0, "staged data: read in the training process, as staged_loader does (workers only copy it)"
+    return 0, "synthetic data, made in memory: read in the training process (workers would only copy it)"
+
+
 def checkpoint_dir(opts: Options, cfg: VerifyConfig, stack: ExitStack) -> tuple[str, bool]:
     """The checkpoint directory, created and proven writable; a temporary one when none is configured."""
     wanted = opts.ckpt_dir or cfg.checkpoint_dir
@@ -197,17 +210,7 @@ def plan(
     ckpt, temporary = checkpoint_dir(opts, cfg, stack)
     facts = machine()
     loader = loader_advice(facts, config).as_dict()
-    workers = opts.workers if opts.workers >= 0 else cfg.num_workers
-    note = ""
-    if workers < 0 and data is not None:
-        # A staged dataset is a memory map with nothing left to decode: a worker only copies each batch once more
-        # through shared memory (BENCHMARKS.md "staged loader": 56k samples/s in-process vs 7.5k with 1 worker).
-        workers = 0
-        note = (
-            "staged data: read in the training process, as staged_loader does (workers only copy it)"
-            if data.source == "staged"
-            else "synthetic data, made in memory: read in the training process (workers would only copy it)"
-        )
+    workers, note = workers_for(opts, cfg, data)
     if workers >= 0:
         loader |= {"num_workers": workers, "persistent_workers": workers > 0, "prefetch_factor": 2 if workers else None}
     local = distributed.processes(opts.nproc, cfg, facts)
