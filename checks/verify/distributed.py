@@ -256,13 +256,25 @@ def _bootstrap_says(where: str, host: str | None, gate: Sequence[Result] | None,
 LATENCY_BOUND_BYTES = 1e6  # under this per step an all-reduce is latency, not bandwidth (tool-defined, an estimate)
 
 
+def link_mbit_s(d: DdpFigures) -> float | None:
+    """Across hosts: what the network carried while the exchange was exposed: the ring all-reduce's bus bytes
+    (2(n-1)/n of the gradients) over the exposed exchange, in Mbit/s (a floor: a part of the exchange the backward
+    hid is left out)."""
+    grad, exposed, world = d.grad_bytes, d.comm_exposed_ms, d.world_size or 1
+    if not grad or not exposed or world < 2:
+        return None
+    return round(grad * 2 * (world - 1) / world * 8 / (exposed / 1000) / 1e6, 1)
+
+
 def comm_text(d: DdpFigures, target: float) -> tuple[str, str]:
     """The comm-bound summary and its fixes, ranked by the step time each would save on these numbers."""
     share, ms, grad = d.comm_share or 0.0, d.comm_exposed_ms or 0.0, d.grad_bytes or 0
     bw = f", at least {d.busbw_gbs:g} GB/s busbw" if d.busbw_gbs else ""
+    across = f" across {len(d.hosts)} hosts" if d.hosts else ""
+    link = f", about {d.link_mbit_s:g} Mbit/s on the link while they waited" if d.hosts and d.link_mbit_s else ""
     summary = (
-        f"{d.world_size} ranks ({d.backend}) wait {ms:.1f} ms per step for the gradient exchange, "
-        f"{percent(share)} of the step ({size_decimal(grad)} all-reduced per step{bw})"
+        f"{d.world_size} ranks ({d.backend}){across} wait {ms:.1f} ms per step for the gradient exchange, "
+        f"{percent(share)} of the step ({size_decimal(grad)} all-reduced per step{bw}{link})"
     )
     k = accumulation(share, target)
     ranked = []

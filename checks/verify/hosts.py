@@ -409,34 +409,23 @@ def verify_hosts(request: Any, options: v.Options, hosts: list[HostSpec], source
         setting = Setting(cores, Files(json_path, str(csv), str(png)), price, own_code=True)
         rule = StopRule(warmup, steps, 0.0, cfg.verify.timeout_s, cfg.verify.stall_timeout_s)
         host = readied[0].spec.name
-        gathered = Gathered(run, Trace(), None, None, rule, setting, None, host, started, budget, cwd, reruns=False)
-        judged = evaluate(dataclasses.replace(request, command=shown, builtin=b), gathered, say)
         where = _where(readied, runs)
+        gathered = Gathered(
+            run, Trace(), None, None, rule, setting, None, host, started, budget, cwd, reruns=False, hosts=tuple(where)
+        )
+        judged = evaluate(dataclasses.replace(request, command=shown, builtin=b), gathered, say)
     head = hosts_result(readied, counts, backend, source)
-    return assemble(judged, head, culprit, left_on(readied, runs), where, host, b is not None)
+    return assemble(judged, head, culprit, left_on(readied, runs), host, b is not None)
 
 
-def assemble(
-    judged: Any, head: Result, culprit: Culprit | None, left: str, where: list[dict[str, Any]], host: str, own: bool
-) -> Any:
+def assemble(judged: Any, head: Result, culprit: Culprit | None, left: str, host: str, own: bool) -> Any:
     """The judged run across nodes as its report says it: ``head`` first, ``verify-command`` naming the culprit
-    and the processes left, the tool's script's checkpoint row (``own``), and ``ddp.hosts`` with the link."""
+    and the processes left, the tool's script's checkpoint row (``own``). ``ddp.hosts`` and the link's figure are
+    the judge's (``Gathered.hosts``)."""
     results = [_named(r, culprit, left) for r in judged.report.results]
     results = [_checkpoint_row(r, host) if r.id == "verify-checkpoint" and own else r for r in results]
-    measurements = dict(judged.report.measurements or {})
-    if measurements.get("ddp"):
-        measurements["ddp"] = {**measurements["ddp"], "hosts": where, "link_mbit_s": link_mbit_s(measurements["ddp"])}
-    report = dataclasses.replace(judged.report, results=(head, *results), measurements=measurements)
+    report = dataclasses.replace(judged.report, results=(head, *results))
     return dataclasses.replace(judged, report=report)
-
-
-def link_mbit_s(ddp: dict[str, Any]) -> float | None:
-    """What the network carried while the exchange was exposed: the ring all-reduce's bus bytes (2(n-1)/n of the
-    gradients) over the exposed exchange, in Mbit/s (a floor: a part of the exchange the backward hid is left out)."""
-    grad, exposed, world = ddp.get("grad_bytes"), ddp.get("comm_exposed_ms"), int(ddp.get("world_size") or 1)
-    if not grad or not exposed or world < 2:
-        return None
-    return round(grad * 2 * (world - 1) / world * 8 / (exposed / 1000) / 1e6, 1)
 
 
 def left_on(hosts: list[Host], runs: list[dict[str, Any]]) -> str:

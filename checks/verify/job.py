@@ -173,11 +173,13 @@ def verify_job(request: Any, options: v.Options, ctx: LaunchContext, say: Say) -
         price = request.price_per_hour or cfg.verify.price_per_hour
         setting = Setting(float(found.get("cores") or 1.0), Files(json_path, str(csv), str(png)), price, own_code=True)
         rule = StopRule(warmup, steps, 0.0, cfg.verify.timeout_s, cfg.verify.stall_timeout_s)
-        gathered = Gathered(run, Trace(), None, None, rule, setting, None, me, started, budget, cwd, reruns=False)
+        spots = h.where_named(names, addresses, runs)
+        gathered = Gathered(
+            run, Trace(), None, None, rule, setting, None, me, started, budget, cwd, reruns=False, hosts=tuple(spots)
+        )
         judged = evaluate(dataclasses.replace(request, command=shown, builtin=b), gathered, say)
     head = job_result(names, counts, backend, where)
-    spots = h.where_named(names, addresses, runs)
-    return h.assemble(judged, head, culprit, h.left_named(names, runs), spots, me, b is not None)
+    return h.assemble(judged, head, culprit, h.left_named(names, runs), me, b is not None)
 
 
 def _exchange(

@@ -26,6 +26,7 @@ from checks.reports.verify import (
     DataInfo,
     DdpFigures,
     Device,
+    HostRanks,
     Measurements,
     Oom,
     ProcessFigures,
@@ -228,6 +229,7 @@ def judge(
     model: dict[str, Any] | None = None,
     saved: tuple[str, dict[str, Any]] | None = None,
     exchange: CommFigures | None = None,
+    hosts: Sequence[dict[str, Any]] = (),
 ) -> tuple[list[Result], Measurements, list[Verdict]]:
     """Results, measurements (the report's JSON object) and verdicts of one run of the command; ``exchange``: the
     torchrun command's exchange A/B (``checks/verify/user/exchange.py``), whose figure replaces the hook's."""
@@ -236,6 +238,9 @@ def judge(
     ddp = rank_rows(found, lead, run.events) if len(found) > 1 else None  # the ranks, read once
     if ddp is not None and exchange is not None:
         ddp = with_exchange(ddp, exchange)
+    if ddp is not None and hosts:  # across nodes: where the ranks ran, and what the link carried while they waited
+        ddp = dataclasses.replace(ddp, hosts=tuple(HostRanks.from_json(dict(h)) for h in hosts))
+        ddp = dataclasses.replace(ddp, link_mbit_s=distributed.link_mbit_s(ddp))
     figs = rank_figures(lead, setting.ckpt_every) if lead else None
     child = _child_result(lead, figs) if lead else ChildResult()
     child = dataclasses.replace(child, sweep=sweep, oom=oom.oom if oom else None)

@@ -159,6 +159,7 @@ class Gathered:
     # False: the run spanned hosts (checks/verify/hosts.py): no re-run of the command (loader and model advice, the
     # exchange A/B, the resume replay, the batch searches), and no checkpoint file read here
     reruns: bool = True
+    hosts: tuple[dict[str, Any], ...] = ()  # across nodes: which ranks ran where (``HostRanks``), for the DDP figures
 
 
 def evaluate(request: CommandRequest, g: Gathered, say: Say) -> Judged:
@@ -197,7 +198,7 @@ def evaluate(request: CommandRequest, g: Gathered, say: Say) -> Judged:
     )
     results, measurements, verdicts = j.judge(
         run, trace, setting, cfg.verify, stop.warmup, stop.steps, stop.seconds, gate_rows, gpu, gpu_error, advice,
-        swept, oom, model, saved, ab,
+        swept, oom, model, saved, ab, g.hosts,
     )  # fmt: skip
     results, measurements = _described(request, results, measurements, found, replayed)
     steps = [s for r in found[:1] for s in r.steps]

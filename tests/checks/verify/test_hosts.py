@@ -204,6 +204,9 @@ def test_two_hosts_on_200_mbit_are_comm_bound_with_the_gradient_bytes_and_the_li
     assert 0.5 * RATE_MBIT <= ddp["link_mbit_s"] <= 1.1 * RATE_MBIT, ddp["link_mbit_s"]
     verdicts = {v["id"]: v for v in m["diagnosis"]["verdicts"]}
     assert "comm-bound" in verdicts, verdicts
+    comm = verdicts["comm-bound"]  # the verdict says where the ranks waited, and what the link carried meanwhile
+    assert "2 ranks (gloo) across 2 hosts wait" in comm["summary"] and "Mbit/s on the link" in comm["summary"], comm
+    assert comm["evidence"]["link_mbit_s"] == ddp["link_mbit_s"] and len(comm["evidence"]["hosts"]) == 2
     # Every rank of both hosts, with its own figures: the exchange's rows and every process's breakdown.
     assert [r["rank"] for r in ddp["per_rank"]] == [0, 1] and all(r["own_s"] for r in ddp["per_rank"])
     assert [r["rank"] for r in m["per_rank"]] == [0, 1]
