@@ -230,18 +230,6 @@ class Culprit:
     why: str
 
 
-def merge(
-    hosts: list[Host],
-    runs: list[dict[str, Any]],
-    order: list[int],
-    interrupted: bool,
-    stopped: set[int],
-    argv: Sequence[str],
-) -> tuple[CommandRun, Culprit | None]:
-    """One ``CommandRun`` of every host's run: ``merge_named`` with the hosts' names."""
-    return merge_named([h.spec.name for h in hosts], runs, order, interrupted, stopped, argv)
-
-
 def merge_named(
     names: Sequence[str],
     runs: list[dict[str, Any]],
@@ -403,7 +391,7 @@ def verify_hosts(request: Any, options: v.Options, hosts: list[HostSpec], source
         runs, order, interrupted, stopped = run_nodes(
             readied, payloads, cfg.verify.timeout_s + INT_GRACE_S + TERM_GRACE_S + 60, say
         )
-        run, culprit = merge(readied, runs, order, interrupted, stopped, shown)
+        run, culprit = merge_named([r.spec.name for r in readied], runs, order, interrupted, stopped, shown)
         cores = float(readied[0].probe.get("cores") or 1.0)
         price = request.price_per_hour or cfg.verify.price_per_hour
         setting = Setting(cores, Files(json_path, str(csv), str(png)), price, own_code=True)

@@ -77,7 +77,9 @@ def test_a_lost_peer_reported_first_waits_for_the_host_that_raised(monkeypatch: 
     hosts, said = _hosts("h1", "h2"), list[str]()
     runs, order, interrupted, by_us = h.run_nodes(hosts, [b"", b""], 30, said.append)
     assert stopped == [] and by_us == set() and order == [0, 1]  # h2 was given the time to say why
-    run, culprit = h.merge(hosts, runs, order, interrupted, by_us, ["torchrun", "train.py"])
+    run, culprit = h.merge_named(
+        [x.spec.name for x in hosts], runs, order, interrupted, by_us, ["torchrun", "train.py"]
+    )
     assert culprit == h.Culprit("h2", 1, "RuntimeError: planted failure on rank 1")
     assert run.ended == "crashed" and run.traceback()[-1] == "RuntimeError: planted failure on rank 1"
 
@@ -92,7 +94,9 @@ def test_a_host_that_stays_silent_after_its_peer_was_lost_is_stopped_and_not_nam
     runs, order, interrupted, by_us = h.run_nodes(hosts, [b"", b""], 30, said.append)
     assert stopped == ["h2"] and by_us == {1} and 0.3 <= time.monotonic() - began < 5
     assert said == ["verify: h1 lost its peer: stopping the other hosts' ranks"]
-    run, culprit = h.merge(hosts, runs, order, interrupted, by_us, ["torchrun", "train.py"])
+    run, culprit = h.merge_named(
+        [x.spec.name for x in hosts], runs, order, interrupted, by_us, ["torchrun", "train.py"]
+    )
     # h2's "interrupted" is the stop, not a cause: the lost peer is all that is known, and it is said as such.
     assert run.ended == "crashed" and culprit == h.Culprit("h1", 0, PEER_GONE)
 
@@ -104,5 +108,7 @@ def test_a_host_that_raised_stops_the_others_at_once(monkeypatch: pytest.MonkeyP
     runs, order, interrupted, by_us = h.run_nodes(hosts, [b"", b""], 30, said.append)
     assert stopped == ["h1"] and by_us == {0} and time.monotonic() - began < 2
     assert said == ["verify: h2 failed: stopping the other hosts' ranks"]
-    run, culprit = h.merge(hosts, runs, order, interrupted, by_us, ["torchrun", "train.py"])
+    run, culprit = h.merge_named(
+        [x.spec.name for x in hosts], runs, order, interrupted, by_us, ["torchrun", "train.py"]
+    )
     assert culprit is not None and (culprit.host, culprit.rank) == ("h2", 1) and run.ended == "crashed"
