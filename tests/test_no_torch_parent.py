@@ -146,7 +146,7 @@ def test_verify_parent_imports_no_torch_while_its_child_trains(tmp_path: Path) -
     work.mkdir()
     (work / "tinyplugin.py").write_text(PLUGIN)
     report = tmp_path / "verify.json"
-    knobs = {"WARMUP": "1", "IMAGE_SIZE": "8", "RESUME_STEPS": "1", "LOADER_PROBE_S": "0.0", "LOSS_MUST_DECREASE": "0"}
+    knobs = {"WARMUP": "1", "IMAGE_SIZE": "8", "RESUME_STEPS": "1", "COMMAND_ADVICE_S": "0", "LOSS_MUST_DECREASE": "0"}
     env = {f"INVOKE_PREFLIGHT_VERIFY_{k}": v for k, v in knobs.items()}
     args = ("verify", "--steps", "2", "--batch-size", "4", "--workers", "0", "--device", "cpu")
     got = run_parent(tmp_path, *args, "--model", "tinyplugin:tiny", "--json", str(report), cwd=work, env=env)

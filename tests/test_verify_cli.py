@@ -53,11 +53,12 @@ def machine_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def small(tmp: Path, **extra: str) -> dict[str, str]:
-    """Small and quick: 16 px images, batch 16, one warm-up step; reports under ``tmp``. No DataLoader timing after a
-    loop that waited for data (``loader_probe_s`` 0: its advice is tests/checks/verify/test_advice.py's)."""
+    """Small and quick: 16 px images, batch 16, one warm-up step; reports under ``tmp``. No re-runs for advice
+    (``command_advice_s`` 0: the loader and model re-runs are tests/checks/verify/user/'s; they took up to a minute of
+    each run here); the resume replay still runs."""
     env = {"INVOKE_PREFLIGHT_VERIFY_IMAGE_SIZE": "16", "INVOKE_PREFLIGHT_VERIFY_BATCH_SIZE_CPU": "16"}
     env |= {"INVOKE_PREFLIGHT_VERIFY_WARMUP": "1", "INVOKE_PREFLIGHT_VERIFY_REPORT_DIR": str(tmp / "reports")}
-    env |= {"INVOKE_PREFLIGHT_VERIFY_LOADER_PROBE_S": "0"}
+    env |= {"INVOKE_PREFLIGHT_VERIFY_COMMAND_ADVICE_S": "0"}
     return env | extra
 
 

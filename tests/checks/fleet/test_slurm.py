@@ -103,7 +103,7 @@ def _srun_verify(
                     INVOKE_PREFLIGHT_VERIFY_WARMUP="2", INVOKE_PREFLIGHT_VERIFY_DDP_WINDOWS="1",
                     INVOKE_PREFLIGHT_VERIFY_DDP_WINDOW_STEPS="2", INVOKE_PREFLIGHT_VERIFY_DDP_SOLO_STEPS="2",
                     # What is asserted is the run's shape, not its data: small images, no loader probe.
-                    INVOKE_PREFLIGHT_VERIFY_IMAGE_SIZE="16", INVOKE_PREFLIGHT_VERIFY_LOADER_PROBE_S="0", **extra)  # fmt: skip
+                    INVOKE_PREFLIGHT_VERIFY_IMAGE_SIZE="16", INVOKE_PREFLIGHT_VERIFY_COMMAND_ADVICE_S="0", **extra)  # fmt: skip
     began = time.monotonic()
     try:
         done = subprocess.run(["srun", "-N2", "--ntasks-per-node=1", "bash", "-c", verify], cwd=REPO, env=env,
