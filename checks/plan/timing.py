@@ -1,6 +1,6 @@
 """Step time and epoch cost on each card class, scaled from a verify report of this model (``--from``).
 
-Per sample, the report's step splits into shares (checks/verify/smoke/figures.py): forward + backward scale with
+Per sample, the report's step splits into shares (checks/verify/figures.py): forward + backward scale with
 the dense peak of the dtype (the same MFU on every card); the optimizer step, an elementwise pass over ~16 B per
 parameter, scales with memory bandwidth; data wait, host-to-device copies and checkpoints do not scale (Amdahl).
 With N > 1 GPUs each step adds a ring all-reduce of the gradients, 2(N-1)/N x bytes at a bus bandwidth of ~80%

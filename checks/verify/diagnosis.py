@@ -81,7 +81,7 @@ class Signals:
 
     steps: int
     device: str  # "cuda" | "cpu"
-    shares: dict[str, float]  # checks.verify.smoke.figures.breakdown
+    shares: dict[str, float]  # checks.verify.figures.breakdown
     step_s: float  # mean seconds per step (checkpoints amortised in)
     workers: int = 0
     usable_cores: float = 1.0

@@ -33,7 +33,7 @@ from checks.reports.verify import CommFigures, DdpFigures, RankRow
 from checks.result import Result, Status, ok, skip
 from checks.units import percent, size_decimal
 from checks.verify.contract import ChildResult, CommAb, DdpSpec, RankDevice, RankResult
-from checks.verify.smoke.figures import breakdown
+from checks.verify.figures import breakdown
 from checks.verify.smoke.launch import Node
 
 

@@ -92,8 +92,8 @@ def verify_job(request: Any, options: v.Options, ctx: LaunchContext, say: Say) -
     empty for the tool's script)."""
     from checks.probe.tcp import route
     from checks.verify.builtin import TEMPLATE
-    from checks.verify.smoke.node import probe
     from checks.verify.user import node
+    from checks.verify.user.node import probe
     from checks.verify.user.run import Gathered, evaluate
 
     cfg = request.config

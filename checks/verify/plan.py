@@ -44,8 +44,8 @@ from checks.verify.contract import (
     SweepSpec,
 )
 from checks.verify.sampler import Sampler, Trace
-from checks.verify.smoke.data import StagedDataError, inspect_staged, synthetic_spec
 from checks.verify.smoke.launch import Node, launch
+from checks.verify.staged import StagedDataError, inspect_staged, synthetic_spec
 
 CHOICES = {
     "device": ("auto", "cuda", "cpu"),

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from checks.verify.figures import PHASES, SHARES
 from checks.verify.sampler import Trace
-from checks.verify.smoke.figures import PHASES, SHARES
 
 COLOURS = {
     "data_wait": "#d62728",

@@ -25,10 +25,10 @@ from checks.verify.advice import loader_advice
 from checks.verify.contract import ChildResult, phase_ok
 from checks.verify.cost import cost, describe
 from checks.verify.diagnosis import Signals, Verdict, diagnose, upgrade_bound
+from checks.verify.figures import StepFigures, breakdown, enqueue_ratio, fetch_windows, loss_trend, step_figures
 from checks.verify.plan import Outcome, Plan
 from checks.verify.results import checkpoint_result, compile_result, data_resume_result, loop_results, sweep_result
 from checks.verify.sampler import Trace, gpu_summary, overlap_mean, summarise
-from checks.verify.smoke.figures import StepFigures, breakdown, enqueue_ratio, fetch_windows, loss_trend, step_figures
 
 # cant-tell is a warn: a run that could not be judged has not cleared the box, so the call to action is its fix.
 TIME_VERDICT_STATUS = {"compute-bound": "ok"}

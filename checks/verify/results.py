@@ -11,8 +11,8 @@ from checks.result import Result, fail, ok, skip, warn
 from checks.units import count
 from checks.verify.contract import ChildResult
 from checks.verify.diagnosis import Verdict
+from checks.verify.figures import StepFigures
 from checks.verify.plan import Outcome, Plan
-from checks.verify.smoke.figures import StepFigures
 
 
 def _data_line(p: Plan, r: ChildResult) -> str:

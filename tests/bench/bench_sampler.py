@@ -31,8 +31,8 @@ from checks.probe.sample import GpuReader, HostReader  # noqa: E402
 from checks.probe.torch import read_torch  # noqa: E402
 from checks.verify.contract import RunSpec, Step  # noqa: E402
 from checks.verify.sampler import Sampler  # noqa: E402
-from checks.verify.smoke.data import synthetic_spec  # noqa: E402
 from checks.verify.smoke.launch import launch  # noqa: E402
+from checks.verify.staged import synthetic_spec  # noqa: E402
 from tests.bench.benchmarks_md import write_section  # noqa: E402
 
 BEGIN, END = "<!-- bench:sampler:begin -->", "<!-- bench:sampler:end -->"

@@ -24,7 +24,7 @@ def test_a_module_runs_from_the_checkout_with_the_hosts_python_and_quoted_argume
         "cd '/home/me/gpu preflight' && exec env -u SLURM_JOB_NODELIST '/opt/py 3/bin/python' -m checks.probe.tcp "
         "rtt 10.0.0.1 'a b'"
     )
-    assert module_script(prepared, "checks.verify.smoke.node", []).endswith("-m checks.verify.smoke.node")
+    assert module_script(prepared, "checks.verify.user.node", []).endswith("-m checks.verify.user.node")
 
 
 def test_the_answer_is_the_last_json_line_else_the_exit_and_the_last_stderr_line() -> None:

@@ -45,10 +45,10 @@ from checks.verify.contract import (
     SweepEvent,
     event_line,
 )
+from checks.verify.figures import breakdown, largest_fit
 from checks.verify.smoke import candidates, ddp, extras, resume
 from checks.verify.smoke.budget import Budget
 from checks.verify.smoke.data import StagedDataError
-from checks.verify.smoke.figures import breakdown, largest_fit
 from checks.verify.smoke.loop import Feed, Interrupted, Pending, Trainer, finished, resolve, run_steps, train
 from checks.verify.smoke.setup import Build, UsageError, build
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from checks.verify.smoke.figures import knee_batch, union_length
+from checks.verify.figures import knee_batch, union_length
 from checks.verify.smoke.loop import Feed, Trainer, train
 
 SHORT_KERNEL_NS = 10_000  # HTA's "short kernels": launches cost 5-20 µs on the host (docs/sources.md#hta)

@@ -40,11 +40,11 @@ from checks.verify import distributed
 from checks.verify import report as verify_report
 from checks.verify.contract import PHASES, ChildResult, ChildRun, Step
 from checks.verify.diagnosis import TIME_VERDICTS, Signals, Verdict, diagnose
+from checks.verify.figures import StepFigures, breakdown, enqueue_ratio, loss_trend, step_figures
 from checks.verify.plan import Outcome
 from checks.verify.report import Setting
 from checks.verify.results import sweep_result, throughput
 from checks.verify.sampler import Trace
-from checks.verify.smoke.figures import StepFigures, breakdown, enqueue_ratio, loss_trend, step_figures
 from checks.verify.user import cpuflags
 from checks.verify.user.launch import CommandRun
 from checks.verify.user.saved import contents_result

@@ -3,7 +3,7 @@ checkout by the controller (``checks/verify/hosts.py``).
 
 ``python -m checks.verify.user.node probe [port]``: one JSON line, what the controller plans with (the GPUs torch
 sees and whether it has NCCL, the usable cores, and with ``port``, on rank 0's host, a free port for the
-rendezvous): ``checks.verify.smoke.node.probe``'s.
+rendezvous): ``probe``.
 
 ``python -m checks.verify.user.node run SPEC``: SPEC (JSON) holds this node's part of one multi-node torchrun job:
 
@@ -40,14 +40,27 @@ from pathlib import Path
 from typing import Any
 
 from checks.errors import terminate_as_interrupt
-from checks.probe.tcp import route
-from checks.verify.smoke.node import probe
+from checks.probe.host import read_host
+from checks.probe.tcp import free_port, route
+from checks.probe.torch import read_torch
 from checks.verify.user.launch import CommandRun, StopRule, run_command
 
 # The node's rule counts no steps: the program ends by itself after the steps the controller gave it.
 NEVER = 1 << 40
 FIELDS = ("events", "returncode", "ended", "stop_reason", "signals", "pids", "left", "seconds", "interrupted")
 SOCKET_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def probe(port: bool) -> dict[str, Any]:
+    """What this host brings: GPUs torch sees (and whether it has NCCL), usable cores, a free port."""
+    torch = read_torch(sys.executable, 60.0)
+    found: dict[str, Any] = {"gpus": int(torch.device_count or 0) if torch.cuda_available else 0}
+    found["cores"] = read_host().usable_cores
+    found |= {"torch": torch.error is None and bool(torch.version), "torch_error": torch.error}
+    found["nccl"] = bool(torch.nccl_version) and torch.cuda_available
+    if port:
+        found["port"] = free_port()
+    return found
 
 
 def argv(spec: dict[str, Any]) -> list[str]:

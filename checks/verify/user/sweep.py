@@ -33,7 +33,7 @@ from typing import Any
 
 from checks.config import VerifyConfig
 from checks.reports.verify import Oom
-from checks.verify.smoke.figures import knee_batch, largest_fit
+from checks.verify.figures import knee_batch, largest_fit
 from checks.verify.user import judge as j
 from checks.verify.user.launch import CommandRun, StopRule, run_command
 

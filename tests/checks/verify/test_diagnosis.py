@@ -17,7 +17,7 @@ from checks.verify.diagnosis import Signals, diagnose, upgrade_bound
 from checks.verify.plan import Outcome, Plan
 from checks.verify.report import coverage, judge
 from checks.verify.sampler import Trace, read_csv
-from checks.verify.smoke.data import synthetic_spec
+from checks.verify.staged import synthetic_spec
 from tests.checks.verify.verify_cases import SPEC
 
 TRACES = Path(__file__).resolve().parents[2] / "fixtures" / "traces"

@@ -27,6 +27,7 @@ from checks.result import Status
 from checks.usercode import required_arguments
 from checks.verify.contract import DeviceEvent, OomProbeEvent, PhaseEvent, Step, StepEvent
 from checks.verify.cost import cost, describe
+from checks.verify.figures import breakdown, loss_trend, percentile, step_figures, union_length
 from checks.verify.plan import Options, checkpoint_dir, cpu_machine, effective, gate, outputs, plan, progress
 from checks.verify.smoke.data import (
     FEWER_THAN_A_BATCH,
@@ -38,7 +39,6 @@ from checks.verify.smoke.data import (
     inspect_staged,
     synthetic_spec,
 )
-from checks.verify.smoke.figures import breakdown, loss_trend, percentile, step_figures, union_length
 from tests.factories import machine
 
 CFG = make_config().verify
@@ -338,7 +338,7 @@ def test_a_factory_that_needs_arguments_is_a_usage_error(torch: ModuleType) -> N
 
 
 def test_largest_fit_halves_then_bisects(torch: ModuleType) -> None:
-    from checks.verify.smoke.figures import largest_fit
+    from checks.verify.figures import largest_fit
 
     tried: list[int] = []
 
@@ -352,7 +352,7 @@ def test_largest_fit_halves_then_bisects(torch: ModuleType) -> None:
 
 
 def test_knee_is_the_smallest_batch_near_the_best_throughput(torch: ModuleType) -> None:
-    from checks.verify.smoke.figures import knee_batch
+    from checks.verify.figures import knee_batch
 
     rows: list[dict[str, Any]] = [{"batch": 32, "samples_per_s": 100.0}, {"batch": 64, "samples_per_s": 190.0}, {"batch": 128, "samples_per_s": 199.0}, {"batch": 256, "oom": True}]  # fmt: skip
     assert knee_batch(rows, 0.95) == 64

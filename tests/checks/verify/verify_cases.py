@@ -29,7 +29,7 @@ from checks.verify.contract import ChildResult, ChildRun, DataSpec, RunSpec
 from checks.verify.plan import Outcome, Plan
 from checks.verify.report import Setting, judge
 from checks.verify.sampler import Trace, read_csv
-from checks.verify.smoke.data import synthetic_spec
+from checks.verify.staged import synthetic_spec
 from checks.verify.user.judge import judge as command_judge
 from checks.verify.user.launch import CommandRun
 
