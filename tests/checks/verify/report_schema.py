@@ -1,7 +1,7 @@
 """The one schema of verify's JSON report (``verify_report.schema.json``) and the small validator for it: the
-subset of JSON Schema the file uses (type, properties, required, additionalProperties, items). Both verify's
-forms are held to it: the built-in loop's cases and recorded command runs (``test_report_json.py``), and every
-report of a real ``verify -- COMMAND`` run in ``user/test_command.py``."""
+subset of JSON Schema the file uses (type, properties, required, additionalProperties, items). Verify's
+runs are held to it: the recorded cases judged by the command's judge (``test_report_json.py``), and every report
+of a real ``verify -- COMMAND`` run in ``user/test_command.py``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """verify's JSON report cannot drift: representative runs judged to the same JSON as recorded, and a schema.
 
-``golden/`` was written by the code before the typed contract (``checks/verify/contract.py``) replaced the dicts;
-``verify_report.schema.json`` holds every key a report's ``results`` and ``measurements`` may have, and which are
+``golden/`` holds what the command's judge wrote for each case of ``verify_cases.py`` (recorded child results as
+the agent's lines, and recorded ``verify -- COMMAND`` runs); ``verify_report.schema.json`` holds every key a report's ``results`` and ``measurements`` may have, and which are
 always there. The validator is the small subset of JSON Schema the file uses (type, properties, required,
 additionalProperties, items).
 """
