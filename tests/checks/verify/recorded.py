@@ -130,9 +130,11 @@ def _process_events(r: ChildResult, p: _Process, tokens_per_sample: int) -> list
     if r.loader is not None:  # the DataLoader is built before the first step
         settings = LOADER_DEFAULTS | {k: r.loader[k] for k in LOADER_DEFAULTS if r.loader.get(k) is not None}
         settings["prefetch_factor"] = r.loader.get("prefetch_factor") or (2 if settings["num_workers"] else None)
+        samples = r.data.samples if r.data else None  # the dataset's len
         out.append({
-            "event": "loader", "t": first, "pid": p.pid, "feed": FEED, "dataset": _dataset(r), "samples": r.data.samples if r.data else None, "batch_size": r.batch_size,
-            "settings": settings, "asked": settings | {"batch_size": r.batch_size}, "site": "train.py:40", **ids,
+            "event": "loader", "t": first, "pid": p.pid, "feed": FEED, "dataset": _dataset(r), "samples": samples,
+            "batch_size": r.batch_size, "settings": settings, "asked": settings | {"batch_size": r.batch_size},
+            "site": "train.py:40", **ids,
         })  # fmt: skip
     if not (p.warmup or p.steps):
         return out
