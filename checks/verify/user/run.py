@@ -98,16 +98,20 @@ def executable(argv: Sequence[str], cwd: str) -> None:
         raise PreflightError(f"verify: command not found: {first}", hint="check the command after --")
 
 
-def verify_builtin(request: CommandRequest, options: v.Options, say: Say) -> Judged:
+def verify_builtin(
+    request: CommandRequest, options: v.Options, say: Say, machine: Callable[[], MachineFacts] | None = None
+) -> Judged:
     """``invoke verify`` without ``--``: the tool's own training script (``templates/train.py``, flags from
-    ``options`` and ``preflight.verify``) run and judged as ``verify -- COMMAND`` runs any command."""
+    ``options`` and ``preflight.verify``) run and judged as ``verify -- COMMAND`` runs any command; ``machine``
+    reads this box (None: the local probe, torch's included)."""
     from checks.probe import LocalProbe
     from checks.verify.builtin import prepare
 
     cfg = request.config
     with ExitStack() as stack:  # a temporary checkpoint folder lives as long as the run and its re-runs
         warmup = cfg.verify.warmup if request.warmup < 0 else request.warmup
-        b, facts = prepare(options, cfg, LocalProbe(cfg.probe.torch_timeout_s).machine, stack, warmup)
+        read = machine or LocalProbe(cfg.probe.torch_timeout_s).machine
+        b, facts = prepare(options, cfg, read, stack, warmup)
         if b.processes > 1:
             say(b.describe())
         steps = request.steps or options.steps

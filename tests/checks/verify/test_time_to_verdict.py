@@ -1,7 +1,7 @@
 """Time to verdict: the whole command's budget and the stop rule of ``checks/verify/stop.py``.
 
 Real CPU training: a planted slow-step model (a forward pass that sleeps, so its step time holds on a busy box)
-through the CLI as a user runs it, the built-in loop below the CLI, and ``verify -- COMMAND`` on a user's script.
+through the CLI as a user runs it, ``invoke verify`` below the CLI, and ``verify -- COMMAND`` on a user's script.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +17,13 @@ import pytest
 from checks.config import PreflightConfig
 from checks.verify import stop as rule
 from checks.verify.contract import StopSpec
-from checks.verify.plan import Options, plan, run
-from checks.verify.report import judge
-from checks.verify.run import budgeted
 from checks.verify.user import launch
 from checks.verify.user.launch import STALL_FLOOR_S, StopRule
 from checks.verify.user.run import estimate
 from tests.checks.verify.user.test_command import SCRIPTS
 from tests.checks.verify.user.test_command import verify as verify_command
+from tests.fakes.builtin import PLUGINS, builtin, config
 from tests.fakes.cli import invoke
-from tests.fakes.smoke import PLUGINS, REPO, config, machine
 from tests.fakes.verdicts import planted_row
 
 # --- the rule alone -----------------------------------------------------------------------------------------
@@ -74,40 +70,38 @@ def test_a_configured_budget_of_zero_exits_2(tmp_path: Path) -> None:
     assert run.code == 2 and "preflight.verify.budget must be a number of seconds above 0, got 0.0" in run.err
 
 
-# --- the built-in loop ----------------------------------------------------------------------------------------
+# --- the tool's script (invoke verify without --) ----------------------------------------------------------------------------------------
 
 
 def below_cli(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cfg: PreflightConfig, budget: float, **options: Any
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """verify below the CLI with the budget from now: the child's stop facts and cuts, and the measurements."""
-    monkeypatch.chdir(REPO)
-    opts = Options(json=str(tmp_path / "r.json"), **options)
-    with ExitStack() as stack:
-        p, _ = plan(opts, cfg, machine, stack)
-        p = budgeted(p, cfg.verify, bool(opts.steps), time.monotonic() + budget, budget)
-        outcome = run(p, cfg, lambda e: None)
-        _, measurements, _ = judge(p, outcome, cfg.verify)
-    r = outcome.child.result
-    assert r is not None and r.stop is not None, outcome.child.log_tail
-    return {"stop": r.stop.to_json(), "cuts": [c.to_json() for c in r.cuts]}, measurements.to_json()
+) -> dict[str, Any]:
+    """``invoke verify`` (the tool's script as a command) below the CLI with ``budget`` seconds: the measurements."""
+    _, _, m = builtin(tmp_path, monkeypatch, cfg, budget=str(budget), **options)
+    assert m.get("time_to_verdict"), m
+    return m
 
 
 @pytest.mark.slow
 def test_steps_n_is_measured_whatever_the_budget_and_without_it_the_budget_cuts_to_the_floor(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A budget already spent: --steps 12 still measures 12; without --steps the floor under pressure (3), a
-    named cut."""
-    cfg = config(loader_probe_s=0, steps=12)
-    kw = {"dataset": f"{PLUGINS}:patterned", "model": f"{PLUGINS}:tiny_model", "workers": 0}
-    forced, m = below_cli(tmp_path, monkeypatch, cfg, 1.0, steps=12, **kw)
+    """A budget spent before the first step: --steps 12 still measures 12; without --steps the floor under
+    pressure (3), a named cut. Steps of 50 ms (a forward pass that sleeps): verify reads the script's steps about
+    every 0.1 s, and a script faster than that makes its 12 steps before the rule can stop it at 3."""
+    monkeypatch.setenv("SMOKE_STEP_S", "0.05")
+    cfg = config(steps=12)
+    kw = {"dataset": f"{PLUGINS}:patterned", "model": f"{PLUGINS}:slow_model", "workers": 0}
+    m = below_cli(tmp_path, monkeypatch, cfg, 1.0, steps=12, **kw)
+    forced = m["time_to_verdict"]
     assert forced["stop"]["reason"] == "forced" and m["step_time"]["steps"] == 12
-    assert forced["cuts"] == []
-    cut, m = below_cli(tmp_path, monkeypatch, cfg, 1.0, **kw)
-    assert cut["stop"]["reason"] == "budget" and m["step_time"]["steps"] == rule.MIN_UNDER_PRESSURE
-    (measure,) = cut["cuts"]
-    assert measure["part"] == "measure" and measure["summary"].startswith("3 of at most 12 steps measured at")
+    # what the spent budget leaves out is named (the resume replay), never the measured steps
+    assert "measure" not in [c["part"] for c in forced["cuts"]], forced["cuts"]
+    m = below_cli(tmp_path, monkeypatch, cfg, 1.0, **kw)
+    cut = m["time_to_verdict"]
+    assert cut["stop"]["reason"] == "budget" and m["step_time"]["steps"] == rule.MIN_UNDER_PRESSURE, cut
+    measure = next(c for c in cut["cuts"] if c["part"] == "measure")
+    assert measure["summary"].startswith("3 of at most 12 steps measured at"), measure
     assert measure["fix"].startswith("--budget ") and measure["fix"].endswith(" or --steps 12")
 
 
@@ -118,15 +112,15 @@ def test_stable_shares_stop_the_measured_steps_early(tmp_path: Path, monkeypatch
     far fewer measured steps than the 200 allowed are enough (10 on a quiet box), and every share is known to
     within the width."""
     monkeypatch.setenv("SMOKE_STEP_S", "0.05")
-    cfg = config(loader_probe_s=0, steps=200, critical_min_steps=10)
-    found, m = below_cli(
+    cfg = config(steps=200, critical_min_steps=10)
+    m = below_cli(
         tmp_path, monkeypatch, cfg, 300.0, dataset=f"{PLUGINS}:patterned", model=f"{PLUGINS}:slow_model", workers=0
     )
-    stop = found["stop"]
+    stop = m["time_to_verdict"]["stop"]
     assert stop["reason"] == "stable", stop
     assert 10 <= stop["measured"] < 100 and m["step_time"]["steps"] == stop["measured"]
     assert max(stop["half_width"].values()) <= cfg.verify.stable_width
-    assert found["cuts"] == [] and m["step_breakdown"]["forward"] > 0.5
+    assert m["time_to_verdict"]["cuts"] == [] and m["step_breakdown"]["forward"] > 0.5
 
 
 @pytest.mark.slow
