@@ -157,6 +157,7 @@ def rank_figures(r: Rank, every: int = 0) -> RankFigures | None:
         samples_per_s=rate,
         tokens_per_s=tokens / figs.mean_s if tokens and figs.mean_s > 0 else None,
         checkpoint_s_per_step=per_step,
+        checkpoint_every_steps=every if every and saves else None,  # a save timed, then amortised over ``every``
         samples_per_s_with_checkpoints=samples / step_s if rate else None,
         tokens_per_s_with_checkpoints=tokens / step_s if tokens and step_s > 0 else None,
     )
@@ -275,7 +276,7 @@ def judge(
                         value=loop.value)  # fmt: skip
         results.append(loop)
         if figs.fig.samples_per_s:  # the floor (verify.min_samples_per_s) gates a command as it gates the loop
-            results.append(throughput(figs.fig, cfg, command=True))
+            results.append(throughput(figs.fig, cfg, command=figs.fig.checkpoint_every_steps is None))
     else:
         results.append(_no_step(oom))
     results.append(_loss(lead, cfg))
