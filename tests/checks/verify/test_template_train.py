@@ -1,6 +1,6 @@
 """``templates/train.py``, the training script the tool ships: it trains, resumes exactly, runs under torchrun,
-refuses bad flags in one line, and verify judges it through the user's-command path as it judges the built-in
-loop on the same planted data.
+refuses bad flags in one line, and ``invoke verify`` (no ``--``) judges it as ``verify -- python templates/train.py``
+does: the same verdict and the same report shape on the same planted data.
 
 Real CPU training in child processes (a few seconds each).
 """
@@ -20,7 +20,7 @@ import pytest
 from checks.errors import PreflightError
 from checks.verify.user.run import CommandRequest, verify_command
 from tests.checks.verify.report_schema import SCHEMA, violations
-from tests.fakes.smoke import PLUGINS, REPO, config, smoke
+from tests.fakes.builtin import PLUGINS, REPO, builtin, config
 from tests.fakes.verdicts import planted_id
 
 pytestmark = pytest.mark.slow
@@ -106,15 +106,16 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...]
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
-def test_verify_judges_the_script_as_it_judges_the_built_in_loop(
+def test_verify_without_a_command_judges_the_script_as_verify_with_it_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same planted pipeline (every sample waits 4 ms, a linear model) through the built-in loop and through
-    ``verify -- python templates/train.py``: the same verdict, and both reports valid under the one schema."""
-    cfg = config(loader_probe_s=0, command_advice_s=0.0)
+    """The same planted pipeline (every sample waits 4 ms, a linear model) through ``invoke verify`` and through
+    ``verify -- python templates/train.py``: the same verdict, the same report shape, both valid under the one
+    schema. What only the tool's own script adds is its data row and the resume replay in ``checkpoint``."""
+    cfg = config()
     plugins = ("--dataset", f"{PLUGINS}:sleepy", "--model", f"{PLUGINS}:tiny_model")
-    _, built_in, m = smoke(tmp_path, monkeypatch, cfg, dataset=f"{PLUGINS}:sleepy", model=f"{PLUGINS}:tiny_model",
-                           workers=0, steps=8)  # fmt: skip
+    built, built_rows, m = builtin(tmp_path / "b", monkeypatch, cfg, dataset=f"{PLUGINS}:sleepy",
+                                   model=f"{PLUGINS}:tiny_model", workers=0, steps=8)  # fmt: skip
     command = (sys.executable, str(TRAIN), *plugins, "--batch-size", "16", "--workers", "0", "--steps", "1000")
     request = CommandRequest(cfg, command, steps=8, warmup=2, json=str(tmp_path / "c.json"), gate=False, quiet=True,
                              cwd=str(REPO))  # fmt: skip
@@ -122,10 +123,17 @@ def test_verify_judges_the_script_as_it_judges_the_built_in_loop(
     c = judged.report.measurements
     assert planted_id(m) == planted_id(c) == "data-bound", (m["diagnosis"], c["diagnosis"])
     assert m["samples_per_step"] == c["samples_per_step"] == 16
-    assert c["dataloader"]["num_workers"] == 0, c["dataloader"]
-    for doc in ({"results": [r.to_json() for r in built_in.values()], "measurements": m},
-                json.loads(json.dumps(judged.report.to_json(), default=str))):  # fmt: skip
+    assert m["dataloader"]["num_workers"] == c["dataloader"]["num_workers"] == 0, (m["dataloader"], c["dataloader"])
+    docs = [json.loads(json.dumps(j.report.to_json(), default=str)) for j in (built, judged)]
+    for doc in docs:
         assert violations({"results": doc["results"], "measurements": doc["measurements"]}, SCHEMA) == []
+    (mine, theirs) = (set(d["measurements"]) for d in docs)
+    assert mine - theirs <= {"checkpoint"} and theirs - mine == set(), (mine - theirs, theirs - mine)
+    ids = [[r["id"] for r in d["results"]] for d in docs]
+    assert [i for i in ids[0] if i != "verify-data"] == ids[1], ids
+    assert (
+        built_rows["verify-checkpoint"].status.value == "ok" and "reproduces" in built_rows["verify-checkpoint"].summary
+    )
 
 
 def test_verify_exits_2_with_the_commands_own_line_when_it_refuses_its_flags(tmp_path: Path) -> None:
