@@ -11,9 +11,10 @@ It trains the way a real run does, so that what verify measures on it is what a 
 - a ``DataLoader`` with ``--workers`` processes, pinned memory on a GPU, and a sampler that can start mid-epoch;
 - mixed precision (bf16 autocast from sm_80, fp16 with a GradScaler on older cards, fp32 on the CPU), gradient
   accumulation (``--accum``), DDP when started by ``torchrun`` (NCCL on GPUs, gloo on the CPU);
-- checkpoints every ``--ckpt-every`` steps into ``--ckpt-dir`` holding everything a resume needs (model,
-  optimizer, scaler, step, epoch, position in the epoch, loss, every RNG), written to a temporary name and
-  renamed, so an interrupted save never leaves a torn file; ``--resume FILE`` continues where it left off.
+- checkpoints every ``--ckpt-every`` steps into ``--ckpt-dir`` (``--ckpt-name``, ``last.pt``) holding everything a
+  resume needs (model, optimizer, scaler, step, epoch, position in the epoch, loss, every RNG), written to a
+  temporary name, flushed to disk and renamed (the rename made durable too), so neither an interrupted save nor a
+  machine that goes down leaves a torn file; ``--resume FILE`` continues where it left off.
 
 numpy and torch only. Under verify the agent times every part of the step; the one part no hook can tell from the
 forward pass, the host-to-device copy, is marked with ``region("h2d")``, which does nothing outside verify.
@@ -72,6 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp16", "fp32"))
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     p.add_argument("--ckpt-dir", default="", help="where checkpoints go ('': none)")
+    p.add_argument("--ckpt-name", default="last.pt", help="the checkpoint's file name in --ckpt-dir")
     p.add_argument("--ckpt-every", type=int, default=0, help="a checkpoint every N steps (0: at the end only)")
     p.add_argument("--resume", default="", help="a checkpoint this script wrote: continue from it")
     p.add_argument("--seed", type=int, default=0)
@@ -80,6 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("accum", "epochs", "log_every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not args.ckpt_name or os.sep in args.ckpt_name or args.ckpt_name in (".", ".."):
+        p.error(f"--ckpt-name must be a file name, got {args.ckpt_name!r}")
     for name in ("batch_size", "steps", "ckpt_every"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(args, name)}")
@@ -348,11 +352,30 @@ def pick_precision(wanted: str, device: torch.device) -> tuple[str, torch.dtype 
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write to a temporary name, then rename: a save cut short never replaces the last good checkpoint."""
+    """Write to a temporary name, flush it to disk, rename, and flush the rename: a save cut short never replaces
+    the last good checkpoint, nor does a machine that goes down before the kernel wrote the file (a rename can
+    reach the disk before the data it names). Under verify the whole of it is the save's time: on a network mount
+    the flushes can cost more than the write."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")
-    torch.save(state, partial)
-    os.replace(partial, path)
+    with mark("checkpoint"):
+        torch.save(state, partial)
+        _fsync(partial)
+        os.replace(partial, path)
+        _fsync(path.parent, folder=True)
+
+
+def _fsync(path: Path, folder: bool = False) -> None:
+    """Flush a file, or a folder's entries, to disk (a filesystem that refuses a folder's fsync changes nothing:
+    the rename happened; a file's failure is a save that failed)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not folder:
+            raise
+    finally:
+        os.close(fd)
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
@@ -419,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
                 "step": step, "epoch": epoch, "position": position, "loss": loss_value,
                 "seed": args.seed, "rng": rng_state(device),
             }  # fmt: skip
-            save_checkpoint(Path(args.ckpt_dir) / "last.pt", state)
+            save_checkpoint(Path(args.ckpt_dir) / args.ckpt_name, state)
 
     model.train()
     started, logged = time.monotonic(), step

@@ -16,6 +16,7 @@ only the tool knows about its own script, all parent side and before anything st
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -41,6 +42,9 @@ from checks.verify.contract import DataSpec
 from checks.verify.user.launch import StopRule, run_command
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "train.py"
+# The test checkpoint's file name: never a name the real run's files may have (the script's own default is last.pt),
+# so that --ckpt-dir can name the real run's folder; removed after the run (and the resume replay from it).
+CKPT_NAME = "gpu-preflight-verify.pt"
 # The script's own step count: more than any verify measures, so that verify's stop rule ends it (after warm-up +
 # --steps, once the shares are stable, or when the budget is spent) and every re-run alike, never the script first.
 UNTIL_STOPPED = 1_000_000
@@ -110,6 +114,8 @@ def prepare(
     cfg = v.effective(config.verify, opts)
     data = v.data_spec(opts, cfg)
     ckpt, temporary = v.checkpoint_dir(opts, cfg, stack)
+    if not temporary:  # before the folders verify made for it are removed (the stack unwinds last in, first out)
+        stack.callback(remove_test_checkpoint, ckpt)
     facts = machine()
     local = distributed.processes(opts.nproc, cfg, facts)
     loader = loader_advice(facts, config).as_dict()
@@ -134,7 +140,7 @@ def prepare(
         "--size", cfg.model_size, "--image-size", str(cfg.image_size), "--classes", str(cfg.classes),
         "--seq-len", str(cfg.seq_len), "--batch-size", str(batch), "--accum", str(cfg.accum),
         "--workers", str(workers), "--precision", cfg.precision, "--device", "cuda" if gpu else "cpu",
-        "--lr", repr(cfg.lr), "--seed", str(cfg.seed), "--ckpt-dir", ckpt,
+        "--lr", repr(cfg.lr), "--seed", str(cfg.seed), "--ckpt-dir", ckpt, "--ckpt-name", CKPT_NAME,
         "--ckpt-every", str(first_save), "--steps", str(UNTIL_STOPPED),
     ]  # fmt: skip
     alloc = allocator_env(facts, config)
@@ -162,6 +168,13 @@ def prepare(
         keep,
         first_save,
     ), facts
+
+
+def remove_test_checkpoint(folder: str) -> None:
+    """The script's test checkpoint in the asked folder, and the partial file a save cut short leaves: gone."""
+    for name in (CKPT_NAME, f".{CKPT_NAME}.partial"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(folder, name))
 
 
 class FirstSave:
@@ -216,8 +229,10 @@ def replay(
     steps: int, seconds: float, rtol: float, kept: str = "",
 ) -> Replay | None:  # fmt: skip
     """Resume the script from the last checkpoint it saved (``--resume FILE``, the same flags) for up to ``steps``
-    steps and compare their losses with the steps the measured run took after that save: the same batches, so a
-    checkpoint that holds everything gives the same losses (exactly on the CPU). ``saved``: the file's name and
+    steps and compare their losses with the steps the measured run took after that save: the resumed script draws
+    the same samples (the sampler's position is in the file), so a checkpoint that holds everything, on data that
+    is a function of the sample and the saved RNG states, gives the same losses (exactly on the CPU). ``saved``:
+    the file's name and
     what it holds; ``kept``: where the file was kept aside (``FirstSave``). None: nothing to compare (no save, or
     no step after it)."""
     if saved is None or seconds <= 0:
@@ -259,9 +274,12 @@ def replay(
 
 
 RESUME_FIX = (
-    "the same batches were fed after the reload, so the state the checkpoint holds differs from the running one: "
-    "randomness in the model outside the saved RNG states, a buffer missing from state_dict (persistent=False), "
-    "optimizer or scheduler state not saved, or nondeterministic kernels"
+    "the resumed script drew the same samples from the position the file holds, so something the checkpoint does "
+    "not restore differs: in the model, randomness outside the saved RNG states, a buffer missing from state_dict "
+    "(persistent=False), optimizer or scheduler state not saved, or nondeterministic kernels; in the data, random "
+    "augmentation in DataLoader workers (their RNGs are seeded when the loader starts, and no checkpoint holds "
+    "them: seed each sample's draws from its index and epoch), or draws from the OS entropy pool or an unseeded "
+    "generator"
 )
 
 
@@ -283,5 +301,7 @@ def resume_result(b: Builtin, r: Replay, timed: Checkpoint | None) -> Result:
         )
         return ok("verify-checkpoint", summary, value=timed.save_s if timed else None)
     losses = f"uninterrupted {list(r.uninterrupted)} vs resumed {list(r.resumed)}"
-    summary = f"resume from step {r.step} on the same {n} batches does not reproduce the loss: {losses}; {cost}"
+    summary = (
+        f"resume from step {r.step} does not reproduce the next {n} steps' loss on the same samples: {losses}; {cost}"
+    )
     return fail("verify-checkpoint", summary, RESUME_FIX, value=timed.save_s if timed else None)
