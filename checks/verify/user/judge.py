@@ -82,6 +82,38 @@ class Rank:
     loader: dict[str, Any] | None
     device: dict[str, Any]
     flops: dict[str, Any] | None = None  # the agent's count of one warm-up step: {"flops": N | None, "note": ...}
+    memory: dict[str, Any] | None = None  # its last ``memory`` line's figures (CUDA only): ``MEMORY_KEYS``
+    kernels: dict[str, Any] | None = None  # its ``kernels`` line (one profiled warm-up step, CUDA only)
+
+
+# The agent's allocator figures (its ``memory`` lines), as the near-oom rule reads them (``ChildResult.memory``)
+MEMORY_KEYS: tuple[str, ...] = ("total_bytes", "free_bytes", "allocated_bytes", "reserved_bytes")
+MEMORY_KEYS += ("peak_allocated_bytes", "peak_reserved_bytes", "inactive_split_bytes", "num_alloc_retries")
+MEMORY_KEYS += ("num_ooms", "num_device_alloc")
+# The agent's kernel profile (its ``kernels`` line), as the launch-bound rule reads it (``ChildResult.kernels``)
+KERNEL_KEYS: tuple[str, ...] = ("step", "steps", "kernels_per_step", "median_kernel_us", "short_kernel_time_share")
+KERNEL_KEYS += ("busy_fraction", "note")
+
+
+def _last(events: Sequence[dict[str, Any]], event: str, pid: int, keys: Sequence[str]) -> dict[str, Any] | None:
+    """The figures (``keys`` present) of process ``pid``'s last ``event`` line; None without one."""
+    lines = [e for e in events if e.get("event") == event and e.get("pid") == pid]
+    return {k: lines[-1][k] for k in keys if k in lines[-1]} if lines else None
+
+
+def oom_memory(events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The allocator's figures of a run that ran out of memory (the ``Oom`` record's ``memory``): each process's
+    last ``memory`` line (the agent writes one at exit), of a process that counted an out-of-memory error if one
+    did, the fullest card of those; None where no process wrote one (a CPU run, or CUDA never initialised)."""
+    last: dict[Any, dict[str, Any]] = {}
+    for e in events:
+        if e.get("event") == "memory":
+            last[e.get("pid")] = e
+    found = [e for e in last.values() if e.get("num_ooms")] or list(last.values())
+    if not found:
+        return None
+    full = max(found, key=lambda e: (e.get("peak_reserved_bytes") or 0) / (e.get("total_bytes") or 1))
+    return {k: full[k] for k in MEMORY_KEYS if k in full}
 
 
 def ranks(events: Sequence[dict[str, Any]], warmup: int, steps: int, seconds: float) -> list[Rank]:
@@ -101,7 +133,9 @@ def ranks(events: Sequence[dict[str, Any]], warmup: int, steps: int, seconds: fl
         device = {k: devices[-1].get(k) for k in ("type", "name", "uuid", "index")} if devices else {"type": "cpu"}
         counted = [e for e in events if e.get("event") == "flops" and e.get("pid") == pid]
         loader = loaders[-1] if loaders else None
-        out.append(Rank(key, pid, records[:warmup], measured, loader, device, counted[-1] if counted else None))
+        memory, kernels = _last(events, "memory", pid, MEMORY_KEYS), _last(events, "kernels", pid, KERNEL_KEYS)
+        flops = counted[-1] if counted else None
+        out.append(Rank(key, pid, records[:warmup], measured, loader, device, flops, memory, kernels))
     return out
 
 
@@ -202,6 +236,8 @@ def _child_result(lead: Rank, figs: RankFigures | None) -> ChildResult:
         precision=precision,
         flops_per_step=int(flops) if flops else None,
         flops_note=note or None,
+        memory=lead.memory,
+        kernels=lead.kernels,
         steps=tuple(step_record(s) for s in lead.steps),
         warmup=tuple(step_record(s) for s in lead.warmup),
         device=Device(type=str(d.get("type") or "cpu"), name=str(d.get("name") or "CPU"), uuid=d.get("uuid")),
@@ -314,6 +350,8 @@ def judge(
         mfu=judged.mfu,
         cost=priced,
         flops_per_step=child.flops_per_step,
+        memory=child.memory,
+        kernels=child.kernels,
         timeline=dict(child.timeline) or None,
         sweep=sweep,
         oom=child.oom,
@@ -434,7 +472,9 @@ def own_step_s(r: Rank) -> float | None:
     """A rank's own work per step (median): the step outside backward. DDP's all-reduce runs inside backward, and
     there every rank waits for the slowest one, so a rank whose data, forward or optimizer takes longer shows it
     here and makes the others' backward longer. (The smoke loop times ``no_sync`` steps for this instead; a
-    user's command is not changed to run them.)"""
+    user's command is not changed to run them.) Saves are left out: one rank (rank 0) saves for all, every
+    ``ckpt_every`` steps, and a save among a few measured steps moved its median (a "straggler" that only saved);
+    their cost is the checkpoint share's, judged by the checkpoint rule."""
     own = [s["data_wait"] + s["forward"] + s["optimizer"] + s["checkpoint"] for s in r.steps]
     return statistics.median(own) if own else None
 

@@ -42,6 +42,7 @@ COUNT_ENV = "GPU_PREFLIGHT_COUNT_STEP"
 PEAK_ENV = "GPU_PREFLIGHT_PEAK"
 MODEL_ENV = "GPU_PREFLIGHT_MODEL"
 DDP_ENV = "GPU_PREFLIGHT_DDP"
+PROFILE_ENV = "GPU_PREFLIGHT_PROFILE_STEP"
 INT_GRACE_S = 10.0  # SIGINT -> SIGTERM: time for the script's own teardown (torchrun closes its ranks). Tool-defined.
 TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL. Tool-defined.
 TREE_EVERY_S = 0.5  # how often the process tree is read (its members are killed by id at the end)
@@ -158,13 +159,15 @@ def environment(
     peak: bool = False,
     model: Mapping[str, Any] | None = None,
     ddp: str = "",
+    profile_step: int = 0,
 ) -> dict[str, str]:
     """The user's environment with the start-up folder first on PYTHONPATH (theirs kept after it); ``count_step``
     > 0 asks the agent to count that optimizer step's FLOPs (the last warm-up step: counting slows it); ``peak``
     asks for each step's CUDA allocator peak; ``model`` is a model-side change for the agent to apply; ``ddp``
-    "skip" runs DDP without its exchange (the exchange A/B)."""
+    "skip" runs DDP without its exchange (the exchange A/B); ``profile_step`` > 0 asks for that optimizer step's
+    CUDA kernels under torch.profiler (a warm-up step: profiling slows it; nothing on the CPU)."""
     env = dict(os.environ)
-    for name in (COUNT_ENV, PEAK_ENV, MODEL_ENV, DDP_ENV):
+    for name in (COUNT_ENV, PEAK_ENV, MODEL_ENV, DDP_ENV, PROFILE_ENV):
         env.pop(name, None)
     if ddp:
         env[DDP_ENV] = ddp
@@ -174,6 +177,8 @@ def environment(
         env[COUNT_ENV] = str(count_step)
     if peak:
         env[PEAK_ENV] = "1"
+    if profile_step > 0:
+        env[PROFILE_ENV] = str(profile_step)
     theirs = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(folder / "inject") + (os.pathsep + theirs if theirs else "")
     env[EVENTS_ENV] = str(folder / "events")
@@ -203,11 +208,14 @@ def run_command(
     peak: bool = False,
     model: Mapping[str, Any] | None = None,
     ddp: str = "",
+    profile: bool = True,
 ) -> CommandRun:
     """Run ``argv`` under the agent until it ends or the rule stops it; nothing it started is left running.
 
     ``echo``: where the command's stderr goes as it comes (None: only kept for the report); ``stdout``: its
-    standard output (None: this process's; ``subprocess.DEVNULL`` to hide it).
+    standard output (None: this process's; ``subprocess.DEVNULL`` to hide it); ``profile``: the measured run's
+    kernel profile on a GPU (``verify.profile_steps`` > 0), one warm-up step (the one before the FLOP count's:
+    the first is start-up), with ``rule.warmup`` 3 or more; re-runs never profile.
     """
     run = CommandRun(argv=tuple(argv))
     was = _was_subreaper()
@@ -217,11 +225,13 @@ def run_command(
         folder = Path(tmp)
         _stage(folder)
         start = time.monotonic()
-        count = rule.warmup if rule.warmup >= 2 and not (overrides or model or ddp) else 0  # the main run's only
+        main = not (overrides or model or ddp)  # the measured run, not a re-run
+        count = rule.warmup if rule.warmup >= 2 and main else 0  # the main run's only
+        profiled = rule.warmup - 1 if profile and rule.warmup >= 3 and main else 0
         proc = subprocess.Popen(
             list(argv),
             cwd=cwd,
-            env=environment(folder, overrides, count, peak, model, ddp),
+            env=environment(folder, overrides, count, peak, model, ddp, profiled),
             stdout=stdout,
             stderr=subprocess.PIPE,
             start_new_session=True,

@@ -16,7 +16,8 @@ failure): the batch is halved until a re-run fits, then bisected a little (three
 built-in loop's search; each the command stopped after one warm-up and one measured step) while the budget's
 deadline allows;
 ``measurements.oom`` is the built-in loop's ``Oom`` record (``batch``, ``message``, ``largest_fit``: 0 when none
-fitted or the time ran out before one did).
+fitted or the time ran out before one did; ``memory``: the CUDA allocator's figures of the run that ran out, from
+the agent's ``memory`` line at its exit, so the verdict says how full the card was; null on the CPU).
 
 Where the batch size cannot be set (batches built without ``torch.utils.data.DataLoader``, a ``batch_sampler``,
 ``batch_size=None``, batches whose size cannot be read) the sweep is ``{"skipped": ...}`` saying so, and nothing
@@ -153,4 +154,5 @@ def largest(argv: Sequence[str], cwd: str, run: CommandRun, deadline: float) -> 
 
     message = next((line for line in reversed(run.traceback()) if any(w in line for w in OOM_WORDS)), "")
     fit = largest_fit(fits, asked)
-    return j.OomSearch(Oom(batch=asked, message=message[:300], largest_fit=fit), site, len(tries))
+    memory = j.oom_memory(run.events)  # at the asked batch, as it ran out
+    return j.OomSearch(Oom(batch=asked, message=message[:300], largest_fit=fit, memory=memory), site, len(tries))

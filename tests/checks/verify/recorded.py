@@ -12,9 +12,12 @@ windows, ``loss``, ``micro``/``batches`` (the accumulation), ``samples`` (and ``
 The child timed ``h2d`` apart, as a script that marks its copies with the agent's ``region("h2d")`` does; its
 timed checkpoint save is one save in the last measured step (amortised over ``Setting.ckpt_every``, as the tool's
 own script under verify is). Several ranks (``ChildResult.ranks``) are one process each; only rank 0's warm-up
-was recorded, so every rank gets its copy (the ranks step together under DDP). What the child measured and no
-agent line carries is left out: the kernel profile, the CUDA allocator's statistics, the DataLoader timed alone,
-the sample's cost split, the no_sync A/B, the resume replay, torch.compile's A/B.
+was recorded, so every rank gets its copy (the ranks step together under DDP). On a GPU, the child's kernel
+profile (``ChildResult.kernels``) is the agent's ``kernels`` line after the profiled warm-up step's line, and its
+allocator figures (``ChildResult.memory``) the ``memory`` line the agent writes at exit (also after an
+out-of-memory error before any step); both rank 0's (the only process the child read them in). What the child
+measured and no agent line carries is left out: the DataLoader timed alone, the sample's cost split, the no_sync
+A/B, the resume replay, torch.compile's A/B.
 """
 
 from __future__ import annotations
@@ -136,8 +139,9 @@ def _process_events(r: ChildResult, p: _Process, tokens_per_sample: int) -> list
             "batch_size": r.batch_size, "settings": settings, "asked": settings | {"batch_size": r.batch_size},
             "site": "train.py:40", **ids,
         })  # fmt: skip
+    lead = p.rank in (None, 0) and p.device["type"] == "cuda"  # the process the child read the GPU figures in
     if not (p.warmup or p.steps):
-        return out
+        return out + (_memory(r, p, ids, first) if lead else [])
     out.append({"event": "device", "t": first, "pid": p.pid, **p.device, **ids})
     if r.flops_per_step:  # the agent counts the last warm-up step
         at = max(1, len(p.warmup))
@@ -148,10 +152,21 @@ def _process_events(r: ChildResult, p: _Process, tokens_per_sample: int) -> list
     ckpt = r.checkpoint if p.rank in (None, 0) else None  # rank 0 saves
     save = (ckpt.save_s or 0.0, ckpt.bytes or 0) if ckpt is not None else (0.0, 0)
     records = [*p.warmup, *p.steps]
+    profiled = max(1, len(p.warmup) - 1)  # the agent profiles the warm-up step before the counted one
     for i, s in enumerate(records, 1):
         last = i == len(records) and bool(p.steps)
         out.append(_step(r, s, i, p, ids, tokens_per_sample, *(save if last else (0.0, 0))))
-    return out
+        if lead and r.kernels is not None and i == profiled:
+            out.append({"event": "kernels", "t": s.host_end, "pid": p.pid, "step": i, **r.kernels, **ids})
+    return out + (_memory(r, p, ids, records[-1].host_end) if lead else [])
+
+
+def _memory(r: ChildResult, p: _Process, ids: dict[str, Any], t: float) -> list[dict[str, Any]]:
+    """The agent's ``memory`` line at exit (the allocator's figures), where the child read them."""
+    if r.memory is None:
+        return []
+    return [{"event": "memory", "t": t, "pid": p.pid, **r.memory, "step": len(p.warmup) + len(p.steps), "at": "exit",
+             **ids}]  # fmt: skip
 
 
 def _dataset(r: ChildResult) -> str:

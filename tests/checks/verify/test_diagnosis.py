@@ -18,25 +18,18 @@ from tests.checks.verify.verify_cases import TRACE_NAMES, TRACES, trace_case
 
 CFG: VerifyConfig = make_config().verify
 SHARES = {"data_wait": 0.02, "h2d": 0.01, "forward": 0.3, "backward": 0.6, "optimizer": 0.06, "checkpoint": 0.01}
-# What the built-in loop's child measured and a command run's agent does not (checks/verify/user/judge.py builds
-# its ChildResult without them): the verdicts those traces expect cannot come out of the command's judge yet.
-NO_ALLOCATOR = "the command path reads no CUDA allocator statistics (ChildResult.memory): near-oom cannot fire"
-NO_KERNELS = "the command path has no kernel profile (ChildResult.kernels): launch-bound cannot fire"
-GAPS = {"a100-fragmented": NO_ALLOCATOR, "a100-near-oom": NO_ALLOCATOR, "h100-launch-bound": NO_KERNELS}
 
 
 def replay(name: str) -> tuple[dict[str, Any], dict[str, Any], list[Verdict], dict[str, Any]]:
-    """Judge a fixture as verify would after a run of its steps: the agent's lines of the child's steps, its
-    sampler CSV for GPU 0, judged by the command's judge."""
+    """Judge a fixture as verify would after a run of its steps: the agent's lines of the child's steps (with its
+    kernel profile and allocator figures as the agent's kernels and memory lines), its sampler CSV for GPU 0,
+    judged by the command's judge."""
     doc = json.loads((TRACES / f"{name}.json").read_text())
     results, measurements, verdicts = trace_case(name).judged()
     return doc, {r.id: r for r in results}, verdicts, measurements.to_json()
 
 
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=GAPS[n])) if n in GAPS else n for n in TRACE_NAMES],
-)
+@pytest.mark.parametrize("name", TRACE_NAMES)
 def test_recorded_trace_gets_its_verdict(name: str) -> None:
     doc, results, verdicts, m = replay(name)
     want = doc["expected"]
@@ -51,12 +44,25 @@ def test_recorded_trace_gets_its_verdict(name: str) -> None:
     assert set(m["step_breakdown"]) == {"data_wait", "h2d", "forward", "backward", "optimizer", "checkpoint"}
 
 
-@pytest.mark.xfail(strict=True, reason=NO_KERNELS)
 def test_launch_bound_trace_is_not_fooled_by_nvml_utilisation() -> None:
     _, results, verdicts, m = replay("h100-launch-bound")
     assert m["sampler"]["gpu"]["util_pct"]["p50"] >= 95  # nvidia-smi would call this GPU busy
     assert verdicts[0].evidence["busy_fraction"] == 0.28
     assert results["upgrade-estimate"].value < 0.3  # a faster GPU only speeds the 28% the kernels fill
+    assert m["kernels"]["kernels_per_step"] == 2150  # the agent's kernels line, in the report
+
+
+def test_the_allocator_figures_reach_the_near_oom_rule_and_the_report() -> None:
+    """The agent's memory line (what the built-in loop's child read from the allocator) is the report's
+    ``memory`` and the near-oom rule's input: full (94% of the card reserved at peak) and fragmented (reserved
+    2.7x allocated, 14 allocation retries)."""
+    doc, _, verdicts, m = replay("a100-near-oom")
+    assert m["memory"] == doc["result"]["memory"]
+    assert (verdicts[0].id, verdicts[0].severity) == ("near-oom", "critical")
+    assert "94% of the GPU's 80 GiB" in verdicts[0].summary
+    _, _, verdicts, _ = replay("a100-fragmented")
+    assert (verdicts[0].id, verdicts[0].severity) == ("near-oom", "warn")
+    assert "14 allocation retries" in verdicts[0].summary
 
 
 def test_mfu_uses_this_cards_dense_peak() -> None:

@@ -38,7 +38,7 @@ from checks.verify.report import Setting
 from checks.verify.sampler import Trace, read_csv
 from checks.verify.user import exchange
 from checks.verify.user import sweep as sweeper
-from checks.verify.user.judge import OomSearch, judge, pace_setter, ranks
+from checks.verify.user.judge import OomSearch, judge, oom_memory, pace_setter, ranks
 from checks.verify.user.launch import CommandRun
 from checks.verify.user.run import epoch_samples
 from tests.checks.verify.recorded import Recorded, recorded
@@ -113,14 +113,17 @@ def _cpu_data_bound() -> Case:
 
 
 def _oom() -> Case:
-    """Out of memory at the asked batch before any step; re-runs found the largest that fits."""
+    """Out of memory at the asked batch before any step (the agent's memory line at exit: the card full, one
+    out-of-memory error counted); re-runs found the largest that fits."""
     base = _result("a100-near-oom")
     result = ChildResult.from_json({k: base[k] for k in ("device", "torch", "precision", "batch_size", "loader")})
-    result = dataclasses.replace(result, warmup=(), steps=())
+    full = base["memory"] | {"peak_reserved_bytes": 84_557_168_640, "num_ooms": 1}  # 78.75 of 80 GiB, hand-made
+    result = dataclasses.replace(result, warmup=(), steps=(), memory=full)
     error = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
     stderr = ["Traceback (most recent call last):", '  File "train.py", line 52, in <module>', error]
     rec = recorded(result, ended="crashed", returncode=1, seconds=9.0, stderr=stderr, asked_steps=30)
-    search = OomSearch(Oom(batch=512, message=error, largest_fit=192), "train.py:40", 5)
+    memory = oom_memory(rec.run.events)  # as checks/verify/user/sweep.py's largest reads the run that ran out
+    search = OomSearch(Oom(batch=512, message=error, largest_fit=192, memory=memory), "train.py:40", 5)
     return _case(rec, read_csv(TRACES / "a100-near-oom.csv"), setting(), oom=search)
 
 

@@ -32,7 +32,15 @@ Once torch is imported it installs torch's global hooks and a few patches:
   and the ``collate_fn``, as step fields in the training process (``num_workers=0``) and one ``fetch`` line per
   batch in each DataLoader worker (forked or spawned, the agent runs there too);
 - with ``GPU_PREFLIGHT_PEAK`` set (the sweep's re-runs only: it resets torch's peak statistics, which the
-  script might read itself), each step's CUDA allocator peak (``torch.cuda.max_memory_reserved``).
+  script might read itself), each step's CUDA allocator peak (``torch.cuda.max_memory_reserved``);
+- on CUDA only (a process whose script initialised CUDA itself), the caching allocator's figures: ``memory``
+  lines (``torch.cuda.memory_stats``, ``mem_get_info``: the figures the near-oom rule reads) read at a step's end
+  at most every ``MEMORY_EVERY_S`` and written when they changed, and one at exit (its counters then: peaks,
+  retries, out-of-memory errors; the current figures of the last step's end, while the training state lived);
+- on CUDA only, with ``GPU_PREFLIGHT_PROFILE_STEP`` set (verify's measured run, a warm-up step before the one
+  whose FLOPs are counted), that one step under ``torch.profiler`` (CUDA activity only): one ``kernels`` line,
+  the kernels' count, median duration, short kernels' share of their time and the share of the step's compute
+  window (forward + backward + optimizer) the GPU spent in a kernel (the launch-bound rule's inputs).
 
 A script may mark what no hook sees, and nothing happens outside verify: ``region("h2d")`` (a part of the step
 under verify's name for it), ``data(batches)`` (each batch's wait as data wait, for loops without torch's
@@ -67,6 +75,11 @@ COUNT_ENV = "GPU_PREFLIGHT_COUNT_STEP"  # the (warm-up) optimizer step whose mat
 PEAK_ENV = "GPU_PREFLIGHT_PEAK"  # "1": each step's line holds the CUDA allocator's peak (the peak is reset per step)
 MODEL_ENV = "GPU_PREFLIGHT_MODEL"  # a JSON object: the model-side change of a re-run (autocast, channels_last, compile)
 DDP_ENV = "GPU_PREFLIGHT_DDP"  # "skip": the exchange A/B's other leg, each gradient bucket handed back unreduced
+PROFILE_ENV = "GPU_PREFLIGHT_PROFILE_STEP"  # the (warm-up) optimizer step whose CUDA kernels are profiled (CUDA only)
+# The allocator's figures are read at a step's end at most this often (one memory_stats call: well under a
+# millisecond), and a line written only when they changed.
+MEMORY_EVERY_S = 1.0
+SHORT_KERNEL_NS = 10_000  # HTA's "short kernels": launches cost 5-20 µs on the host (docs/sources.md#hta)
 _DONE = "_gpu_preflight_armed"
 # Step lines are written in batches, at most this often (and all at exit): one line a step, serialised and
 # written as the step ended, was most of the agent's cost on a sub-millisecond step (BENCHMARKS.md, "verify --
@@ -215,6 +228,13 @@ class _Steps:
         text = os.environ.get(MODEL_ENV, "")
         self.model_change: dict[str, Any] | None = json.loads(text) if text else None  # applied once, then None
         self.fetch_cost: dict[str, list[float]] = {}  # feed -> [samples, batches, __getitem__ s, collate s]
+        profile = os.environ.get(PROFILE_ENV, "")
+        self.profile_at = int(profile) if profile.isdigit() else 0
+        self.profiler: Any = None  # torch.profiler.profile while the step self.profile_at runs
+        self.memory: dict[str, Any] | None = None  # the allocator's figures at the last step end read (CUDA only)
+        self.memory_read = 0.0  # when (monotonic)
+        self.memory_said: tuple[Any, ...] | None = None  # the figures of the last memory line written
+        self.peaks = [0, 0]  # with self.peak (peaks reset every step): the largest reserved, allocated peaks seen
 
     def mark(self) -> tuple[float, Any]:
         event = None
@@ -272,6 +292,9 @@ class _Steps:
         elif self.cuda is None:
             self.cuda = bool(self.torch.cuda.is_available() and self.torch.cuda.is_initialized())
             _safely(self.describe_device)
+        if self.cuda and self.profile_at > 1 and self.i + 2 == self.profile_at:
+            # before this step's end: the profiler's start-up (CUPTI's) lands in this step, not the profiled one
+            _safely(self.start_profile)
         now = self.mark()
         self.segments.append((self.stack[-1][0] if self.stack else "rest", self.since, now))
         self.since = now
@@ -296,6 +319,10 @@ class _Steps:
         )
         self.fetch_cost = {}
         self.amp = {}
+        if self.profiler is not None and self.i >= self.profile_at:
+            _safely(self.stop_profile)  # synchronizes: in the next (warm-up) step's time
+        if self.cuda and now[0] - self.memory_read >= MEMORY_EVERY_S:
+            _safely(self.read_memory)
         if self.counter is not None:
             _safely(self.stop_count)
         if self.count_at and self.i == self.count_at - 1:
@@ -308,9 +335,62 @@ class _Steps:
 
     def peak_bytes(self) -> int:
         """The CUDA allocator's peak over this step (reserved: what the device must hold), then reset."""
-        peak = int(self.torch.cuda.max_memory_reserved())
+        stats = self.torch.cuda.memory_stats()
+        peak = int(stats.get("reserved_bytes.all.peak", 0))
+        self.peaks = [max(self.peaks[0], peak), max(self.peaks[1], int(stats.get("allocated_bytes.all.peak", 0)))]
         self.torch.cuda.reset_peak_memory_stats()
         return peak
+
+    def read_memory(self) -> None:
+        """The allocator's figures at this step's end; a ``memory`` line when they changed since the last one."""
+        self.memory_read = time.monotonic()
+        self.memory = figures = self.with_peaks(memory_figures(self.torch))
+        said = tuple(figures.get(k) for k in MEMORY_CHANGES)
+        if said != self.memory_said:
+            self.memory_said = said
+            _say("memory", **figures, step=self.i, at="step", **self.rank)
+
+    def memory_at_exit(self) -> None:
+        """One last ``memory`` line where the script initialised CUDA: the counters as they ended (peaks, retries,
+        out-of-memory errors: an OOM before any step included), the current figures of the last step's end read
+        (at exit the script's tensors may be gone already, and allocated would read as fragmentation)."""
+        if not self.torch.cuda.is_initialized():
+            return
+        figures = self.with_peaks(memory_figures(self.torch))
+        if self.memory is not None:
+            figures |= {k: self.memory[k] for k in MEMORY_CURRENT}
+        _say("memory", **figures, step=self.i, at="exit", **self.rank)
+
+    def with_peaks(self, figures: dict[str, Any]) -> dict[str, Any]:
+        """With per-step peaks (``GPU_PREFLIGHT_PEAK``: reset at every step), the largest of them."""
+        reserved, allocated = self.peaks
+        figures["peak_reserved_bytes"] = max(figures["peak_reserved_bytes"], reserved)
+        figures["peak_allocated_bytes"] = max(figures["peak_allocated_bytes"], allocated)
+        return figures
+
+    def start_profile(self) -> None:
+        """``torch.profiler`` (CUDA activity only: no shapes, stacks or memory) from here to the next step's end;
+        not where the script runs a profiler of its own (one at a time)."""
+        torch = self.torch
+        if torch.autograd.profiler._is_profiler_enabled:
+            _say("kernels", step=self.profile_at, note="not profiled: the script runs torch.profiler itself",
+                 **self.rank)  # fmt: skip
+            return
+        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+        profiler.start()
+        self.profiler = profiler
+
+    def stop_profile(self) -> None:
+        """Stop the profiler (it synchronizes) and keep the profiled step's kernels for its step line (the step's
+        compute window is known once its CUDA events are read)."""
+        profiler, self.profiler = self.profiler, None
+        profiler.stop()
+        events = profiler.profiler.kineto_results.events()
+        self.pending[-1]["kernels"] = kernel_intervals(events, self.torch.autograd.DeviceType.CUDA)
+
+    def say_kernels(self, kernels: list[tuple[int, int]], line: dict[str, Any]) -> None:
+        compute_s = line["forward"] + line["backward"] + line["optimizer"]
+        _say("kernels", step=line["i"], **kernel_summary(kernels, compute_s), **self.rank)
 
     def precision(self) -> str | None:
         """The math of this step: the autocast dtype on its device, else the weights' dtype (fp32 as tf32 when
@@ -356,7 +436,10 @@ class _Steps:
             ready += 1
         done, self.pending[:ready] = self.pending[:ready], []
         for raw in done:
-            _say("step", **self.record(raw))
+            line = self.record(raw)
+            _say("step", **line)
+            if raw.get("kernels") is not None:
+                _safely(self.say_kernels, raw["kernels"], line)
 
     def seconds(self, a: tuple[float, Any], b: tuple[float, Any]) -> float:
         if a[1] is not None and b[1] is not None:
@@ -439,6 +522,80 @@ class _Steps:
         tokens = _tokens(self.torch, batch)
         if tokens:
             self.tokens[key] = self.tokens.get(key, 0) + tokens
+
+
+# The allocator's figures of a memory line (checks/verify/diagnosis.py's near-oom rule reads them): those that are
+# the state now (at a step's end) and those whose change writes a new line.
+MEMORY_CURRENT = ("free_bytes", "allocated_bytes", "reserved_bytes", "inactive_split_bytes")
+MEMORY_CHANGES = (
+    *("total_bytes", "reserved_bytes", "peak_allocated_bytes", "peak_reserved_bytes"),
+    *("num_alloc_retries", "num_ooms", "num_device_alloc"),
+)
+
+
+def memory_figures(torch: Any) -> dict[str, Any]:
+    """The CUDA caching allocator's figures on the current device (docs/sources.md#cuda-memory-stats): one
+    ``memory_stats`` call and the device's free and total memory."""
+    stats = torch.cuda.memory_stats()
+    try:
+        free, total = torch.cuda.mem_get_info()
+    except Exception:  # noqa: BLE001 - a broken context at exit: the card's size still reads
+        free, total = None, torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return {
+        "total_bytes": int(total),
+        "free_bytes": None if free is None else int(free),
+        "allocated_bytes": int(stats.get("allocated_bytes.all.current", 0)),
+        "reserved_bytes": int(stats.get("reserved_bytes.all.current", 0)),
+        "peak_allocated_bytes": int(stats.get("allocated_bytes.all.peak", 0)),
+        "peak_reserved_bytes": int(stats.get("reserved_bytes.all.peak", 0)),
+        "inactive_split_bytes": int(stats.get("inactive_split_bytes.all.current", 0)),
+        "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
+        "num_ooms": int(stats.get("num_ooms", 0)),
+        "num_device_alloc": stats.get("num_device_alloc"),
+    }
+
+
+def kernel_intervals(events: Any, cuda: Any) -> list[tuple[int, int]]:
+    """The GPU kernels among a profile's events (``kineto_results.events()``: device ``cuda``), as (start, end)
+    nanoseconds; copies and memsets left out (``Memcpy HtoD``, ``Memset``: not computation)."""
+    return [
+        (int(e.start_ns()), int(e.end_ns()))
+        for e in events
+        if e.device_type() == cuda and not e.name().startswith(("Memcpy", "Memset"))
+    ]
+
+
+def kernel_summary(kernels: list[tuple[int, int]], compute_s: float, steps: int = 1) -> dict[str, Any]:
+    """Kernels per step, median duration, short kernels' share of the kernel time, and the share of the compute
+    window some kernel ran (the union of their intervals: overlapping streams count once; Kineto's GPU util).
+    The built-in loop's summary (its ``extras.kernel_summary``), over ``steps`` profiled steps."""
+    import statistics
+
+    if not kernels:  # CUPTI unavailable (containers without the profiling capability): abstain, never "0% busy"
+        return {"steps": steps, "kernels_per_step": 0.0, "median_kernel_us": None, "busy_fraction": None,
+                "short_kernel_time_share": None, "note": "the profiler recorded no kernels"}  # fmt: skip
+    durations = sorted(b - a for a, b in kernels)
+    total = sum(durations)
+    short = sum(d for d in durations if d < SHORT_KERNEL_NS)
+    busy_s = _union_ns(kernels) / 1e9
+    return {
+        "steps": steps,
+        "kernels_per_step": len(durations) / max(1, steps),
+        "median_kernel_us": statistics.median(durations) / 1e3,
+        "short_kernel_time_share": short / total if total else None,
+        "busy_fraction": min(1.0, busy_s / compute_s) if compute_s > 0 else None,
+    }
+
+
+def _union_ns(intervals: list[tuple[int, int]]) -> int:
+    """The length of the union of (start, end) intervals (``checks.verify.figures.union_length``)."""
+    covered, end = 0, None
+    for a, b in sorted(intervals):
+        if end is not None and b <= end:
+            continue
+        covered += b - (a if end is None else max(a, end))
+        end = b
+    return covered
 
 
 def _fetch_fields(cost: list[float] | None) -> dict[str, Any]:
@@ -561,6 +718,7 @@ def _on_torch(torch: Any) -> None:
     _safely(_patch_fetch, torch, st)
     torch.save = _saving(torch.save, st, _arg(1, "f"), read_back=True)
     os.replace, os.rename = _following(os.replace), _following(os.rename)
+    atexit.register(lambda: _safely(st.memory_at_exit))  # runs after the flush below (last registered, first run)
     atexit.register(lambda: _safely(st.flush, True))
     os.register_at_fork(after_in_child=st.pending.clear)  # a forked child writes none of its parent's steps
     ddp = sys.modules.get("torch.nn.parallel.distributed")  # torch imports it with torch.nn, before this runs

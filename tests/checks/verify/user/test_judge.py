@@ -164,3 +164,55 @@ def test_the_steps_precision_and_the_counted_flops_make_the_mfu_on_a_gpu() -> No
 def test_the_agent_counts_the_last_warm_up_step_of_the_run_only(tmp_path: Path) -> None:
     assert environment(tmp_path, None, 5)["GPU_PREFLIGHT_COUNT_STEP"] == "5"
     assert "GPU_PREFLIGHT_COUNT_STEP" not in environment(tmp_path, {"num_workers": 2}, 0)
+
+
+def test_the_agent_profiles_a_warm_up_step_only_when_asked(tmp_path: Path) -> None:
+    assert environment(tmp_path, None, 5, profile_step=4)["GPU_PREFLIGHT_PROFILE_STEP"] == "4"
+    assert "GPU_PREFLIGHT_PROFILE_STEP" not in environment(tmp_path, {"num_workers": 2}, 0)
+
+
+GPU = {"event": "device", "pid": 10, "type": "cuda", "name": "NVIDIA H100 80GB HBM3", "uuid": None, "index": 0}
+GIB = 1024**3
+
+
+def memory(pid: int = 10, **over: Any) -> dict[str, Any]:
+    """The agent's memory line: an 80 GiB card, 75 GiB reserved at peak for 60 GiB allocated."""
+    line = {"event": "memory", "pid": pid, "total_bytes": 80 * GIB, "free_bytes": 5 * GIB, "allocated_bytes": 60 * GIB,
+            "reserved_bytes": 74 * GIB, "peak_allocated_bytes": 70 * GIB, "peak_reserved_bytes": 75 * GIB,
+            "inactive_split_bytes": 0, "num_alloc_retries": 0, "num_ooms": 0, "num_device_alloc": 12, "step": 5,
+            "at": "exit", "rank": None}  # fmt: skip
+    return line | over
+
+
+def test_the_agents_memory_and_kernels_lines_reach_the_verdicts() -> None:
+    """The allocator's figures (the last memory line of the process) and the profiled step's kernels become the
+    child result's ``memory`` and ``kernels``: near-oom and launch-bound fire on a command as on the built-in loop."""
+    from checks.config import make_config
+    from checks.verify.diagnosis import Signals, diagnose
+
+    kernels = {"event": "kernels", "pid": 10, "step": 1, "steps": 1, "kernels_per_step": 1800.0,
+               "median_kernel_us": 3.9, "short_kernel_time_share": 0.8, "busy_fraction": 0.25, "rank": None}  # fmt: skip
+    compute: dict[str, Any] = {"data_wait": 0.0, "forward": 0.04, "backward": 0.05, "optimizer": 0.01}
+    early = memory(peak_reserved_bytes=10 * GIB, at="step")  # read at step 1, before the peak grew
+    events = [GPU, kernels, early, *(step(i, **compute) for i in range(1, 9)), memory()]
+    (r,) = j.ranks(events, 2, 6, 0)
+    child = j._child_result(r, j.rank_figures(r))
+    assert child.memory is not None and child.memory["peak_reserved_bytes"] == 75 * GIB  # the last line
+    assert "event" not in child.memory and "at" not in child.memory and "pid" not in child.memory
+    assert child.kernels == {"step": 1, "steps": 1, "kernels_per_step": 1800.0, "median_kernel_us": 3.9,
+                             "short_kernel_time_share": 0.8, "busy_fraction": 0.25}  # fmt: skip
+    shares = {"data_wait": 0.0, "h2d": 0.0, "forward": 0.4, "backward": 0.5, "optimizer": 0.1, "checkpoint": 0.0}
+    signals = Signals(30, "cuda", shares, 0.1, memory=child.memory, kernels=child.kernels)
+    assert [v.id for v in diagnose(signals, make_config().verify)] == ["launch-bound", "near-oom"]
+    (cpu,) = j.ranks([step(i) for i in range(1, 5)], 1, 3, 0)  # a CPU run: no lines, nothing read
+    assert j._child_result(cpu, j.rank_figures(cpu)).memory is None and cpu.kernels is None
+
+
+def test_an_out_of_memory_run_s_memory_is_the_process_that_ran_out() -> None:
+    ran_out = memory(pid=11, num_ooms=1, peak_reserved_bytes=79 * GIB, rank=1)
+    fine = memory(pid=10, peak_reserved_bytes=79.5 * GIB, rank=0)  # fuller, but no out-of-memory error counted
+    got = j.oom_memory([fine, memory(pid=11, at="step", rank=1), ran_out])
+    assert got is not None and got["num_ooms"] == 1 and got["peak_reserved_bytes"] == 79 * GIB
+    assert "event" not in got and "pid" not in got and "rank" not in got
+    assert j.oom_memory([fine])["peak_reserved_bytes"] == 79.5 * GIB  # type: ignore[index]
+    assert j.oom_memory([step(1)]) is None  # a CPU run: none
