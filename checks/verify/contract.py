@@ -457,8 +457,10 @@ class ChildResult(Record):
 
     @property
     def tokens_per_sample(self) -> int:
+        """Tokens per sample: the built-in token data's or a --dataset's sequence length, or a command's (the
+        judge's tokens per step / samples per step, ``checks/verify/user/judge.py``); 0 for other data."""
         d = self.data
-        return (d.seq_len or 0) if d is not None and d.kind in ("tokens", "user") else 0
+        return (d.seq_len or 0) if d is not None and d.kind in ("tokens", "user", "command") else 0
 
 
 def phase_ok(figures: JsonObject | None) -> JsonObject | None:

@@ -245,8 +245,16 @@ def _child_result(lead: Rank, figs: RankFigures | None) -> ChildResult:
         accum=micro,
         loader=dict(loader),
         timeline={"measure": window} if window else {},
-        data=DataInfo(kind="command"),
+        data=DataInfo(kind="command", seq_len=_tokens_per_sample(figs)),
     )
+
+
+def _tokens_per_sample(figs: RankFigures | None) -> int | None:
+    """Batches of token ids: the tokens per sample (the sequence length; its mean where batches vary), which prices
+    a million tokens (``ChildResult.tokens_per_sample``); None for other batches."""
+    if figs is None or not figs.tokens_per_step or not figs.samples_per_step:
+        return None
+    return round(figs.tokens_per_step / figs.samples_per_step) or None
 
 
 def judge(

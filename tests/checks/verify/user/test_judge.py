@@ -216,3 +216,22 @@ def test_an_out_of_memory_run_s_memory_is_the_process_that_ran_out() -> None:
     assert "event" not in got and "pid" not in got and "rank" not in got
     assert j.oom_memory([fine])["peak_reserved_bytes"] == 79.5 * GIB  # type: ignore[index]
     assert j.oom_memory([step(1)]) is None  # a CPU run: none
+
+
+def test_token_batches_price_a_million_tokens() -> None:
+    """The tokens per step over the samples per step are the child's tokens per sample (``cost_block`` prices a
+    million tokens with it); batches without token ids have none."""
+    from checks.reports.verify import Files
+    from checks.verify.report import Setting, cost_block
+
+    events = [step(i, samples=16, tokens=16 * 512) for i in range(1, 6)]
+    (r,) = j.ranks(events, 1, 4, 0)
+    figs = j.rank_figures(r)
+    child = j._child_result(r, figs)
+    assert child.tokens_per_sample == 512
+    setting = Setting(2.0, Files("r.json", "r.samples.csv", "r.png"), price_per_hour=3.6)
+    assert figs is not None
+    _, cost = cost_block(setting, child, figs.fig)
+    assert cost is not None and cost["per_million_tokens"] == round(cost["per_million_samples"] / 512, 6)
+    (plain,) = j.ranks([step(i) for i in range(1, 5)], 1, 3, 0)
+    assert j._child_result(plain, j.rank_figures(plain)).tokens_per_sample == 0
