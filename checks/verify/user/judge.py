@@ -483,7 +483,7 @@ def own_step_s(r: Rank) -> float | None:
     user's command is not changed to run them.) Saves are left out: one rank (rank 0) saves for all, every
     ``ckpt_every`` steps, and a save among a few measured steps moved its median (a "straggler" that only saved);
     their cost is the checkpoint share's, judged by the checkpoint rule."""
-    own = [s["data_wait"] + s["forward"] + s["optimizer"] + s["checkpoint"] for s in r.steps]
+    own = [s["data_wait"] + s["forward"] + s["optimizer"] for s in r.steps]
     return statistics.median(own) if own else None
 
 

@@ -218,6 +218,22 @@ def test_an_out_of_memory_run_s_memory_is_the_process_that_ran_out() -> None:
     assert j.oom_memory([step(1)]) is None  # a CPU run: none
 
 
+def test_one_save_on_rank_0_does_not_make_it_a_straggler() -> None:
+    """Rank 0 saves for every rank, once among a few measured steps: the save is the checkpoint share's, not rank
+    0's own work (counted in, the 1 s save made rank 0 a straggler of the two gloo ranks replayed)."""
+    from checks.config import make_config
+    from checks.verify.distributed import straggler
+
+    events = [step(i, pid=p, rank=r) for i in range(1, 6) for p, r in ((11, 0), (12, 1))]
+    events += [step(6, pid=11, rank=0, checkpoint=1.0, saves=1, ckpt_bytes=10**8), step(6, pid=12, rank=1)]
+    found = j.ranks(events, 4, 2, 0)  # measured: 5 and 6 (rank 0 saves in step 6): the median is their mean
+    rows = j.rank_rows(found).per_rank
+    assert [x.own_s for x in rows] == [rows[1].own_s, rows[1].own_s]  # the save left out
+    assert straggler(rows, make_config().verify) is None
+    figs = j.rank_figures(found[0])
+    assert figs is not None and figs.checkpoint is not None and figs.checkpoint.save_s == 1.0  # still judged
+
+
 def test_token_batches_price_a_million_tokens() -> None:
     """The tokens per step over the samples per step are the child's tokens per sample (``cost_block`` prices a
     million tokens with it); batches without token ids have none."""
