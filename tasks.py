@@ -94,7 +94,13 @@ def bootstrap(c: Context, f: fl.BootstrapFlags) -> None:
         done = bootstrap_run.bootstrap(local)
     for note in done.notes:  # the diffs end in a newline already
         sys.stderr.write(note if note.endswith("\n") else note + "\n")
-    emit(lambda colour: render_text(done.report, colour, every_row=f.all), done.report.to_json(), f.json)
+    env = done.measurements.environment
+    summary = env.summary if env else None
+    emit(
+        lambda colour: render_text(done.report, colour, every_row=f.all, environment=summary),
+        done.report.to_json(),
+        f.json,
+    )
     exit_with(done.report.exit_code(strict=strict))
 
 

@@ -40,20 +40,21 @@ def render_text(
     every_row: bool = False,
     background: frozenset[str] = frozenset(),
     focus: str | None = None,
+    environment: str | None = None,
 ) -> str:
     """One line per result, a hint under each non-ok one, a tally and one call to action.
 
     Unless ``every_row``: skips that share their reason are one line ("18 skipped: no NVIDIA GPU visible"), and
     the ok and skipped rows of the ``background`` ids (bootstrap's checks inside verify) are one count line, so
     the rows that need the reader stand out. ``focus`` is the row the call to action names once nothing failed
-    (verify's diagnosis).
+    (verify's diagnosis). ``environment`` is bootstrap's one-line environment, shown under the header (its
+    ``measurements.environment.summary``).
     """
     shown = [r for r in report.results if every_row or not _quiet(r, background)]
     width = max((len(r.id) + (len(r.subject) + 2 if r.subject else 0) for r in shown), default=10)
     lines = [f"gpu-preflight: {report.host} ({report.machine})"]
-    env = report.measurements.get("environment") or {}
-    if env.get("summary"):  # bootstrap's one-line environment (checks/machine/measurements.py)
-        lines.append(f"  environment: {env['summary']}")
+    if environment:
+        lines.append(f"  environment: {environment}")
     quiet = [r for r in report.results if r not in shown]
     if quiet:
         tally = ", ".join(f"{n} {s}" for s, n in sorted(Counter(r.status.value for r in quiet).items()))

@@ -81,7 +81,7 @@ def lock_text(m: MachineFacts, pins: dict[str, str], wheel_index: str) -> str:
     """The lock file for ``pins`` (name -> version) made on the machine ``m``."""
     gpus = [g.name for g in m.nvml.gpus if not g.error]
     gpu = f"{gpus[0]} x{len(gpus)}" if gpus else "no NVIDIA GPU"
-    summary = environment(m)["summary"]
+    summary = environment(m).summary
     lines = [LOCK_HEADER, f"# made on: {m.host.hostname} · {gpu} · {summary}"]
     lines.append("# install: pip install -r THIS_FILE (gpu-preflight only writes and checks it; it never installs)")
     index = torch_index(m, wheel_index) if "torch" in pins else None

@@ -1,8 +1,9 @@
 """One side of a diff: a machine's comparable fields, flattened, from a snapshot, a bootstrap report or ``live``.
 
-A snapshot gives everything the probe records. A bootstrap report gives its ``measurements.environment`` (and the
-GPU count of its inventory); a report without that section (an older one) gives nothing to compare but its
-GPU count, and ``missing`` says so. Field names: ``torch``, ``nccl``, ``gpu0.cc``, ``package:numpy``,
+A snapshot gives everything the probe records. A bootstrap report, read by the typed readers (``Report`` and
+``checks.reports.bootstrap.BootstrapMeasurements``), gives its ``measurements.environment`` (and the GPU count and
+names of its inventory); a report without that section (an older one) gives nothing to compare but its inventory,
+and ``missing`` says so. Field names: ``torch``, ``nccl``, ``gpu0.cc``, ``package:numpy``,
 ``var:NCCL_DEBUG`` and so on (``docs/environment.md``).
 """
 
@@ -16,13 +17,14 @@ from typing import Any
 from checks.errors import PreflightError
 from checks.facts import MachineFacts
 from checks.machine.measurements import environment
+from checks.reports.bootstrap import BootstrapMeasurements, Environment, read_measurements
 from checks.result import Report
 from checks.snapshot import load_snapshot
 from checks.typedjson import TypedJsonError
 from checks.units import GIB, MIB
 
-# Fields a bootstrap report's measurements.environment carries (checks/machine/measurements.py).
-REPORT_FIELDS = ("os", "glibc", "python", "torch", "torch_cuda", "nccl", "cudnn", "driver", "driver_cuda", "nvcc")
+# Fields a bootstrap report's measurements.environment carries to compare (checks/reports/bootstrap.py).
+REPORT_FIELDS = Environment.COMPARED
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class Side:
 def from_facts(m: MachineFacts, label: str, kind: str = "snapshot") -> Side:
     """Flatten a machine's facts into comparable fields."""
     env = environment(m)
-    fields: dict[str, Any] = {k: env[k] for k in REPORT_FIELDS}
+    fields: dict[str, Any] = {k: env.value(k) for k in REPORT_FIELDS}
     fields.update(kernel=(m.env.kernel if m.env else None) or m.host.kernel, cpu_model=m.host.cpu_model)
     fields["cores"] = round(m.host.usable_cores, 1)
     fields["mem_gib"] = round(m.host.mem_total / GIB) if m.host.mem_total else None
@@ -81,21 +83,17 @@ def _numa(m: MachineFacts) -> dict[str, Any]:
     return out
 
 
-def from_report(report: Report, label: str) -> Side:
-    """Flatten a bootstrap report (``invoke bootstrap --json``, read by ``Report.from_json``)."""
-    measurements = report.measurements
-    env = measurements.get("environment")
-    inventory = measurements.get("inventory") or {}
-    fields: dict[str, Any] = {}
-    if "gpus" in inventory:
-        fields["gpu_count"] = inventory["gpus"]
-        fields.update({f"gpu{i}.name": n for i, n in enumerate(inventory.get("gpu_names") or [])})
+def from_report(measured: BootstrapMeasurements, label: str) -> Side:
+    """Flatten a bootstrap report's measurements (``invoke bootstrap --json``, read by ``read_measurements``)."""
+    env, inventory = measured.environment, measured.inventory
+    fields: dict[str, Any] = {"gpu_count": inventory.gpus}
+    fields.update({f"gpu{i}.name": n for i, n in enumerate(inventory.gpu_names)})
     missing = ["GPU and host figures (power, PCIe, clocks, cores, shm: diff snapshots for those)"]
-    if isinstance(env, dict):
-        fields.update({k: env.get(k) for k in REPORT_FIELDS})
-        fields.update({f"package:{k}": v for k, v in (env.get("packages") or {}).items()})
+    if env is not None:
+        fields.update({k: env.value(k) for k in REPORT_FIELDS})
+        fields.update({f"package:{k}": v for k, v in env.packages.items()})
     else:
-        fields.update(torch=inventory.get("torch"), nccl=inventory.get("nccl"))
+        fields.update(torch=inventory.torch, nccl=inventory.nccl)
         missing.insert(0, "the environment (the report predates measurements.environment: rerun bootstrap)")
     return Side(label, fields, tuple(missing), "report")
 
@@ -126,7 +124,7 @@ def load_side(spec: str, live: Any = None) -> Side:
             report = Report.from_json(doc, spec)
         except TypedJsonError as exc:
             raise PreflightError(str(exc), hint="give a bootstrap --json report of this gpu-preflight") from None
-        return from_report(report, f"report {path.name}")
+        return from_report(read_measurements(report, spec), f"report {path.name}")
     raise PreflightError(
         f"{spec} is neither a snapshot nor a bootstrap report",
         hint="give invoke snapshot's or bootstrap --json's file, or live",

@@ -16,6 +16,7 @@ from checks.facts import MachineFacts
 from checks.machine.measurements import measurements
 from checks.machine.runner import CHECKS, Check, fed_by, measure, run_checks
 from checks.probe import LocalProbe, Probe, SnapshotProbe
+from checks.reports.bootstrap import BootstrapMeasurements
 from checks.result import Report, Stopwatch, Timing
 from provision import alloc_env
 
@@ -34,9 +35,11 @@ class BootstrapRequest:
 
 @dataclass(frozen=True)
 class Bootstrapped:
-    """The report, and the allocator step's notes (diffs or files written) for the terminal."""
+    """The report, its measurements as the typed record its ``measurements`` were written from, and the allocator
+    step's notes (diffs or files written) for the terminal."""
 
     report: Report
+    measurements: BootstrapMeasurements
     notes: tuple[str, ...] = ()
 
 
@@ -84,14 +87,15 @@ def bootstrap(request: BootstrapRequest) -> Bootstrapped:
     checks = CHECKS + request.extra_checks
     with clock.phase("checks"):
         results = run_checks(facts, cfg, checks)
+    measured = measurements(facts, cfg, notes)
     report = Report(
         host=facts.host.hostname,
         machine=probe.label,
         results=tuple(results),
-        measurements=measurements(facts, cfg, notes),
+        measurements=measured.to_json(),
         timing=_timing(clock.timing(replayed=not probe.live), checks),
     )
-    return Bootstrapped(report=report, notes=(*notes, *filter(None, [shell])))
+    return Bootstrapped(report=report, measurements=measured, notes=(*notes, *filter(None, [shell])))
 
 
 def _timing(timing: Timing, checks: tuple[tuple[str, Check], ...]) -> Timing:

@@ -20,6 +20,7 @@ from checks.facts import GpuFacts, MachineFacts, P2PBandwidth
 from checks.machine.grading import grade, graded
 from checks.machine.nccl_env import broken_socket
 from checks.machine.topology import answering, p2p_ok, pair_of, path_name
+from checks.reports.bootstrap import AllreduceRow, LocalAllreduce, P2p, P2pPair, row_of
 from checks.result import Result, fail, ok, skip
 from checks.tables.datasheet import PCIE_X16_GB_S, form_factor, lookup
 from checks.units import MIB
@@ -241,34 +242,20 @@ def _judge_allreduce(m: MachineFacts, tc: TopologyConfig) -> Result:
     return graded("gpu-allreduce", status, summary, hint, **kw)
 
 
-def collective_measurements(m: MachineFacts) -> dict[str, Any]:
-    """``measurements.p2p`` and ``measurements.allreduce_local``."""
-    out: dict[str, Any] = {}
-    if m.p2p is not None and m.p2p.pairs:
-        out["p2p"] = {
-            "mib": m.p2p.mib,
-            "pairs": [
-                {
-                    "src": r.src,
-                    "dst": r.dst,
-                    "gb_s": r.gb_s,
-                    "peer_access": r.peer_access,
-                    "line_rate_gb_s": rate,
-                    "path": path,
-                    "error": r.error,
-                }
-                for r, rate, path in judged_pairs(m)
-            ],
-        }
+def p2p_measurements(m: MachineFacts) -> P2p | None:
+    """``measurements.p2p``: every measured pair with its line rate and path; None when none was measured."""
+    if m.p2p is None or not m.p2p.pairs:
+        return None
+    pairs = tuple(
+        P2pPair(r.src, r.dst, r.gb_s, r.peer_access, rate, path, r.error) for r, rate, path in judged_pairs(m)
+    )
+    return P2p(m.p2p.mib, pairs)
+
+
+def allreduce_measurements(m: MachineFacts) -> LocalAllreduce | None:
+    """``measurements.allreduce_local``: the sweep's rows and the busbw expected of this box; None when not run."""
     ar = m.allreduce_local
-    if ar is not None and ar.rows:
-        expected, basis = expected_busbw(m)
-        rows = [
-            {
-                k: getattr(r, k)
-                for k in ("backend", "world_size", "bytes", "algbw_gb_s", "busbw_gb_s", "seconds", "iterations")
-            }
-            for r in ar.rows
-        ]
-        out["allreduce_local"] = {"rows": rows, "expected_busbw_gb_s": expected, "basis": basis}
-    return out
+    if ar is None or not ar.rows:
+        return None
+    expected, basis = expected_busbw(m)
+    return LocalAllreduce(tuple(row_of(AllreduceRow, r) for r in ar.rows), expected, basis)

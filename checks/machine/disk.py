@@ -10,6 +10,7 @@ from typing import Any
 
 from checks.config import DiskConfig, PreflightConfig
 from checks.facts import LocationFacts, MachineFacts, MountFacts
+from checks.reports.bootstrap import DiskRow, Mount, row_of
 from checks.result import Result, fail, ok, skip, warn
 from checks.units import GIB, size_binary
 
@@ -234,31 +235,30 @@ def disk_checkpoint(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     return [ok("disk-checkpoint", summary, value=value, expected=expected)]
 
 
-def disk_measurements(m: MachineFacts) -> dict[str, Any]:
-    """``measurements.disks`` (one entry per measured location) and ``measurements.mounts`` for the report."""
+def disk_measurements(m: MachineFacts) -> tuple[tuple[DiskRow, ...], tuple[Mount, ...]] | None:
+    """``measurements.disks`` (one row per measured location) and ``measurements.mounts`` for the report."""
     if m.disks is None:
-        return {}
-    disks = [
-        {
-            "path": x.path,
-            "fs_type": x.fs_type,
-            "local": x.kind == "local",
-            "free_bytes": x.free_bytes,
-            "seq_write_mb_s": x.seq_write_mb_s,
-            "cold_read_mb_s": x.cold_read_mb_s,
-            "small_files_per_s": x.small_files_per_s,
-            "checkpoint_write_s": x.checkpoint_write_s,
-            "tool": x.tool,
-            "kind": x.kind,
-            "cold_read_method": x.cold_read_method,
-            "file_bytes": x.file_bytes,
-            "checkpoint_bytes": x.checkpoint_bytes,
-            "checkpoint_estimated": x.checkpoint_estimated,
-            "error": x.error,
-            "stale_removed": list(x.stale_removed),
-            "stale_removed_bytes": x.stale_removed_bytes,
-        }
+        return None
+    disks = tuple(
+        DiskRow(
+            path=x.path,
+            fs_type=x.fs_type,
+            local=x.kind == "local",
+            free_bytes=x.free_bytes,
+            seq_write_mb_s=x.seq_write_mb_s,
+            cold_read_mb_s=x.cold_read_mb_s,
+            small_files_per_s=x.small_files_per_s,
+            checkpoint_write_s=x.checkpoint_write_s,
+            tool=x.tool,
+            kind=x.kind,
+            cold_read_method=x.cold_read_method,
+            file_bytes=x.file_bytes,
+            checkpoint_bytes=x.checkpoint_bytes,
+            checkpoint_estimated=x.checkpoint_estimated,
+            error=x.error,
+            stale_removed=tuple(x.stale_removed),
+            stale_removed_bytes=x.stale_removed_bytes,
+        )
         for x in m.disks.locations
-    ]
-    mounts = [{k: v for k, v in x.__dict__.items()} for x in m.disks.mounts]
-    return {"disks": disks, "mounts": mounts}
+    )
+    return disks, tuple(row_of(Mount, x) for x in m.disks.mounts)

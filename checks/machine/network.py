@@ -7,11 +7,10 @@ should carry, and read all-reduce figures correctly (busbw, message size).
 
 from __future__ import annotations
 
-from typing import Any
-
 from checks.config import NetworkConfig, PreflightConfig
 from checks.facts import AllreduceFacts, DownloadFacts, LinkFacts, MachineFacts
 from checks.machine.grading import grade, graded
+from checks.reports.bootstrap import Download
 from checks.result import Result, Status, fail, ok, skip, warn
 from checks.tables import datasheet
 from checks.units import MIB
@@ -53,23 +52,11 @@ def net_download(m: MachineFacts, cfg: PreflightConfig) -> list[Result]:
     return [_download_result(d, cfg.network) for d in m.net.downloads]
 
 
-def net_measurements(m: MachineFacts) -> dict[str, Any]:
-    """``measurements.downloads`` for the report (URLs already redacted)."""
+def net_measurements(m: MachineFacts) -> tuple[Download, ...] | None:
+    """``measurements.downloads`` for the report (URLs already redacted); None when none was measured."""
     if m.net is None or not m.net.downloads:
-        return {}
-    return {
-        "downloads": [
-            {
-                "url": d.url,
-                "mb_s": d.mb_s,
-                "latency_ms": d.latency_ms,
-                "bytes": d.bytes,
-                "status": d.status,
-                "error": d.error,
-            }
-            for d in m.net.downloads
-        ]
-    }
+        return None
+    return tuple(Download(d.url, d.mb_s, d.latency_ms, d.bytes, d.status, d.error) for d in m.net.downloads)
 
 
 def mbit(value: float | None) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from checks.config import PreflightConfig
 from checks.facts import GpuFacts, GpuLocality, GpuPair, MachineFacts, TopologyFacts
+from checks.reports.bootstrap import Topology, TopologyGpu, TopologyPair
 from checks.result import Result, Status, fail, ok, skip, warn
 from checks.tables.datasheet import form_factor
 
@@ -259,22 +260,12 @@ def cpuset_outside_gpus(m: MachineFacts) -> Result | None:
     return warn("gpu-topology", summary, hint)
 
 
-def topology_measurements(m: MachineFacts) -> dict[str, object] | None:
+def topology_measurements(m: MachineFacts) -> Topology | None:
     """``measurements.topology``: each GPU's NUMA node and CPUs, and each pair's path and P2P status."""
     topo = m.topology
     if topo is None or not topo.pairs:
         return None
-    return {
-        "gpus": [{"index": g.index, "numa_node": g.numa_node, "cpus": cpu_list(g.cpus)} for g in topo.gpus],
-        "pairs": [
-            {
-                "a": p.a,
-                "b": p.b,
-                "path": path_name(p),
-                "p2p_read": p.p2p_read,
-                "p2p_write": p.p2p_write,
-                "p2p_atomics": p.p2p_atomics,
-            }
-            for p in topo.pairs
-        ],
-    }
+    return Topology(
+        gpus=tuple(TopologyGpu(g.index, g.numa_node, cpu_list(g.cpus)) for g in topo.gpus),
+        pairs=tuple(TopologyPair(p.a, p.b, path_name(p), p.p2p_read, p.p2p_write, p.p2p_atomics) for p in topo.pairs),
+    )

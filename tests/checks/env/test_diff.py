@@ -131,7 +131,10 @@ def test_old_report_against_a_snapshot_says_what_cannot_be_compared(tmp_path: Pa
     old = _report(
         tmp_path,
         "old.json",
-        {"inventory": {"gpus": 1, "gpu_names": ["NVIDIA H200"], "torch": "2.8.0", "nccl": "2.27.5"}},
+        {
+            "dataloader": {"num_workers": 8, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 2},
+            "inventory": {"gpus": 1, "gpu_names": ["NVIDIA H200"], "torch": "2.8.0", "cuda": True, "nccl": "2.27.5"},
+        },
     )
     d = diff(load_side(str(FIXTURES / "h200-1x.json")), load_side(str(old)))
     assert [x.field for x in d.differences] == ["torch"]

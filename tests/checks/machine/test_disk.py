@@ -107,7 +107,8 @@ def test_removed_leftovers_of_a_killed_run_are_named() -> None:
         "removed 2 scratch directories (3.0 GiB)"
         in one(disk_speed(facts(failed), config()), "disk-speed", LOCAL.path).summary
     )
-    assert disk_measurements(facts(swept))["disks"][0]["stale_removed_bytes"] == 3 * GIB
+    measured = disk_measurements(facts(swept))
+    assert measured is not None and measured[0][0].stale_removed_bytes == 3 * GIB
 
 
 def test_full_or_hung_mounts_warn() -> None:
@@ -129,7 +130,9 @@ def test_not_measured_and_replayed_skip() -> None:
 
 def test_measurements_have_the_documented_keys() -> None:
     out = disk_measurements(facts(LOCAL, NAS))
+    assert out is not None
+    disks, _ = out
     required = {"path", "fs_type", "local", "free_bytes", "seq_write_mb_s", "cold_read_mb_s", "small_files_per_s",
                 "checkpoint_write_s", "tool"}  # fmt: skip
-    assert all(required <= set(row) for row in out["disks"])
-    assert [row["local"] for row in out["disks"]] == [True, False]
+    assert all(required <= set(row.to_json()) for row in disks)
+    assert [row.local for row in disks] == [True, False]
