@@ -23,6 +23,7 @@ import yaml
 
 from checks.config import PreflightConfig
 from checks.facts import FleetFacts, HostOutcome
+from checks.reports.bootstrap import BootstrapMeasurements
 from checks.result import Report
 from checks.typedjson import TypedJsonError
 from provision.flow import Hosts, Ready, in_parallel, module_script
@@ -84,10 +85,13 @@ def run_bootstrap(
         data = json.loads(report.out if report else "")
     except ValueError:  # exit 1 without a report: python -m invoke itself failed (no invoke, say)
         raise RemoteError(_failure(done, prepared.python, prepared.directory)) from None
+    where = f"{prepared.tmp}/report.json"
     try:
-        return done.code, Report.from_json(data, f"{prepared.tmp}/report.json")
+        read = Report.from_json(data, where)
+        BootstrapMeasurements.from_json(read.measurements, f"{where}.measurements")
     except TypedJsonError as exc:  # the copy shipped there is this checkout: a report it cannot read is a bug
         raise RemoteError(f"bootstrap's report there cannot be read: {exc}") from None
+    return done.code, read
 
 
 def bootstrap_host(

@@ -21,6 +21,7 @@ from typing import Any
 from checks.config import NetworkConfig
 from checks.facts import AllreduceFacts, LinkFacts
 from checks.probe.tcp import pair_rounds
+from checks.reports.bootstrap import BootstrapMeasurements, Inventory
 from checks.result import Report
 from provision.flow import Ready, at_once, json_tail, module_script, run_module, stop_all
 from provision.remote import Completed, RemoteError
@@ -101,21 +102,23 @@ def measure_links(hosts: list[Ready], cfg: NetworkConfig, notify: Notify) -> tup
     return links, None
 
 
-def _inventory(report: Report | None) -> dict[str, Any]:
-    return dict(report.measurements.get("inventory") or {}) if report else {}
+def _inventory(report: Report | None, host: str) -> Inventory | None:
+    """The host's inventory, read by the typed reader (its report was read whole where it was fetched)."""
+    if report is None:
+        return None
+    return BootstrapMeasurements.from_json(report.measurements, f"{host}'s report.measurements").inventory
 
 
 def plan_allreduce(hosts: list[Ready], reports: dict[str, Report]) -> tuple[str, list[int]] | str:
     """(backend, processes per host), or why the all-reduce cannot run."""
-    inventories = [_inventory(reports.get(h.spec.name)) for h in hosts]
-    for host, inv in zip(hosts, inventories, strict=True):
-        if not inv.get("torch"):
+    inventories: list[Inventory] = []
+    for host in hosts:
+        inv = _inventory(reports.get(host.spec.name), host.spec.name)
+        if inv is None or not inv.torch:
             return f"torch is not importable on {host.spec.name}"
-    if all(inv.get("cuda") and inv.get("gpus") and inv.get("nccl") for inv in inventories):
-        counts = [
-            min(int(inv["gpus"]), h.spec.slots or int(inv["gpus"])) for h, inv in zip(hosts, inventories, strict=True)
-        ]
-        return "nccl", counts
+        inventories.append(inv)
+    if all(inv.cuda and inv.gpus and inv.nccl for inv in inventories):
+        return "nccl", [min(inv.gpus, h.spec.slots or inv.gpus) for h, inv in zip(hosts, inventories, strict=True)]
     return "gloo", [1] * len(hosts)
 
 

@@ -1,4 +1,5 @@
-"""Builders for facts records in unit tests: a healthy default, changed field by field."""
+"""Builders for facts records (and the report blocks bootstrap writes from them) in unit tests: a healthy
+default, changed field by field."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from typing import Any
 
 from checks.config import PreflightConfig, make_config
 from checks.facts import GpuFacts, HostFacts, MachineFacts, NvmlFacts, TorchFacts
+from checks.machine.measurements import environment as environment_of
+from checks.machine.measurements import measurements
+from checks.reports.bootstrap import BootstrapMeasurements, Environment
 
 GIB = 1024**3
 
@@ -87,3 +91,15 @@ def machine(
 def config(**sections: dict[str, Any]) -> PreflightConfig:
     """The default config with some keys changed: config(gpu={"power_min_fraction": 0.5})."""
     return make_config(sections) if sections else make_config()
+
+
+def bootstrap_measurements(m: MachineFacts | None = None, **changes: Any) -> BootstrapMeasurements:
+    """The measurements bootstrap's writer builds for ``m`` (the healthy default box), blocks changed by name:
+    bootstrap_measurements(environment=None) is a report written before the environment block."""
+    return replace(measurements(m or machine(), config(), []), **changes)
+
+
+def environment(**changes: Any) -> Environment:
+    """The environment block of the default box, with a readable OS, Python and a package, changed field by field."""
+    base = replace(environment_of(machine()), os="Ubuntu 22.04.5 LTS", python="3.11.9", packages={"numpy": "2.1.0"})
+    return replace(base, **changes)

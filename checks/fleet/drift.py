@@ -1,6 +1,6 @@
 """Drift between the hosts of a fleet: driver, torch, its CUDA build, NCCL, Python and the packages that differ.
 
-Read from each host's ``measurements.environment`` (``checks/machine/measurements.py``). DDP needs every rank on
+Read from each host's ``measurements.environment`` (``checks.reports.bootstrap.Environment``). DDP needs every rank on
 the same torch, CUDA build and NCCL: mixed NCCL versions hang a job at its first collective (the seed
 article §4.3), so a host that differs from the majority in those is a fail; other drift (driver, Python, a package)
 is a warn. A tie has no majority: every host outside the first-seen value is named.
@@ -9,9 +9,9 @@ is a warn. A tie has no majority: every host outside the first-seen value is nam
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from collections.abc import Mapping
 
-from checks.facts import HostOutcome
+from checks.reports.bootstrap import BootstrapMeasurements, Environment
 from checks.result import Result, fail, warn
 
 FIELDS = (
@@ -25,57 +25,50 @@ FAIL_FIELDS = frozenset({"torch", "torch_cuda", "nccl"})
 OF_TORCH = frozenset({"torch_cuda", "nccl"})  # read from torch: a host without torch differs in them by its torch alone
 
 
-def environments(hosts: tuple[HostOutcome, ...]) -> dict[str, dict[str, Any]]:
+def environments(measured: Mapping[str, BootstrapMeasurements]) -> dict[str, Environment]:
     """Each reporting host's environment section (hosts whose report predates it are left out)."""
-    out = {}
-    for o in hosts:
-        env = o.report.measurements.get("environment") if o.report else None
-        if isinstance(env, dict):
-            out[o.name] = env
-    return out
+    return {name: m.environment for name, m in measured.items() if m.environment is not None}
 
 
-def drifting_packages(envs: dict[str, dict[str, Any]]) -> list[str]:
+def drifting_packages(envs: dict[str, Environment]) -> list[str]:
     """Packages whose version (or presence) is not the same on every host (torch is its own field: a fail)."""
-    names = sorted({p for e in envs.values() for p in (e.get("packages") or {})} - {"torch"})
-    return [n for n in names if len({(e.get("packages") or {}).get(n) for e in envs.values()}) > 1]
+    names = sorted({p for e in envs.values() for p in e.packages} - {"torch"})
+    return [n for n in names if len({e.packages.get(n) for e in envs.values()}) > 1]
 
 
-def drift_table(envs: dict[str, dict[str, Any]]) -> list[list[str]]:
+def drift_table(envs: dict[str, Environment]) -> list[list[str]]:
     """Rows: host, the fields, then the packages that differ (empty when every host agrees on everything)."""
     packages = drifting_packages(envs)
-    fields = [k for k, _ in FIELDS if len({e.get(k) for e in _with_torch(envs, k).values()}) > 1]
+    fields = [k for k, _ in FIELDS if len({e.value(k) for e in _with_torch(envs, k).values()}) > 1]
     if len(envs) < 2 or not (fields or packages):
         return []
     head = ["host", *(dict(FIELDS)[k] for k in fields), *packages]
     rows = [head]
     for host, e in envs.items():
-        pk = e.get("packages") or {}
-        rows.append([host, *(str(e.get(k) or "-") for k in fields), *(pk.get(p) or "-" for p in packages)])
+        rows.append([host, *(str(e.value(k) or "-") for k in fields), *(e.packages.get(p) or "-" for p in packages)])
     return rows
 
 
-def _with_torch(envs: dict[str, dict[str, Any]], key: str) -> dict[str, dict[str, Any]]:
+def _with_torch(envs: dict[str, Environment], key: str) -> dict[str, Environment]:
     """The hosts a field is compared over: for torch's CUDA build and NCCL, those that have torch (a host without
     it is the torch row's fail, not three)."""
-    return {h: e for h, e in envs.items() if key not in OF_TORCH or e.get("torch")}
+    return {h: e for h, e in envs.items() if key not in OF_TORCH or e.torch}
 
 
-def _majority(values: dict[str, Any]) -> Any:
+def _majority(values: dict[str, str | None]) -> str | None:
     counts = Counter(values.values())
     top = counts.most_common()
     return top[0][0] if top else None
 
 
-def drift_results(hosts: tuple[HostOutcome, ...]) -> list[tuple[str | None, Result]]:
+def drift_results(envs: dict[str, Environment]) -> list[tuple[str | None, Result]]:
     """One result per host that differs from the majority (fail for torch, CUDA build, NCCL; warn otherwise)."""
-    envs = environments(hosts)
     if len(envs) < 2:
         return []
     out: list[tuple[str | None, Result]] = []
     fields = [*FIELDS, *((f"package:{p}", p) for p in drifting_packages(envs))]
     for key, label in fields:
-        values = {h: _value(e, key) for h, e in _with_torch(envs, key).items()}
+        values = {h: e.value(key) for h, e in _with_torch(envs, key).items()}
         if len(set(values.values())) < 2:
             continue
         usual = _majority(values)
@@ -90,9 +83,3 @@ def drift_results(hosts: tuple[HostOutcome, ...]) -> list[tuple[str | None, Resu
                 hint = f"make {host} match the others (invoke lock on one host, invoke bootstrap --lock there)"
                 out.append((host, warn("fleet-drift", summary, hint, subject=label, value=value, expected=usual)))
     return out
-
-
-def _value(env: dict[str, Any], key: str) -> Any:
-    if key.startswith("package:"):
-        return (env.get("packages") or {}).get(key.removeprefix("package:"))
-    return env.get(key)

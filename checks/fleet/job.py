@@ -27,6 +27,7 @@ from checks.machine import bootstrap as bootstrap_run
 from checks.probe.collective import allreduce_facts
 from checks.probe.launch import LaunchContext, check_rendezvous
 from checks.probe.torch import SCRIPTS, ChildFailed, run_child
+from checks.reports.bootstrap import BootstrapMeasurements
 from checks.result import Report, Result
 from checks.typedjson import ContractError, Record
 
@@ -60,13 +61,22 @@ def node_name(ctx: LaunchContext, index: int) -> str:
 
 @dataclass(frozen=True)
 class NodeRecord(Record):
-    """One node's part of the exchange (``job_gather.py`` carries it as text): its report, or why it has none."""
+    """One node's part of the exchange (``job_gather.py`` carries it as text): its bootstrap report, or why it has
+    none. ``from_json`` reads the report's measurements too (``BootstrapMeasurements``): a record whose report
+    another checkout wrote is refused whole, naming the key."""
 
     node: str
     report: Report | None
     seconds: float
     exit: int | None = None
     reason: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> NodeRecord:
+        record = super().from_json(data, where)
+        if record.report is not None:
+            BootstrapMeasurements.from_json(record.report.measurements, f"{where or 'NodeRecord'}.report.measurements")
+        return record
 
     def outcome(self) -> HostOutcome:
         status = "ok" if self.report is not None else "fail"

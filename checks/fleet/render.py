@@ -104,7 +104,7 @@ def render_fleet(report: FleetReport, colour: bool = False) -> str:
     f = report.facts
     lines = [f"gpu-preflight: fleet of {len(f.hosts)} hosts from {f.source} (controller {report.controller})"]
     lines += hosts_table(report) + matrices(report) + sweep(report)
-    drift = drift_table(environments(f.hosts))
+    drift = drift_table(environments(report.measured))
     lines += ["environment drift (the columns that differ)", *_table(drift)] if drift else []
     shown = folded(report.results)
     named = [replace(r, id=r.id + (f" @{hosts}" if hosts else "")) for hosts, r in shown]

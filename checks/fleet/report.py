@@ -20,17 +20,20 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from checks import TOOL_NAME, TOOL_VERSION
 from checks.config import PreflightConfig
 from checks.facts import FleetFacts, HostOutcome, LinkFacts
-from checks.fleet.drift import drift_results
+from checks.fleet.drift import drift_results, environments
 from checks.machine.network import allreduce_results, link_results
+from checks.reports.bootstrap import BootstrapMeasurements
 from checks.result import REPORT_SCHEMA, Result, Status, fail, ok, warn
 
 Tagged = tuple[str | None, Result]  # (host name or None for fleet-wide results, result)
+Measured = Mapping[str, BootstrapMeasurements]  # each reporting host's measurements, typed, by host name
 GPU_METRICS = (
     ("h2d_gb_s", "host-to-device GB/s"),
     ("d2h_gb_s", "device-to-host GB/s"),
@@ -66,8 +69,14 @@ def host_results(o: HostOutcome) -> list[Tagged]:
     return [(o.name, head), *((o.name, r) for r in o.report.results)]
 
 
-def _measure(o: HostOutcome) -> dict[str, Any]:
-    return dict(o.report.measurements) if o.report else {}
+def measured_hosts(hosts: tuple[HostOutcome, ...]) -> dict[str, BootstrapMeasurements]:
+    """Each reporting host's measurements, read once by the typed reader (the host's report was refused at the
+    boundary, ``provision.fanout`` or the job's ``NodeRecord``, when they could not be)."""
+    return {
+        o.name: BootstrapMeasurements.from_json(o.report.measurements, f"{o.name}'s report.measurements")
+        for o in hosts
+        if o.report
+    }
 
 
 def _gpu_models(o: HostOutcome) -> dict[str, str]:
@@ -75,16 +84,18 @@ def _gpu_models(o: HostOutcome) -> dict[str, str]:
     return {r.subject: str(r.value) for r in rows if r.id == "gpu-inventory" and r.subject}
 
 
-def gpu_outliers(hosts: tuple[HostOutcome, ...], fraction: float) -> list[Tagged]:
+def gpu_outliers(hosts: tuple[HostOutcome, ...], measured: Measured, fraction: float) -> list[Tagged]:
     """Flag GPUs far below the fleet median of the same model (needs figures from 2+ hosts)."""
     groups: dict[tuple[str, str], list[tuple[str, str, float]]] = defaultdict(list)
     for o in hosts:
         models = _gpu_models(o)
-        for row in _measure(o).get("gpu_bench", []):
-            model = models.get(f"gpu{row.get('index')}")
+        bench = measured[o.name].gpu_bench if o.name in measured else None
+        for row in bench or ():
+            model = models.get(f"gpu{row.index}")
             for key, _ in GPU_METRICS:
-                if model and isinstance(row.get(key), (int, float)):
-                    groups[(model, key)].append((o.name, f"gpu{row['index']}", float(row[key])))
+                value = getattr(row, key)
+                if model and value is not None:
+                    groups[(model, key)].append((o.name, f"gpu{row.index}", float(value)))
     out: list[Tagged] = []
     for (model, key), values in groups.items():
         if len({h for h, _, _ in values}) < 2 or len(values) < 3:
@@ -141,24 +152,22 @@ def link_scores(links: tuple[LinkFacts, ...]) -> dict[str, float]:
     return {h: statistics.median(v) for h, v in per.items()}
 
 
-def disk_scores(hosts: tuple[HostOutcome, ...]) -> dict[str, float]:
+def disk_scores(measured: Measured) -> dict[str, float]:
     """Score each host by the best cold read of its local locations."""
     scores = {}
-    for o in hosts:
-        reads = [
-            d["cold_read_mb_s"] for d in _measure(o).get("disks", []) if d.get("local") and d.get("cold_read_mb_s")
-        ]
+    for name, m in measured.items():
+        reads = [d.cold_read_mb_s for d in m.disks or () if d.local and d.cold_read_mb_s]
         if reads:
-            scores[o.name] = float(max(reads))
+            scores[name] = float(max(reads))
     return scores
 
 
-def fleet_results(f: FleetFacts, cfg: PreflightConfig) -> list[Tagged]:
+def fleet_results(f: FleetFacts, cfg: PreflightConfig, measured: Measured) -> list[Tagged]:
     """All results: per host, then links, all-reduce and outliers across the fleet."""
     tagged = [host_results(o) for o in f.hosts]
     out: list[Tagged] = [rows[0] for rows in tagged] + [t for rows in tagged for t in rows[1:]]  # host rows first
     out += [(None, r) for r in link_results(list(f.links), cfg.network)]
-    names = [n for o in f.hosts for n in _measure(o).get("inventory", {}).get("gpu_names", [])]
+    names = [n for o in f.hosts if o.name in measured for n in measured[o.name].inventory.gpu_names]
     if f.allreduce or f.allreduce_reason:
         out += [
             (None, r)
@@ -169,20 +178,22 @@ def fleet_results(f: FleetFacts, cfg: PreflightConfig) -> list[Tagged]:
         link_scores(f.links), "links", "Mbit/s", fraction, "this host's network is slower than its peers'"
     )
     out += _host_outliers(
-        disk_scores(f.hosts), "disk", "MB/s", fraction, "this host's local disk is slower than its peers'"
+        disk_scores(measured), "disk", "MB/s", fraction, "this host's local disk is slower than its peers'"
     )
-    out += gpu_outliers(f.hosts, cfg.bench.outlier_fraction)
-    out += drift_results(f.hosts)  # torch / CUDA build / NCCL / Python / packages across hosts (checks/fleet/drift.py)
+    out += gpu_outliers(f.hosts, measured, cfg.bench.outlier_fraction)
+    out += drift_results(environments(measured))  # torch, CUDA build, NCCL, Python, packages (checks/fleet/drift.py)
     return out
 
 
 @dataclass(frozen=True)
 class FleetReport:
-    """All results of a fleet run, tagged with their host, and the measurements behind them."""
+    """All results of a fleet run, tagged with their host, and the measurements behind them (``measured``: each
+    reporting host's, typed)."""
 
     controller: str
     facts: FleetFacts
     results: tuple[Tagged, ...]
+    measured: Measured
 
     def counts(self) -> dict[str, int]:
         counts = {s.value: 0 for s in Status}
@@ -217,14 +228,15 @@ class FleetReport:
         return rows
 
     def measurements(self) -> dict[str, Any]:
-        per = {o.name: _measure(o) for o in self.facts.hosts if o.report}
-        tagged = {
-            key: [{"host": h, **row} for h, m in per.items() for row in m.get(key, [])]
-            for key in ("disks", "downloads")
-        }
+        """Each host's measurements as it wrote them, its disk and download rows tagged with its name, the links
+        and the all-reduce between the hosts."""
+        per = {o.name: dict(o.report.measurements) for o in self.facts.hosts if o.report}
+        disks = [{"host": h, **row.to_json()} for h, m in self.measured.items() for row in m.disks or ()]
+        downloads = [{"host": h, **row.to_json()} for h, m in self.measured.items() for row in m.downloads or ()]
         return {
             "hosts": per,
-            **tagged,
+            "disks": disks,
+            "downloads": downloads,
             "links": [asdict(x) for x in self.facts.links],
             "allreduce": [asdict(x) for x in self.facts.allreduce],
         }
@@ -243,4 +255,5 @@ class FleetReport:
 
 
 def build_fleet_report(f: FleetFacts, cfg: PreflightConfig, controller: str) -> FleetReport:
-    return FleetReport(controller, f, tuple(fleet_results(f, cfg)))
+    measured = measured_hosts(f.hosts)
+    return FleetReport(controller, f, tuple(fleet_results(f, cfg, measured)), measured)

@@ -7,8 +7,9 @@ from typing import Any
 from checks.facts import AllreduceFacts, FleetFacts, HostOutcome, LinkFacts
 from checks.fleet.render import render_fleet
 from checks.fleet.report import build_fleet_report, link_scores
+from checks.reports.bootstrap import DiskRow, GpuBenchRow, Inventory
 from checks.result import Report, Status
-from tests.factories import config
+from tests.factories import bootstrap_measurements, config
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -18,13 +19,13 @@ def report(name: str, h2d: list[float], disk_read: float = 2000.0, driver: str =
                 "hint": None if driver == "ok" else "fix it", "subject": None, "duration_s": 0.0}]  # fmt: skip
     results += [{"id": "gpu-inventory", "status": "ok", "summary": H100, "value": H100, "expected": None, "hint": None,
                  "subject": f"gpu{i}", "duration_s": 0.0} for i in range(len(h2d))]  # fmt: skip
-    bench = [{"index": i, "h2d_gb_s": v, "d2h_gb_s": 55.0, "d2d_gb_s": 2500.0, "matmul_tflops": 700.0}
-             for i, v in enumerate(h2d)]  # fmt: skip
-    disks = [{"path": "/data", "local": True, "cold_read_mb_s": disk_read, "fs_type": "ext4"}]
-    inventory = {"gpus": len(h2d), "gpu_names": [H100] * len(h2d), "torch": "2.8.0", "cuda": True, "nccl": "2.27"}
-    measurements = {"gpu_bench": bench, "disks": disks, "inventory": inventory}
+    bench = tuple(GpuBenchRow(i, v, 55.0, 2500.0, 700.0, "bfloat16", None, None) for i, v in enumerate(h2d))
+    disk = DiskRow("/data", "ext4", True, 10**12, 1500.0, disk_read, 900.0, 2.0, "builtin", "local", "fadvise",
+                   10**9, 10**9, False, None, (), 0)  # fmt: skip
+    inventory = Inventory(len(h2d), (H100,) * len(h2d), "2.8.0", True, "2.27")
+    measured = bootstrap_measurements(gpu_bench=bench, disks=(disk,), mounts=(), inventory=inventory)
     return Report.from_json(
-        {"schema": 1, "host": name, "machine": "live", "results": results} | {"measurements": measurements}
+        {"schema": 1, "host": name, "machine": "live", "results": results} | {"measurements": measured.to_json()}
     )
 
 
