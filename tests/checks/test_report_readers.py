@@ -1,7 +1,8 @@
 """Every report the repository holds is read back by the typed readers, and a broken one is refused in one line.
 
-The readers: ``Report.from_json`` (``read_report`` for a file) for every report, verify's
-``Measurements.from_json`` for its ``measurements``, the job's ``NodeRecord``. The reports: bootstrap's of every
+The readers: ``Report.from_json`` (``read_report`` for a file) for every report, bootstrap's
+``BootstrapMeasurements.from_json`` (``read_measurements`` for a file: ``invoke diff``) and verify's
+``Measurements.from_json`` for their ``measurements``, the job's ``NodeRecord``. The reports: bootstrap's of every
 machine fixture, the sample in docs/formats.md, verify's golden files (``tests/checks/verify/golden``, what the
 judge writes for each recorded run), and the schema those are held to.
 """
@@ -16,10 +17,12 @@ from typing import Any
 
 import pytest
 
+from checks.env.view import load_side
 from checks.errors import PreflightError
-from checks.fleet.job import NodeRecord
+from checks.fleet.job import NodeRecord, node_records
 from checks.machine.bootstrap import BootstrapRequest, bootstrap
 from checks.plan.timing import read_report as read_verify_baseline
+from checks.reports.bootstrap import BootstrapMeasurements, read_measurements
 from checks.reports.verify import CommandStep, Measurements, StepBlock
 from checks.result import REPORT_SCHEMA, Report, Result, read_report
 from checks.typedjson import ContractError, TypedJsonError
@@ -47,9 +50,16 @@ def _verify_report(golden: Path) -> dict[str, Any]:
 
 @pytest.mark.parametrize("machine", MACHINES, ids=lambda p: p.stem)
 def test_bootstraps_report_of_every_machine_fixture_reads_back_whole(machine: Path) -> None:
-    data = _bootstrap_json(machine)
+    """The report and its measurements, typed: what the writer wrote is what the records write back (a whole number
+    in a float field, nccl.yaml's expected busbw, reads back as the equal float)."""
+    done = bootstrap(BootstrapRequest(config(), machine=machine))
+    data = dict(json.loads(json.dumps(done.report.to_json())))
     report = Report.from_json(data, machine.name)
     assert report.to_json() == data
+    measured = read_measurements(report, machine.name)
+    assert measured.to_json() == data["measurements"]
+    assert list(measured.to_json()) == list(data["measurements"])  # the keys in the order the writer wrote them
+    assert measured == done.measurements  # the record the writer built, read back equal
 
 
 @pytest.mark.parametrize("golden", GOLDEN, ids=lambda p: p.stem)
@@ -66,7 +76,9 @@ def test_the_sample_report_of_formats_md_is_a_report() -> None:
     sample = re.search(r"## JSON report.*?```json\n(.*?)```", text, re.S)
     assert sample is not None
     report = Report.from_json(json.loads(sample.group(1)), "docs/formats.md")
-    assert report.results and report.measurements["inventory"]["gpus"] == 1
+    measured = read_measurements(report, "docs/formats.md")
+    assert report.results and measured.inventory.gpus == 1 and measured.gpu_bench and measured.pcie_under_load
+    assert measured.to_json() == report.measurements
 
 
 def test_the_typed_readers_know_every_key_of_the_verify_report_schema() -> None:
@@ -142,3 +154,57 @@ def test_a_nodes_record_in_a_job_crosses_as_text_and_reads_back_typed() -> None:
         data = record.to_json()
         data["report"]["results"][0]["id"] = 7
         NodeRecord.from_json(data, "node 0's record")
+
+
+BROKEN_BOOTSTRAP = [
+    (lambda m: m["inventory"].pop("cuda"), r"measurements\.inventory: .*'cuda'"),
+    (lambda m: m.pop("dataloader"), r"measurements: .*'dataloader'"),
+    (lambda m: m.update(env=m.pop("environment")), r"measurements: unknown key 'env'"),
+    (lambda m: m["environment"].update(drivers=m["environment"].pop("driver")), r"environment: unknown key 'drivers'"),
+    (lambda m: m["gpu_bench"][0].update(h2d_gb_s="55"), r"measurements\.gpu_bench\[0\]\.h2d_gb_s: expected float"),
+    (lambda m: m["environment"]["packages"].update(numpy=2), r"environment\.packages\.numpy: expected str"),
+    (lambda m: m["pcie_under_load"]["gpu0"].pop("gen"), r"pcie_under_load\.gpu0: .*'gen'"),
+]
+HEALTHY = next(p for p in MACHINES if p.stem == "h100-sxm-8x-healthy")
+
+
+@pytest.mark.parametrize(("broken", "message"), BROKEN_BOOTSTRAP)
+def test_bootstraps_measurements_with_a_key_missing_renamed_or_mistyped_are_refused_in_one_line(
+    tmp_path: Path, broken: Any, message: str
+) -> None:
+    """At the file's boundary (``invoke diff``): one line naming the file, the path to the key, and what to do."""
+    data = _bootstrap_json(HEALTHY)
+    broken(data["measurements"])
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(PreflightError) as refused:
+        load_side(str(path))
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith(f"gpu-preflight: {path}.measurements"), line
+    assert re.search(message, line) and line.endswith("rerun invoke bootstrap --json)"), line
+
+
+def test_a_report_older_than_the_environment_block_is_read_and_a_verify_report_refused(tmp_path: Path) -> None:
+    data = _bootstrap_json(HEALTHY)
+    del data["measurements"]["environment"]
+    old = read_measurements(Report.from_json(data), "old.json")
+    assert old.environment is None and old.inventory.gpus == 8 and "environment" not in old.to_json()
+    verify = Report.from_json(_verify_report(GOLDEN[0]))
+    with pytest.raises(PreflightError, match=r"^gpu-preflight: v\.json is a verify report, not bootstrap's"):
+        read_measurements(verify, "v.json")
+    assert BootstrapMeasurements.from_json(data["measurements"]) == old
+
+
+def test_a_nodes_record_whose_report_is_not_bootstraps_is_refused_whole() -> None:
+    """The job's exchange is a boundary too: a node's record is read whole, its measurements included."""
+    report = Report.from_json(_bootstrap_json(MACHINES[0]))
+    data = NodeRecord("n1", report, 4.2, report.exit_code()).to_json()
+    data["report"]["measurements"]["inventory"]["gpu_names"] = "H100"
+    with pytest.raises(
+        ContractError, match=r"node 0's record\.report\.measurements\.inventory\.gpu_names: expected a list"
+    ):
+        NodeRecord.from_json(data, "node 0's record")
+    with pytest.raises(
+        PreflightError, match=re.escape("a node's record cannot be read: node 0's record.report.measurements")
+    ):
+        node_records({"0": json.dumps(data)})
