@@ -25,8 +25,8 @@ PLUGINS = "tests.checks.verify.smoke_plugins"
 def config(**verify: Any) -> PreflightConfig:
     """Small runs: a few steps of 16 images of 16 px, no re-runs for advice unless a test asks for them."""
     cfg = make_config()
-    small = {"steps": 12, "warmup": 2, "image_size": 16, "batch_size_cpu": 16, "sample_interval_s": 0.05}
-    small |= {"command_advice_s": 0.0} | verify
+    small: dict[str, Any] = {"steps": 12, "warmup": 2, "image_size": 16, "batch_size_cpu": 16}
+    small |= {"sample_interval_s": 0.05, "command_advice_s": 0.0} | verify
     return dataclasses.replace(cfg, verify=dataclasses.replace(cfg.verify, **small))
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.cli import invoke
 from tests.fakes.builtin import PLUGINS, builtin, config
+from tests.fakes.cli import invoke
 
 pytestmark = pytest.mark.slow
 
