@@ -654,7 +654,8 @@ def _gather(
     echo = None if request.quiet else request.echo
     with ExitStack() as stack:
         sampler = stack.enter_context(Sampler(request.config.verify.sample_interval_s, gpu, host))
-        run = run_command(request.command, stop, cwd, echo, stdout, None, event, started)
+        profile = request.config.verify.profile_steps > 0  # 0: no kernel profile of a warm-up step on a GPU
+        run = run_command(request.command, stop, cwd, echo, stdout, None, event, started, profile=profile)
     if run.ended == "stopped":  # its own KeyboardInterrupt traceback, if it prints one, is this stop
         above = "" if request.quiet else ": a KeyboardInterrupt traceback above is this stop, not a failure"
         say(f"verify: stopped your command after its measured steps (SIGINT to its processes, as Ctrl-C does{above})")
