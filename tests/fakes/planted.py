@@ -65,19 +65,23 @@ def builtin(
     steps: int = 8,
     warmup: int = -1,
     replay: bool = True,
+    schema: bool = True,
     **options: Any,
 ) -> Planted:
     """Run ``invoke verify --steps STEPS [options]`` below the CLI on this host's CPU; ``options``: the flags
     (``checks.verify.plan.Options``: ``dataset``, ``model``, ``workers``, ``nproc``, ``ckpt_dir`` ...).
 
-    ``replay=False``: for a test that asserts nothing of the checkpoint, the script's first save is not kept aside
-    (``builtin.FirstSave``), so no resume replay runs (the script started once more, and the kept file read in a
-    child: seconds of ``import torch`` each); the last save is still read back as for any command."""
-    from checks.verify import builtin as tool_script
+    ``replay=False``: for a test that asserts nothing of the checkpoint, no saved file is read back (each read is a
+    child that imports torch: seconds on this box), so no resume replay runs either (the script started once more);
+    ``verify-checkpoint`` then says the file was not read. ``schema=False``:
+    the report is not checked against the schema (for a run whose report a known product bug breaks; the test that
+    checks it is then a strict xfail naming the bug)."""
+    from checks.verify.user import run as command_run
 
     monkeypatch.chdir(REPO)  # --dataset/--model import paths resolve from the current folder
     if not replay:
-        monkeypatch.setattr(tool_script.FirstSave, "seen", lambda self, event: None)
+        unread = {"error": "not read: the test asserts nothing of the checkpoint"}
+        monkeypatch.setattr(command_run, "read_checkpoint", lambda path, timeout: unread)
     json_path = str(tmp_path / "r.json")
     request = CommandRequest(cfg, (), steps=steps, warmup=warmup, json=json_path, gate=False, quiet=True, cwd=str(REPO))
     said: list[str] = []
@@ -88,5 +92,5 @@ def builtin(
         assert process_tree(os.getpid()) - before == set()  # nothing the script started survives
     assert judged.report.measurements["command"]["processes_left"] == []
     doc = json.loads(json.dumps(judged.report.to_json(), default=str))  # the report as the JSON file holds it
-    assert violations({"results": doc["results"], "measurements": doc["measurements"]}, SCHEMA) == []
+    assert not schema or violations({"results": doc["results"], "measurements": doc["measurements"]}, SCHEMA) == []
     return Planted(judged, said)
