@@ -50,7 +50,7 @@ def heavy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Planted, Path]:
     (folder / "last.pt").write_bytes(b"the real run's checkpoint")
     with pytest.MonkeyPatch.context() as monkeypatch:
         cfg = config(image_size=32, command_advice_s=1.0)
-        return builtin(tmp, monkeypatch, cfg, steps=12, workers=1, ckpt_dir=str(folder)), folder
+        return builtin(tmp, monkeypatch, cfg, steps=8, workers=1, ckpt_dir=str(folder)), folder
 
 
 @pytest.mark.measures
@@ -86,10 +86,12 @@ def test_resume_reproduces_the_uninterrupted_loss_bit_for_bit(heavy: tuple[Plant
 
 @pytest.mark.measures
 def test_slow_checkpoint_directory_is_checkpoint_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The round trip is the compute-bound run's (below): this one reads no checkpoint back.
     run = builtin(
         tmp_path,
         monkeypatch,
         config(),
+        replay=False,
         dataset=f"{PLUGINS}:patterned",
         model=f"{PLUGINS}:slow_fsync_model",
         ckpt_dir=str(tmp_path / "ckpt"),
@@ -101,8 +103,6 @@ def test_slow_checkpoint_directory_is_checkpoint_bound(tmp_path: Path, monkeypat
     assert m["checkpoint"]["save_s"] >= 0.5  # two fsyncs (file, directory) at 250 ms each
     assert m["checkpoint"]["every_steps"] == 5  # the save amortised over --ckpt-every, not the script's cadence here
     assert m["step_breakdown"]["checkpoint"] > 0.5
-    ckpt = run.rows["verify-checkpoint"]
-    assert ckpt.status.value == "ok" and str(tmp_path / "ckpt") in ckpt.summary, ckpt.summary  # slow, but it resumes
     assert not (tmp_path / "ckpt").exists()  # the test checkpoint, and the folder verify made for it, are gone
 
 

@@ -75,7 +75,7 @@ def test_decoded_and_blurred_photos_advise_more_workers_measured_faster(
     # ~20 ms of CPU per sample, ~0.3 s a step of 16 in the training process; two workers split it. (With batches of
     # 4 a re-run's 8 steps took under a second: the box's noise between re-runs was larger than the gain.)
     run = builtin(
-        tmp_path, monkeypatch, config(command_advice_s=40.0), steps=8, replay=False,
+        tmp_path, monkeypatch, config(command_advice_s=25.0), steps=8, replay=False,
         dataset=f"{PLUGINS}:blurred_photos", model=f"{PLUGINS}:tiny_model", workers=0,
     )  # fmt: skip
     verdict = planted_row(run.m)
@@ -84,6 +84,14 @@ def test_decoded_and_blurred_photos_advise_more_workers_measured_faster(
     if advice["not_measurable"]:
         pytest.skip(f"the box's own noise hid any loader change: {advice['not_measurable']}")
     faster = advice["faster"]
+    crowded = next((v for v in run.m["diagnosis"]["verdicts"] if v["id"] == "cpu-contended"), None)
+    if faster is None and crowded is not None:
+        ev = crowded["evidence"]
+        pytest.skip(
+            f"other jobs on this box kept its cores {ev['machine_cpu']:.0%} busy, the script's processes "
+            f"{ev['tree_cpu']:.0%}: a second worker had no core of its own to decode on (no setting measured "
+            f"{GAIN:.0%} faster: {[c.get('speedup') for c in advice['candidates']]})"
+        )
     assert faster is not None and faster["overrides"]["num_workers"] >= 1, advice
     assert advice["change"].startswith("DataLoader(..., num_workers=") and SITE in advice["change"]
     assert verdict["fix"].startswith(advice["change"] + ": measured"), verdict["fix"]
