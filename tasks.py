@@ -232,7 +232,6 @@ def _show_judged(judged: Judged, every_row: bool = False) -> None:
 @task()
 def verify(c: Context, f: fl.VerifyFlags) -> None:
     """Train a few dozen steps as the real run will and say where step time goes: verdict, fix, cost."""
-    from checks.verify import run as run_verify
     from checks.verify.plan import Options
 
     cfg = settings(c)
@@ -247,7 +246,7 @@ def verify(c: Context, f: fl.VerifyFlags) -> None:
         if torchrun_command(f.command) and across_job(ctx := launch_context()):
             return _verify_job(cfg, f, fill(Options, f), ctx)
         return _verify_command(cfg, f)  # any other command: judged where it runs (under srun: on each node)
-    request = run_verify.VerifyRequest(config=cfg, options=fill(Options, f), budget=f.budget)
+    options = fill(Options, f)
 
     # A Slurm task (srun) or SkyPilot node runs its own part of the job's run (checks/verify/job.py), without SSH;
     # the allocation's node list is the host list only where nothing launched this process (salloc's shell).
@@ -255,10 +254,10 @@ def verify(c: Context, f: fl.VerifyFlags) -> None:
     in_job = ctx.engine in ("slurm", "skypilot")
     specs, source = select_hosts(f.hosts, f.hosts_file, os.environ, cfg.hosts.slurm and not in_job)
     if specs:
-        return _verify_hosts(cfg, f, request.options, specs, source)
+        return _verify_hosts(cfg, f, options, specs, source)
     if not across_job(ctx):  # one box, or a job of one node
-        return _verify_builtin(cfg, f, request.options)
-    return _verify_job(cfg, f, request.options, ctx)
+        return _verify_builtin(cfg, f, options)
+    return _verify_job(cfg, f, options, ctx)
 
 
 def _verify_job(cfg: PreflightConfig, f: fl.VerifyFlags, options: Options, ctx: LaunchContext) -> None:

@@ -1,60 +1,34 @@
-"""The records that cross verify's process boundary.
+"""The records verify's runs are judged from: what the parent asks, what a run measured, how it ended.
 
 Standard library only (no torch, no numpy; ``checks.typedjson``, the one typed JSON reader, and
-``checks.reports.verify``, the report's records, are too): the parent
-(``checks.verify.plan``, ``report``, the launcher) and the training child (``checks.verify.smoke.child``) import
-the same records, and so can any other producer of a run
-(a user's own training command instrumented at interpreter start-up, ranks started by torchrun or Slurm): a
-producer that writes these records is judged by the same report.
+``checks.reports.verify``, the report's records, are too).
 
-The flow, and the record at each hop::
+Every run is a command under the agent (``checks/verify/user/``): the agent's event lines (``step``, ``loader``,
+``device``, ``flops``, ``memory``, ``kernels``, ...; documented in docs/verify.md, "the agent's hooks") are read by
+``checks.verify.user.judge``, which builds the records here and judges them with ``checks.verify.report``'s API:
 
-    parent --RunSpec (spec.json)--> child --Event lines (events.jsonl)--> parent (progress, stall detection)
-           <--ChildResult (result.json)-- child            launcher --ChildRun--> report.judge --Judgement
-
-- ``RunSpec``: what the parent asks of the child (device, precision, data, model, steps, DataLoader keywords, the
-  optional phases' settings). ``DdpSpec`` under ``ddp`` for several processes: the launcher adds each rank's
-  ``rank``, ``local_rank``, ``addr``, ``port`` and ``nodes``. ``events`` and ``result`` are the two files the
-  child writes (the launcher fills them in).
-- Events, one JSON object per line, ``{"event": KIND, "t": monotonic seconds, ...}``: ``PhaseEvent``
-  (``phase``: a phase began), ``StepEvent`` (``phase``, ``i`` of ``of``: a step ended), ``DeviceEvent`` (the
-  device's fields, as soon as it is known: the parent's sampler follows its ``uuid``), ``OomProbeEvent`` and
-  ``SweepEvent`` (``batch``: a batch size is being tried), ``EstimateEvent`` (after the warm-up: the time the
-  rest will take, which the parent prints). ``parse_event`` turns a line into its record and
-  rejects an unknown kind or key with ``ContractError``; ``event_line`` writes one.
-- ``ChildResult``: what one process measured, written once at the end (also after Ctrl-C or an error: every
-  field has a default, so a partial result is still one). ``Step`` per optimizer step (seconds on the device
-  clock), ``Device``, ``ModelInfo``, ``DataInfo``, ``Checkpoint`` (with ``DataResume``), ``Oom``, and under
-  ``ddp`` the rank's own ``RankDdp`` (``CommAb``: the no_sync A/B, ``Solo``: rank 0's one-process leg). An
-  optional phase that failed holds ``{"error": ...}`` instead of its figures (``Checkpoint.error``; the figures
-  kept as JSON objects: ``kernels``, ``memory``, ``ab``, ``sweep``, ``loader_alone``, ``data_cost``, whose keys
-  are documented where they are measured, ``checks/verify/smoke/extras.py`` and ``candidates.py``).
-- ``RankResult``: one rank's steps, A/B figures, error and device (``RankDevice``), listed under the combined
-  result's ``ranks`` by the launcher (rank 0's result stands for the run).
-- ``ChildRun``: what the launcher hands the judge: the parsed result (None when none was written), the events,
-  and how the run ended (``failure``: timeout, stalled, crashed, killed; ``rank`` when one can be named).
+- ``DataSpec``: the tool's script's data as verify checked it before the run (synthetic, or staged at ``path``).
+- ``StopSpec``: the stop rule's settings (``checks/verify/stop.py``); ``StopFacts`` and ``Cut``: how the measured
+  steps ended and what the budget left out.
+- ``ChildResult``: what one process measured, in the shape the verdict rules read: ``Step`` per optimizer step
+  (seconds per phase), ``Device``, ``DataInfo``, ``Checkpoint``, ``Oom``, ``memory`` and ``kernels`` (the agent's
+  CUDA figures, JSON objects whose keys docs/formats.md lists). The recorded GPU traces
+  (``tests/fixtures/traces``) are ``ChildResult`` records too, with ``ranks`` (``RankResult``, ``RankDevice``,
+  ``RankDdp``, ``CommAb``, ``Solo``) for a DDP run.
+- ``ChildRun``: a run as the judge gets it: the result, and how the run ended.
 - ``Measurements`` (``checks.reports.verify``, one floor down so that ``plan --from`` reads it too): the
-  ``measurements`` object of verify's JSON report, built from these records; ``checks.verify.report.judge``
-  returns it in a ``Judgement`` with the results and verdicts. ``Device``, ``ModelInfo``, ``DataInfo``,
+  ``measurements`` object of verify's JSON report, built by the judge. ``Device``, ``ModelInfo``, ``DataInfo``,
   ``Checkpoint``, ``Oom`` and ``HostRanks`` are defined there and shared by ``ChildResult``.
-
-Every record (``checks.typedjson.Record``) has ``to_json()`` and ``from_json()`` (which rejects an unknown key or a value of the wrong type,
-naming the record and the key); keys in a record's ``OMIT_NONE`` are left out of its JSON when None, as the
-producer leaves them out.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
-import typing
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from checks.reports.verify import Checkpoint, DataInfo, Device, HostRanks, ModelInfo, Oom
-from checks.typedjson import ContractError, JsonObject, Record, dump
+from checks.typedjson import JsonObject, Record
 
 # --- the run spec: parent -> child ------------------------------------------------------------------------------
 
@@ -85,90 +59,6 @@ class DataSpec(Record):
 
 
 @dataclass(frozen=True)
-class LoaderProbeSpec(Record):
-    """Time the DataLoader alone after the loop when the data wait reached ``min_share``."""
-
-    seconds: float
-    min_share: float
-    cores: float
-
-
-@dataclass(frozen=True)
-class CheckpointSpec(Record):
-    """The checkpoint round trip: save to ``dir``, run ``resume_steps`` on, reload, compare within ``rtol``."""
-
-    dir: str
-    resume_steps: int
-    rtol: float
-
-
-@dataclass(frozen=True)
-class SweepSpec(Record):
-    """--sweep: double the batch up to ``limit`` until OOM or a doubling gains less than 1/knee - 1."""
-
-    limit: int
-    warmup: int
-    steps: int
-    knee: float
-
-
-@dataclass(frozen=True)
-class AbSpec(Record):
-    """--ab: ``steps`` steps of the torch.compile'd model."""
-
-    steps: int
-
-
-@dataclass(frozen=True)
-class DdpSpec(Record):
-    """Several processes: the plan's part (``distributed.spec_block``) and each rank's (set by the launcher)."""
-
-    world_size: int
-    backend: str  # "nccl" | "gloo"
-    threads: int = 0  # gloo: intra-op threads per rank (the cores shared out); 0: torch's default
-    windows: int = 0
-    window_steps: int = 0
-    solo_steps: int = 0
-    timeout_s: float = 0.0
-    rank: int = 0
-    local_rank: int = 0
-    addr: str = ""  # the TCP store: rank 0's host
-    port: int = 0
-    nodes: int = 1
-
-
-@dataclass(frozen=True)
-class RunSpec(Record):
-    """What the parent asks of the training child (``spec.json``)."""
-
-    device: str  # "auto" | "cuda" | "cpu"
-    precision: str  # "auto" | "bf16" | "fp16" | "fp32"
-    model_size: str  # "auto" | "small" | "base"
-    data: DataSpec | None  # None: the user's --dataset
-    dataset: str  # --dataset MODULE:CALLABLE, or ""
-    model: str  # --model MODULE:CALLABLE, or ""
-    user_path: str  # where --dataset/--model import from
-    batch_size: int  # 0: batch_size_cpu or batch_size_gpu by device
-    batch_size_cpu: int
-    batch_size_gpu: int
-    accum: int
-    warmup: int
-    steps: int
-    lr: float
-    seed: int
-    loader: JsonObject  # DataLoader settings (num_workers, pin_memory, persistent_workers, prefetch_factor)
-    profile_steps: int
-    loader_probe: LoaderProbeSpec | None = None
-    checkpoint: CheckpointSpec | None = None
-    sweep: SweepSpec | None = None
-    ab: AbSpec | None = None
-    ddp: DdpSpec | None = None
-    events: str = ""  # the events file the child appends to (the launcher's)
-    result: str = ""  # where the child writes its result
-    stop: StopSpec | None = None  # the whole-command budget and the stability stop (None: exactly ``steps``)
-
-
-@dataclass(frozen=True)
 class StopSpec(Record):
     """When the measured steps end (``checks/verify/stop.py``): at ``steps`` at most, earlier once every share is
     stable (``min_steps`` measured, each share's 95% interval over ``batches`` batch means within ``width``), or
@@ -183,100 +73,6 @@ class StopSpec(Record):
     deadline: float = 0.0
     measure_s: float = 0.0  # > 0: the measured steps' own cap (verify.measure_budget_s)
     forced: bool = False
-
-
-# --- events: child -> parent, one JSON line each ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PhaseEvent(Record):
-    """A phase began (setup, flops, warmup, measure, kernels, checkpoint, comm, solo, ab, sweep, ...)."""
-
-    KIND: ClassVar[str] = "phase"
-    phase: str
-    t: float = 0.0
-
-
-@dataclass(frozen=True)
-class StepEvent(Record):
-    """Step ``i`` of ``of`` of ``phase`` ended."""
-
-    KIND: ClassVar[str] = "step"
-    phase: str
-    i: int
-    of: int
-    t: float = 0.0
-
-
-@dataclass(frozen=True)
-class DeviceEvent(Record):
-    """The device the child trains on (``Device``'s fields), as soon as it is known."""
-
-    KIND: ClassVar[str] = "device"
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"total_memory"})
-    type: str
-    name: str
-    uuid: str | None = None
-    capability: tuple[int, ...] | None = None
-    total_memory: int | None = None
-    t: float = 0.0
-
-
-@dataclass(frozen=True)
-class OomProbeEvent(Record):
-    """After an out-of-memory error: batch ``batch`` is being tried."""
-
-    KIND: ClassVar[str] = "oom-probe"
-    batch: int
-    t: float = 0.0
-
-
-@dataclass(frozen=True)
-class SweepEvent(Record):
-    """--sweep: batch ``batch`` is being timed."""
-
-    KIND: ClassVar[str] = "sweep"
-    batch: int
-    t: float = 0.0
-
-
-@dataclass(frozen=True)
-class EstimateEvent(Record):
-    """After the warm-up: ``step_s`` a step, ``least`` to ``most`` measured steps, then ``rest_s`` for the phases
-    after them; ``left_s`` of the budget remain (0: no budget)."""
-
-    KIND: ClassVar[str] = "estimate"
-    step_s: float
-    least: int
-    most: int
-    rest_s: float
-    left_s: float = 0.0
-    t: float = 0.0
-
-
-Event = PhaseEvent | StepEvent | DeviceEvent | OomProbeEvent | SweepEvent | EstimateEvent
-EVENTS: dict[str, type[Record]] = {
-    c.KIND: c for c in (PhaseEvent, StepEvent, DeviceEvent, OomProbeEvent, SweepEvent, EstimateEvent)
-}
-
-
-def parse_event(line: str | Mapping[str, Any]) -> Event:
-    """The record of one events line; ``ContractError`` for bad JSON, an unknown kind or an unknown key."""
-    try:
-        data = json.loads(line) if isinstance(line, str) else dict(line)
-    except json.JSONDecodeError as exc:
-        raise ContractError(f"event: not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ContractError(f"event: expected a JSON object, got {type(data).__name__}")
-    kind = data.pop("event", None)
-    if kind not in EVENTS:
-        raise ContractError(f"event: unknown kind {kind!r} (known: {', '.join(EVENTS)})")
-    return typing.cast(Event, EVENTS[kind].from_json(data, f"event {kind}"))
-
-
-def event_line(e: Event) -> str:
-    """One events line (no newline): ``{"event": KIND, ...fields}``."""
-    return json.dumps({"event": e.KIND, **e.to_json()})
 
 
 # --- the child's result: child -> parent -----------------------------------------------------------------------
@@ -470,19 +266,8 @@ def phase_ok(figures: JsonObject | None) -> JsonObject | None:
 
 @dataclass
 class ChildRun:
-    """What the launcher hands the judge: the (possibly partial) result, the events, and why the run ended."""
+    """A run as the judge gets it: the (possibly partial) result, whether Ctrl-C cut it, how long it ran."""
 
     result: ChildResult | None
-    events: list[Event] = field(default_factory=list)
-    failure: str | None = None  # "timeout", "stalled", "crashed", "killed"
     interrupted: bool = False
-    log_tail: str = ""
     seconds: float = 0.0
-    rank: int | None = None  # several processes: the rank that failed or hung, when one can be named
-    env_kept: tuple[str, ...] = ()  # ``extra_env`` names the caller's environment had set already (theirs was kept)
-
-    def to_json(self) -> JsonObject:
-        """The run without its events (``smoke/node.py`` prints this for the controller of --hosts)."""
-        out = {f.name: dump(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "events"}
-        out["result"] = None if self.result is None else self.result.to_json()
-        return out

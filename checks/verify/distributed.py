@@ -28,13 +28,11 @@ from typing import Any
 from checks.config import VerifyConfig
 from checks.errors import PreflightError
 from checks.facts import MachineFacts
-from checks.probe.launch import LaunchContext
 from checks.reports.verify import CommFigures, DdpFigures, RankRow
 from checks.result import Result, Status, ok, skip
 from checks.units import percent, size_decimal
-from checks.verify.contract import ChildResult, CommAb, DdpSpec, RankDevice, RankResult
+from checks.verify.contract import ChildResult, CommAb, RankDevice, RankResult
 from checks.verify.figures import breakdown
-from checks.verify.smoke.launch import Node
 
 
 def processes(nproc: int, cfg: VerifyConfig, facts: MachineFacts) -> int:
@@ -56,53 +54,6 @@ def processes(nproc: int, cfg: VerifyConfig, facts: MachineFacts) -> int:
             f"--nproc {wanted}: without a GPU each rank needs a core and {cores} are usable here; use at most {cores}"
         )
     return wanted
-
-
-def job_node(ctx: LaunchContext, local: int) -> Node | None:
-    """This node's part of one DDP run across a job's nodes, when verify was started once on each node of a job
-    (Slurm, SkyPilot) of two or more; None otherwise. Ranks go node by node (``local`` here, the same count on
-    every node: torchrun's static rendezvous numbers them so, and a rank that gets another number than planned
-    stops with both), the node's index is its task rank (one task per node)."""
-    if ctx.engine not in ("slurm", "skypilot") or ctx.world_size < 2:
-        return None
-    if ctx.local_world_size != 1:
-        raise PreflightError(
-            f"verify under {ctx.engine}: {ctx.local_world_size} tasks on this node; it runs as one task per node",
-            hint="srun --ntasks-per-node=1 invoke verify: each node starts its own ranks (one per GPU)",
-        )
-    return Node(ctx.master_addr, ctx.master_port, ctx.rank * local, local, ctx.rank, ctx.world_size)
-
-
-def spec_block(world: int, cfg: VerifyConfig, facts: MachineFacts, local: int = 0) -> DdpSpec | None:
-    """The child's ``ddp`` spec (ranks and the store are added per rank by the launcher); None for one process.
-    ``local``: the ranks on this host (0: all of them), which share its cores on the CPU."""
-    if world < 2:
-        return None
-    gpus = 0 if cfg.device == "cpu" else facts.torch.device_count
-    return DdpSpec(
-        world_size=world,
-        backend="nccl" if gpus else "gloo",
-        threads=0 if gpus else max(1, int(facts.host.usable_cores) // (local or world)),
-        windows=cfg.ddp_windows,
-        window_steps=cfg.ddp_window_steps,
-        solo_steps=cfg.ddp_solo_steps,
-        timeout_s=cfg.ddp_timeout_s,
-    )
-
-
-def describe(block: DdpSpec, cores: float, node: Node | None = None) -> str:
-    """The line verify says before it starts (on the CPU: how the cores are shared; in a job: this node's ranks)."""
-    where = (
-        "NCCL, one GPU each"
-        if block.backend == "nccl"
-        else f"gloo on the CPU, {block.threads} thread(s) each of {cores:g} usable cores"
-    )
-    ranks = ""
-    if node is not None:
-        last = node.first + node.local - 1
-        mine = f"rank {node.first}" if node.local == 1 else f"ranks {node.first}-{last}"
-        ranks = f" across {node.nodes} nodes, {mine} here"
-    return f"verify: {block.world_size} processes{ranks}, DistributedDataParallel ({where})"
 
 
 def _median(xs: list[float]) -> float | None:

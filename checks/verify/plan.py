@@ -11,9 +11,8 @@ import dataclasses
 import os
 import tempfile
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,30 +20,13 @@ from checks.config import PreflightConfig, VerifyConfig
 from checks.errors import PreflightError
 from checks.facts import AllocFacts, BenchFacts, MachineFacts
 from checks.fileio import make_folders, remove_empty
-from checks.machine.bootstrap import AllocEnv, allocator_env
-from checks.machine.resources import loader_advice
 from checks.machine.runner import run_checks
-from checks.probe.launch import LaunchContext
-from checks.probe.sample import GpuReader, HostReader
 from checks.result import Result, Status, skip
-from checks.verify import distributed
 from checks.verify.contract import (
-    AbSpec,
-    CheckpointSpec,
     ChildRun,
     DataSpec,
-    DeviceEvent,
-    Event,
-    LoaderProbeSpec,
-    OomProbeEvent,
-    PhaseEvent,
-    RunSpec,
-    StepEvent,
-    SweepEvent,
-    SweepSpec,
 )
-from checks.verify.sampler import Sampler, Trace
-from checks.verify.smoke.launch import Node, launch
+from checks.verify.sampler import Trace
 from checks.verify.staged import StagedDataError, inspect_staged, synthetic_spec
 
 CHOICES = {
@@ -75,25 +57,6 @@ class Options:
     model: str = ""
     device: str = ""
     nproc: int = 0  # 0: preflight.verify.nproc (0 there: every GPU when two or more)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A validated run: the child's spec, where the outputs go, and the settings the report quotes."""
-
-    spec: RunSpec
-    data: DataSpec | None  # None: the user's --dataset (described by the child)
-    loader: dict[str, Any]
-    usable_cores: float
-    json_path: str  # "-" for stdout
-    csv_path: Path
-    png_path: Path
-    ckpt_every: int
-    ckpt_temporary: bool
-    price_per_hour: float
-    alloc: AllocEnv = field(default_factory=lambda: AllocEnv({}, "not planned"))  # what the child gets (bootstrap's)
-    loader_note: str = ""  # why the DataLoader settings differ from bootstrap's advice
-    node: Node | None = None  # started on every node of a job: this node's part of the run across them
 
 
 def effective(cfg: VerifyConfig, opts: Options) -> VerifyConfig:
@@ -195,78 +158,6 @@ def outputs(json: str, plot: str, cfg: VerifyConfig, task: str = "verify") -> tu
     return json_path, base.with_name(base.stem + ".samples.csv"), png
 
 
-def plan(
-    opts: Options,
-    config: PreflightConfig,
-    machine: Callable[[], MachineFacts],
-    stack: ExitStack,
-    job: LaunchContext | None = None,
-) -> tuple[Plan, MachineFacts]:
-    """Validate every input (before ``machine()`` reads the machine: mistakes fail fast), build the child's spec.
-    ``job``: how this process was launched; started on every node of a job, the run spans the job's nodes."""
-    cfg = effective(config.verify, opts)
-    data = data_spec(opts, cfg)
-    json_path, csv_path, png_path = outputs(opts.json, opts.plot, cfg)
-    ckpt, temporary = checkpoint_dir(opts, cfg, stack)
-    facts = machine()
-    loader = loader_advice(facts, config).as_dict()
-    workers, note = workers_for(opts, cfg, data)
-    if workers >= 0:
-        loader |= {"num_workers": workers, "persistent_workers": workers > 0, "prefetch_factor": 2 if workers else None}
-    local = distributed.processes(opts.nproc, cfg, facts)
-    node = distributed.job_node(job, local) if job else None
-    ddp = distributed.spec_block(local * (node.nodes if node else 1), cfg, facts, local)
-    if ddp and (opts.sweep or opts.ab):
-        raise PreflightError("verify: --sweep and --ab time one process; run them without --nproc")
-    # Timed in one process: run verify without --nproc for the loader's advice.
-    probe = LoaderProbeSpec(cfg.loader_probe_s, cfg.share_warn, facts.host.usable_cores)
-    spec = RunSpec(
-        device=cfg.device,
-        precision=cfg.precision,
-        model_size=cfg.model_size,
-        data=data,
-        dataset=opts.dataset,
-        model=opts.model,
-        user_path=os.getcwd(),
-        batch_size=opts.batch_size,
-        batch_size_cpu=cfg.batch_size_cpu,
-        batch_size_gpu=cfg.batch_size_gpu,
-        accum=cfg.accum,
-        warmup=cfg.warmup,
-        steps=cfg.steps,
-        lr=cfg.lr,
-        seed=cfg.seed,
-        loader=loader,
-        profile_steps=cfg.profile_steps,
-        loader_probe=probe if cfg.loader_probe_s > 0 and ddp is None else None,
-        checkpoint=CheckpointSpec(ckpt, cfg.resume_steps, cfg.resume_rtol),
-        sweep=SweepSpec(cfg.sweep_max_batch, cfg.sweep_warmup, cfg.sweep_steps, cfg.knee_fraction)
-        if opts.sweep
-        else None,
-        ab=AbSpec(cfg.ab_steps) if opts.ab else None,
-        ddp=ddp,
-    )
-    cores = facts.host.usable_cores
-    every, price = cfg.checkpoint_every_steps, cfg.price_per_hour
-    alloc = allocator_env(facts, config)
-    plan = Plan(
-        spec=spec,
-        data=data,
-        loader=loader,
-        usable_cores=cores,
-        json_path=json_path,
-        csv_path=csv_path,
-        png_path=png_path,
-        ckpt_every=every,
-        ckpt_temporary=temporary,
-        price_per_hour=price,
-        alloc=alloc,
-        loader_note=note,
-        node=node,
-    )
-    return plan, facts
-
-
 def cpu_machine(facts: MachineFacts) -> bool:
     """No NVIDIA driver library, and a CPU-only torch build or no NVIDIA GPU on the PCI bus: a machine without a GPU
     by design, not a broken one."""
@@ -318,67 +209,6 @@ class Outcome:
     trace: Trace
     gpu_index: int | None
     gpu_error: str | None
-
-
-def run(p: Plan, config: PreflightConfig, on_event: Callable[[Event], None]) -> Outcome:
-    """Start the sampler, run the child under it, stop the sampler (also on Ctrl-C or a timeout)."""
-    cfg = config.verify
-    host = HostReader(usable=p.usable_cores)
-    gpu = GpuReader()
-    found: dict[str, int | None] = {}
-
-    def event(e: Event) -> None:
-        if isinstance(e, DeviceEvent) and e.uuid:
-            sampler.focus(e.uuid)
-            found["index"] = gpu.index_of(e.uuid)
-        on_event(e)
-
-    def started(pid: int) -> None:
-        host.pid = pid
-
-    with Sampler(cfg.sample_interval_s, gpu, host) as sampler:
-        child = launch(
-            p.spec, cfg.timeout_s, cfg.stall_timeout_s, event, started, extra_env=p.alloc.variables, node=p.node
-        )
-        _nvml_indices(child, gpu)
-    return Outcome(child, sampler.trace, found.get("index"), gpu.error)
-
-
-def _nvml_indices(child: ChildRun, gpu: GpuReader) -> None:
-    """Each rank's GPU by its NVML index (bootstrap's ``gpuN``): torch and NVML can order GPUs differently."""
-    r = child.result
-    if r is None or not r.ranks:
-        return
-    ranks = tuple(
-        dataclasses.replace(x, device=dataclasses.replace(x.device, nvml_index=gpu.index_of(x.device.uuid)))
-        if x.device is not None and x.device.uuid
-        else x
-        for x in r.ranks
-    )
-    child.result = dataclasses.replace(r, ranks=ranks)
-
-
-def raise_usage(o: Outcome) -> None:
-    """A --model/--dataset the child could not use, or CUDA asked for and absent: exit 2, like any bad flag."""
-    r = o.child.result
-    if r is not None and r.error_kind == "usage":
-        text = str(r.error)
-        if text.startswith("--device"):  # the device, not the user's code: its own hint is in the message
-            raise PreflightError(text, hint="run without --device cuda (the CPU), or on a box where bootstrap passes")
-        if r.error_hint:  # the child's own fix for it (staged data: a dataset smaller than one batch, say)
-            raise PreflightError(text, hint=r.error_hint)
-        raise PreflightError(text, hint="see the --model/--dataset convention in docs/verify.md")
-
-
-def progress(event: Event) -> str | None:
-    """A line for the terminal about a child event (phase changes, every 10th step), or None."""
-    if isinstance(event, PhaseEvent):
-        return f"verify: {event.phase}"
-    if isinstance(event, StepEvent) and (event.i % 10 == 0 or event.i == event.of):
-        return f"verify: {event.phase} step {event.i}/{event.of}"
-    if isinstance(event, (OomProbeEvent, SweepEvent)):
-        return f"verify: {event.KIND} batch {event.batch}"
-    return None
 
 
 def write_outputs(

@@ -13,21 +13,20 @@ import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from checks.config import VerifyConfig
-from checks.reports.verify import CommandStep, DdpFigures, Files, Measurements, Mfu, RunFacts, StepBlock, StepTime
-from checks.result import Result, fail, ok, skip, warn
+from checks.reports.verify import Files, Mfu
+from checks.result import Result, ok, skip, warn
 from checks.tables import datasheet
 from checks.units import percent
 from checks.verify import distributed
 from checks.verify.advice import loader_advice
 from checks.verify.contract import ChildResult, phase_ok
 from checks.verify.cost import cost, describe
-from checks.verify.diagnosis import Signals, Verdict, diagnose, upgrade_bound
-from checks.verify.figures import StepFigures, breakdown, enqueue_ratio, fetch_windows, loss_trend, step_figures
-from checks.verify.plan import Outcome, Plan
-from checks.verify.results import checkpoint_result, compile_result, data_resume_result, loop_results, sweep_result
+from checks.verify.diagnosis import Signals, Verdict, upgrade_bound
+from checks.verify.figures import StepFigures, fetch_windows
+from checks.verify.plan import Outcome
 from checks.verify.sampler import Trace, gpu_summary, overlap_mean, summarise
 
 # cant-tell is a warn: a run that could not be judged has not cleared the box, so the call to action is its fix.
@@ -47,27 +46,6 @@ class Setting:
     ckpt_every: int = 0  # the real run's save interval, to amortise a timed save over (0: saves count as they happen)
     epoch_samples: int | None = None  # staged data's samples: the epoch that ``verify-cost`` prices
     own_code: bool = False  # the step runs the user's model or data (their code, their copies)
-
-
-def setting(p: Plan) -> Setting:
-    """The built-in loop's ``Setting``."""
-    return Setting(
-        usable_cores=p.usable_cores,
-        files=Files(p.json_path, str(p.csv_path), str(p.png_path)),
-        price_per_hour=p.price_per_hour,
-        loader=p.loader,
-        ckpt_every=p.ckpt_every,
-        epoch_samples=p.data.samples if p.data and p.data.source == "staged" else None,
-        own_code=bool(p.spec.model or p.spec.dataset),
-    )
-
-
-class Judgement(NamedTuple):
-    """What ``judge`` computes: the result rows, the report's measurements and the verdicts (primary first)."""
-
-    results: list[Result]
-    measurements: Measurements
-    verdicts: list[Verdict]
 
 
 def mfu(r: ChildResult, median_s: float) -> Mfu:
@@ -155,41 +133,6 @@ def _median(values: list[float], scale: float) -> float | None:
     return statistics.median(values) / scale if values else None
 
 
-def step_block(p: Setting, r: ChildResult) -> StepFigures | None:
-    """Step figures with the checkpoint amortised in; None when no step was measured."""
-    if not r.steps:
-        return None
-    figs = step_figures(r.steps, r.samples_per_step, r.tokens_per_sample)
-    save_s = (r.checkpoint.save_s if r.checkpoint else None) or 0.0
-    per_step = save_s / p.ckpt_every
-    step_s = figs.mean_s + per_step
-    # The headline: what training with a save every ckpt_every steps sustains.
-    samples = r.samples_per_step / step_s if figs.samples_per_s else None
-    tokens = samples * r.tokens_per_sample if samples and figs.tokens_per_s else None
-    return dataclasses.replace(
-        figs,
-        shares=breakdown(r.steps, per_step),
-        step_s=step_s,
-        checkpoint_s_per_step=per_step,
-        checkpoint_every_steps=p.ckpt_every if save_s else None,
-        samples_per_s_with_checkpoints=samples,
-        tokens_per_s_with_checkpoints=tokens,
-    )
-
-
-def _steps(r: ChildResult, figs: StepFigures) -> StepBlock:
-    """``step_breakdown``, ``step_time``, the rates and ``enqueue_ratio`` of the measured steps."""
-    return StepBlock(
-        step_breakdown=figs.shares,
-        step_time=StepTime(figs.steps, figs.median_s, figs.p95_s, figs.mean_s),
-        samples_per_s=figs.samples_per_s,
-        tokens_per_s=figs.tokens_per_s,
-        samples_per_s_with_checkpoints=figs.samples_per_s_with_checkpoints,
-        tokens_per_s_with_checkpoints=figs.tokens_per_s_with_checkpoints,
-        enqueue_ratio=enqueue_ratio(r.steps),
-    )
-
-
 @dataclass(frozen=True)
 class VerdictRows:
     """The verdict rows and the figures they come with."""
@@ -198,119 +141,6 @@ class VerdictRows:
     diagnosis: dict[str, Any]
     upgrade: dict[str, Any] | None = None
     mfu: Mfu | None = None
-
-
-def judge(p: Plan, o: Outcome, cfg: VerifyConfig, gate: Sequence[Result] | None = None) -> Judgement:
-    """Results, measurements and verdicts of one run (complete, partial or failed); ``gate``: bootstrap's rows
-    as verify ran them (the straggler verdict quotes its GPU's), None where they did not run."""
-    r = o.child.result or ChildResult()
-    ctx = setting(p)
-    figs = step_block(ctx, r)
-    results = [*loop_results(p, o, cfg, figs), _loss(r, cfg), checkpoint_result(p, r), data_resume_result(r)]
-    s: Signals | None = None
-    if figs is not None:
-        s = signals(ctx, o, cfg, figs, gate)
-    elif r.oom:
-        s = Signals(0, r.device.type if r.device else "cpu", {}, 0.0, oom=r.oom.to_json())
-    verdicts = diagnose(s, cfg) if s is not None else []
-    judged = diagnosis_rows(verdicts, figs, r, s)
-    sampler_row, sampler = sampler_block(ctx, o)
-    cost_row, priced = cost_block(ctx, r, figs)
-    results += [*judged.rows, sampler_row, cost_row, compile_result(r, figs), sweep_result(r)]
-    ddp = distributed.figures(r)
-    if ddp is not None:
-        results.append(distributed.ddp_result(ddp))
-    return Judgement(results, _measurements(ctx, o, r, figs, s, judged, sampler, priced, ddp), verdicts)
-
-
-def _measurements(
-    p: Setting,
-    o: Outcome,
-    r: ChildResult,
-    figs: StepFigures | None,
-    s: Signals | None,
-    judged: VerdictRows,
-    sampler: dict[str, Any],
-    priced: dict[str, Any] | None,
-    ddp: DdpFigures | None,
-) -> Measurements:
-    """Everything the report's ``measurements`` hold, from what ``judge`` computed (``Measurements.to_json``
-    writes the keys)."""
-    cpu = r.device is not None and r.device.type == "cpu"
-    why = "no GPU: the run was on the CPU"
-    probed = s is not None and s.loader_alone is not None
-    return Measurements(
-        run=_run_facts(o, r),
-        dataloader=dict(r.loader or p.loader),
-        diagnosis=judged.diagnosis,
-        sampler=sampler,
-        files=p.files,
-        steps=None if figs is None else _steps(r, figs),
-        upgrade=judged.upgrade,
-        mfu=judged.mfu,
-        cost=priced,
-        ddp=ddp,
-        flops_per_step=r.flops_per_step,
-        memory={"skipped": f"{why} (the CUDA allocator's figures)"} if cpu else r.memory,
-        kernels={"skipped": f"{why} (kernel statistics need CUDA)"} if cpu else r.kernels,
-        checkpoint=r.checkpoint,
-        oom=r.oom,
-        ab=r.ab,
-        sweep=r.sweep,
-        loader_alone=r.loader_alone,
-        timeline=r.timeline,
-        loader_candidates=(s.loader_alone or {}).get("candidates") or [] if s is not None and probed else None,
-        advice=s.loader_advice if s is not None and probed else None,
-        data_cost=r.data_cost,
-        command_step=None if figs is None else _step_counts(r),
-    )
-
-
-BUILT_IN_FORWARD = "the forward pass and the loss (the built-in loop times its copies to the device apart)"
-
-
-def _step_counts(r: ChildResult) -> CommandStep:
-    """Micro-batches, samples and tokens per optimizer step, under the keys a command's report has."""
-    tokens = r.samples_per_step * r.tokens_per_sample or None
-    return CommandStep(r.accum or 1, r.samples_per_step or None, BUILT_IN_FORWARD, tokens)
-
-
-def _run_facts(o: Outcome, r: ChildResult) -> RunFacts:
-    return RunFacts(
-        device=r.device,
-        precision=r.precision,
-        batch_size=r.batch_size,
-        accum=r.accum,
-        model=r.model,
-        data=r.data,
-        torch=r.torch,
-        threads=r.threads,
-        seconds=round(o.child.seconds, 2),
-        interrupted=o.child.interrupted or r.interrupted,
-        failure=o.child.failure,
-        error=r.error,
-    )
-
-
-def _loss(r: ChildResult, cfg: VerifyConfig) -> Result:
-    losses = [s.loss for s in (*r.warmup, *r.steps)]
-    if not losses:
-        return skip("verify-loss", "no step completed")
-    t = loss_trend(losses)
-    if not t["finite"]:
-        bad = next(i for i, v in enumerate(losses) if v != v or v in (float("inf"), float("-inf")))
-        return fail(
-            "verify-loss",
-            f"loss is NaN/inf from step {bad + 1}",
-            "lower the learning rate; check the data and fp16 overflow",
-            value=None,
-        )
-    summary = f"loss {t['first']:.4g} -> {t['last']:.4g} over {len(losses)} steps (first vs last quarter)"
-    if t["decreasing"] or not cfg.loss_must_decrease:
-        return ok("verify-loss", summary, value=t["last"])
-    return fail(
-        "verify-loss", summary + ": not going down", "check the learning rate, labels and data order", value=t["last"]
-    )
 
 
 def diagnosis_rows(verdicts: list[Verdict], figs: StepFigures | None, r: ChildResult, s: Signals | None) -> VerdictRows:

@@ -22,19 +22,3 @@ def test_cant_tell_as_the_primary_verdict_warns_and_compute_bound_is_ok() -> Non
     healthy = Verdict("compute-bound", "info", "high", "the math takes 95% of each step", "bf16 autocast")
     assert diagnosis_rows([unclear], None, ChildResult(), None).rows[0].status is Status.WARN
     assert diagnosis_rows([healthy], None, ChildResult(), None).rows[0].status is Status.OK
-
-
-def test_data_resume_names_the_parts_that_differ_when_the_order_resumed() -> None:
-    from checks.verify.results import data_resume_result
-
-    def judged(order_same: bool, differs: list[str], workers: int = 0) -> str:
-        data = {"batches": 2, "exact": False, "order_same": order_same, "differs": differs, "workers": workers}
-        return data_resume_result(ChildResult.from_json({"checkpoint": {"data": data}})).summary
-
-    flips = judged(True, ["inputs", "targets"], workers=2)
-    assert flips.startswith("the same samples in the same order (the sampler resumed), other inputs and targets")
-    assert "boxes flipped" in flips and "does not resume" not in flips and "2 DataLoader worker(s)" in flips
-    assert judged(True, ["inputs"]).startswith(
-        "the same samples in the same order (the sampler resumed), other inputs:"
-    )
-    assert "the sample order does not resume" in judged(False, ["inputs", "targets"])

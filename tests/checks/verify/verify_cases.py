@@ -32,7 +32,7 @@ from typing import Any
 from checks.config import make_config
 from checks.reports.verify import CommFigures, Files, Measurements, Oom
 from checks.result import Result, ok, warn
-from checks.verify.contract import ChildResult, CommAb, RunSpec
+from checks.verify.contract import ChildResult, CommAb
 from checks.verify.diagnosis import Verdict
 from checks.verify.report import Setting
 from checks.verify.sampler import Trace, read_csv
@@ -53,7 +53,6 @@ NO_NVML = "no GPU columns: NVML is not here"
 TRACE_NAMES = sorted(p.stem for p in TRACES.glob("*.json"))
 
 # The built-in loop's spec of the recorded CPU run (test_launch.py's, which goes with the built-in loop)
-SPEC = RunSpec.from_json(json.loads((RUNS / "cpu-data-bound.json").read_text(encoding="utf-8"))["spec"])
 
 
 @dataclasses.dataclass(frozen=True)
