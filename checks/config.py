@@ -216,7 +216,6 @@ class VerifyConfig:
     seed: int
     num_workers: int
     profile_steps: int
-    loader_probe_s: float
     advice_min_gain: float
     command_advice_s: float
     contended_min_share: float
@@ -235,7 +234,6 @@ class VerifyConfig:
     sweep_warmup: int
     sweep_steps: int
     knee_fraction: float
-    ab_steps: int
     share_warn: float
     share_critical: float
     critical_min_steps: int
@@ -259,10 +257,6 @@ class VerifyConfig:
     starved_sample_fraction: float
     watch_seconds: int
     nproc: int
-    ddp_windows: int
-    ddp_window_steps: int
-    ddp_solo_steps: int
-    ddp_timeout_s: float
     straggler_share: float
 
 

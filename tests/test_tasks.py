@@ -923,7 +923,9 @@ def test_verify_says_when_its_steps_need_a_pace_the_child_timeout_allows(
 def test_two_dashes_with_no_command_after_them_are_refused(home: Path, task: str) -> None:
     """``invoke verify --`` with the command forgotten ran the built-in loop without a word."""
     run = invoke(home, task, "--steps", "3", "--") if task == "verify" else invoke(home, task, "--")
-    assert_usage_error(run, "nothing after --: put your training command after it, or drop -- to run the built-in loop")
+    assert_usage_error(
+        run, "nothing after --: put your training command after it, or drop -- to run the tool's own training script"
+    )
     assert run.out == "" and rc_bytes(home) == {".bashrc": None, ".profile": None}  # the task never started
 
 

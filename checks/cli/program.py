@@ -432,7 +432,7 @@ class PreflightProgram(Program):
 
     def give_command(self) -> None:
         """Put the words after ``--`` in the command field of each task to run; refuse them for a task without one,
-        and a ``--`` with nothing after it for a task with one (it would run the built-in loop without a word)."""
+        and a ``--`` with nothing after it for a task with one (it would run the tool's own script without a word)."""
         words = self.command()
         for context in self.tasks if "--" in self.argv[1:] else ():
             field = command_field(self.collection[context.name])
@@ -449,7 +449,9 @@ class PreflightProgram(Program):
             context.add_arg(Argument(name=field, default=tuple(words)))
 
 
-NOTHING_AFTER_DASHES = "nothing after --: put your training command after it, or drop -- to run the built-in loop"
+NOTHING_AFTER_DASHES = (
+    "nothing after --: put your training command after it, or drop -- to run the tool's own training script"
+)
 
 
 def command_field(task: Any) -> str | None:

@@ -231,7 +231,7 @@ COMMAND_FLAGS = frozenset(f.name for f in dataclasses.fields(Command)) | {
 
 
 def command_only_flags(f: VerifyFlags) -> list[str]:
-    """The ``-- COMMAND`` flags given without a command: the built-in loop has no use for them (refused, not
+    """The ``-- COMMAND`` flags given without a command: the tool's own script has no use for them (refused, not
     ignored)."""
     given = [x for x in dataclasses.fields(Command) if getattr(f, x.name) != x.default]
     return ["--" + x.name.replace("_", "-") for x in given]

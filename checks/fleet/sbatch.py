@@ -31,7 +31,7 @@ class SbatchRequest:
     account: str
     checkout: str
     python: str
-    command: tuple[str, ...] = ()  # the user's training command; empty: verify's built-in loop
+    command: tuple[str, ...] = ()  # the user's training command; empty: verify's own training script
 
 
 def check(r: SbatchRequest) -> None:

@@ -79,7 +79,7 @@ class DataResume(Record):
 
 @dataclass(frozen=True)
 class Checkpoint(Record):
-    """``measurements.checkpoint``: a save's cost, and for the built-in loop the round trip's verdict (only
+    """``measurements.checkpoint``: a save's cost, and for the tool's own script the round trip's verdict (only
     ``error`` when it failed); for a command, the script's own saves during the measured steps (``every_steps``,
     ``saves``: a save's ``save_s`` and ``bytes`` are their means)."""
 

@@ -36,8 +36,7 @@ TIME_VERDICT_STATUS = {"compute-bound": "ok"}
 @dataclass(frozen=True)
 class Setting:
     """What the judge reads besides the run's own figures: the box, the settings the run was given, where the
-    files go. ``setting(plan)`` for the built-in loop; ``checks.verify.user.run`` builds one for a command from
-    the same facts (no spec, no plan: the command is the run)."""
+    files go; ``checks.verify.user.run`` builds one for every run from the box and the flags."""
 
     usable_cores: float
     files: Files

@@ -1,4 +1,4 @@
-"""When verify has measured enough: one stop rule for the built-in loop and for ``verify -- COMMAND``.
+"""When verify has measured enough: the one stop rule of every run (``checks/verify/user/launch.py`` applies it).
 
 Standard library only (the training child and the parent both use it).
 
@@ -40,7 +40,6 @@ TAIL_S = 4.0  # the parent's work after the child (judging, the CSV, the PNG tim
 WARMUP_SHARE = 1 / 6
 MIN_WARMUP = 3
 CKPT_FIXED_S = 2.0  # the round trip beyond its steps: save, a fresh model and optimizer, load (small models)
-PROBE_START_S = 2.0  # the loader probe beyond verify.loader_probe_s: worker start-ups, not counted in it
 COMPILE_S = 30.0  # torch.compile's first steps of a small model on two CPU cores (--ab), tool-defined
 # Student's t, two-sided 95%, by degrees of freedom (any statistics table).
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}

@@ -106,8 +106,8 @@ def crash_on_second_host():
     return model
 '''.replace("HIDDEN)", f"{HIDDEN})").replace("(HIDDEN,", f"({HIDDEN},")
 CONFIG = """preflight:
-  verify: {{steps: 4, warmup: 1, image_size: 16, ddp_windows: 2, ddp_window_steps: 2, ddp_solo_steps: 2,
-            sample_interval_s: 0.2, stall_timeout_s: 120.0, timeout_s: 300.0, loader_probe_s: 0}}
+  verify: {{steps: 4, warmup: 1, image_size: 16,
+            sample_interval_s: 0.2, stall_timeout_s: 120.0, timeout_s: 300.0}}
   hosts: {{python: {python}, connect_timeout_s: 3.0, dead_after_s: 5.0, run_timeout_s: 300.0}}
 """
 

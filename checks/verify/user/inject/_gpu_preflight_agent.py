@@ -238,8 +238,8 @@ class _Steps:
 
     def mark(self) -> tuple[float, Any]:
         event = None
-        if self.cuda:
-            event = self.torch.cuda.Event(enable_timing=True)
+        if self.cuda:  # the device's clock: host timers would put queued GPU work in the wrong phase
+            event = self.torch.cuda.Event(enable_timing=True)  # docs/sources.md#gpu-clock-timers
             event.record()
         return time.monotonic(), event
 
