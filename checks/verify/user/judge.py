@@ -169,18 +169,21 @@ class RankFigures:
     tokens_per_step: int | None = None  # batches of token ids: input_ids [B, T] (B x T), a [B, T] integer tensor
 
 
-def rank_figures(r: Rank, every: int = 0) -> RankFigures | None:
+def rank_figures(r: Rank, every: int = 0, saver: Rank | None = None) -> RankFigures | None:
     """Step time, shares (checkpoints amortised over the measured steps) and samples/s of one process; ``every``
     > 0: a save is made every that many steps in the real run (the tool's own script saves more often under
-    verify, so that one lands among the measured steps), and its time is amortised over them."""
+    verify, so that one lands among the measured steps), and its time is amortised over them. ``saver``: the
+    process whose saves count when ``r`` saved nothing (under DDP rank 0 saves for all, and every rank waits for
+    it at the next exchange)."""
     if not r.steps:
         return None
     samples = _median_int([s["samples"] for s in r.steps])
     records = [step_record(s) for s in r.steps]
     figs = step_figures(records, samples)
-    ckpt = sum(s["checkpoint"] for s in r.steps)
-    saves = sum(s["saves"] for s in r.steps)
-    per_step = ckpt / saves / every if every and saves else ckpt / len(r.steps)
+    saving = r if saver is None or any(s["saves"] for s in r.steps) else saver
+    ckpt = sum(s["checkpoint"] for s in saving.steps)
+    saves = sum(s["saves"] for s in saving.steps)
+    per_step = ckpt / saves / every if every and saves else ckpt / len(saving.steps)
     step_s = figs.mean_s + per_step
     rate = figs.samples_per_s or None
     tokens = _median_int([s.get("tokens") or 0 for s in r.steps])
@@ -198,8 +201,8 @@ def rank_figures(r: Rank, every: int = 0) -> RankFigures | None:
     checkpoint = (
         Checkpoint(
             save_s=ckpt / saves,
-            bytes=round(sum(s["ckpt_bytes"] for s in r.steps) / saves),
-            every_steps=every or _every(len(r.steps), saves),
+            bytes=round(sum(s["ckpt_bytes"] for s in saving.steps) / saves),
+            every_steps=every or _every(len(saving.steps), saves),
             saves=saves,
         )
         if saves
@@ -286,7 +289,8 @@ def judge(
     if ddp is not None and hosts:  # across nodes: where the ranks ran, and what the link carried while they waited
         ddp = dataclasses.replace(ddp, hosts=tuple(HostRanks.from_json(dict(h)) for h in hosts))
         ddp = dataclasses.replace(ddp, link_mbit_s=distributed.link_mbit_s(ddp))
-    figs = rank_figures(lead, setting.ckpt_every) if lead else None
+    saver = next((r for r in found if any(x["saves"] for x in r.steps)), None)  # rank 0 first
+    figs = rank_figures(lead, setting.ckpt_every, saver) if lead else None
     child = _child_result(lead, figs) if lead else ChildResult()
     child = dataclasses.replace(child, sweep=sweep, oom=oom.oom if oom else None)
     if run.ended == "crashed":
