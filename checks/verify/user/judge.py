@@ -569,7 +569,9 @@ def command_result(run: CommandRun, found: Sequence[Rank], warmup: int) -> Resul
         return fail("verify-command", f"{cmd}: processes left running: {run.left}", hint, value=run.ended)
     if run.ended == "crashed":
         last = run.traceback()
-        summary = f"{cmd} crashed ({status}) after {steps} optimizer step(s): {last[-1] if last else ''}"
+        rank = run.failed_rank()
+        who = f"rank {rank}: " if rank is not None else ""  # under torchrun: the rank that failed first
+        summary = f"{cmd} crashed ({status}) after {steps} optimizer step(s): {who}{last[-1] if last else ''}"
         return fail("verify-command", summary, "its traceback ends:\n" + "\n".join(last), value=run.ended)
     if run.ended == "no-step":
         imported = any(e.get("event") == "hello" for e in run.events)

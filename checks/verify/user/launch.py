@@ -84,15 +84,32 @@ class CommandRun:
     left: list[int] = field(default_factory=list)  # still alive after the clean-up (should be none)
 
     def traceback(self, lines: int = 12) -> list[str]:
-        """The last lines of the last traceback the command printed (all of stderr's tail when none). Under
-        torchrun, the failing rank's own error: torchrun's agent ends with a traceback and "Root Cause" table of
-        its own (``ChildFailedError``) that names only the exit code, so the lines before it are the rank's."""
+        """The last lines of the last traceback the command printed (all of stderr's tail when none), ending at
+        its error line. Under torchrun, the rank that failed first: torchrun's agent ends with a traceback and
+        "Root Cause" table of its own (``ChildFailedError``) that names only the exit code, and the other ranks'
+        tracebacks follow the first (a peer gone: "Connection closed by peer"), so it is the first traceback."""
         tail = own_stderr(self.stderr_tail)
         starts = [i for i, line in enumerate(tail) if line.startswith("Traceback (most recent call last)")]
-        return tail[starts[-1] :][-lines:] if starts else tail[-lines:]
+        if not starts:
+            return tail[-lines:]
+        first = self.failed_rank() is not None and len(starts) > 1
+        block = tail[starts[0] : starts[1]] if first else tail[starts[-1] :]
+        ends = [i for i, line in enumerate(block) if _ERROR_LINE.match(line)]
+        return block[: ends[-1] + 1][-lines:] if ends else block[-lines:]
+
+    def failed_rank(self) -> int | None:
+        """The rank torchrun's "Root Cause (first observed failure)" table names; None without one."""
+        tail = self.stderr_tail
+        at = next((i for i, line in enumerate(tail) if "Root Cause (first observed failure)" in line), None)
+        if at is None:
+            return None
+        found = next((m for line in tail[at:] if (m := _ROOT_RANK.match(line))), None)
+        return int(found.group(1)) if found else None
 
 
 _AGENT_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")  # torchrun's Root Cause table: "  rank      : 1 (local_rank: 1)"
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")  # "RuntimeError: ...", "KeyboardInterrupt"
 # The agent's own log lines (torch's glog-style prefix: E1207 09:25:41.381000 26512 .../elastic/...py:1002] ...)
 _AGENT_LOG = re.compile(r"^[DIWEF]\d{4} [\d:.]+ +\d+ \S*torch/distributed/elastic/")
 

@@ -44,3 +44,23 @@ def test_own_stderr_drops_torchruns_failure_report() -> None:
     cant = ["python: can't open file '/x/train.py': [Errno 2] No such file or directory"]
     assert own_stderr(cant + agent) == cant
     assert own_stderr(rank) == rank and own_stderr(agent) == agent
+
+
+def test_the_rank_that_failed_first_is_quoted_not_the_peer_it_took_down() -> None:
+    """Rank 1 raises; rank 0's gloo exchange then fails on the closed connection (its traceback comes after);
+    torchrun's table names rank 1: its traceback, to its error line, is the one quoted."""
+    from checks.verify.user.launch import CommandRun
+
+    first = ["Traceback (most recent call last):", '  File "train.py", line 40, in forward',
+             "RuntimeError: planted failure on rank 1", "[rank1]: extra line after the error"]  # fmt: skip
+    peer = ["Traceback (most recent call last):", '  File "train.py", line 88, in <module>',
+            "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer"]  # fmt: skip
+    table = ["Traceback (most recent call last):", '  File "run.py", line 9, in main',
+             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "=" * 60,
+             "Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
+             "  exitcode  : 1 (pid: 8334)", "=" * 60]  # fmt: skip
+    run = CommandRun(argv=("torchrun", "train.py"), stderr_tail=first + peer + table)
+    assert run.failed_rank() == 1
+    assert run.traceback() == first[:3]
+    alone = CommandRun(argv=("python", "train.py"), stderr_tail=peer + first[:3])  # no torchrun: the last one
+    assert alone.failed_rank() is None and alone.traceback()[-1] == "RuntimeError: planted failure on rank 1"
