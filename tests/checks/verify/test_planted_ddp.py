@@ -3,7 +3,7 @@ this CPU machine, judged on the command path.
 
 Below the CLI (``verify_builtin``, tests/fakes/planted.py) with models of ``planted_plugins`` that plant per rank:
 many gradient bytes (the exchange), rank 1 slowed, crashing or hanging. As a user runs it (``python -m invoke``)
-where the process is the point: Ctrl-C, and a refusal before anything starts.
+where the process is the point: Ctrl-C; in this process through the CLI for a refusal before anything starts.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from tests.fakes.cli import Here, assert_usage_error, by_id, child_env, default_
 from tests.fakes.planted import PLUGINS, REPO, Planted, builtin, config, machine
 from tests.fakes.verdicts import planted_row
 
-pytestmark = pytest.mark.slow
 SHARE_WARN = config().verify.share_warn
 
 
@@ -49,6 +48,7 @@ def row(run: Planted, rid: str) -> tuple[str, str, str]:
     return r.status.value, r.summary, r.hint or ""
 
 
+@pytest.mark.slow
 @pytest.mark.measures
 def test_two_ranks_measure_the_exchange_and_judge_it_comm_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -89,6 +89,7 @@ def straggling(tmp_path_factory: pytest.TempPathFactory) -> Planted:
         return two_ranks(tmp_path_factory.mktemp("straggler"), monkeypatch, "straggler_model", schema=False)
 
 
+@pytest.mark.slow
 @pytest.mark.measures
 def test_a_slow_rank_is_named_as_the_straggler(straggling: Planted) -> None:
     m = straggling.m
@@ -102,6 +103,7 @@ def test_a_slow_rank_is_named_as_the_straggler(straggling: Planted) -> None:
     assert m["ddp"]["judged_rank"] == 1  # the verdicts read the rank the others wait for
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
     reason="product bug (checks/verify/user/judge.py, where the saved file's contents join the timed save: "
@@ -123,6 +125,7 @@ def crashed(tmp_path_factory: pytest.TempPathFactory) -> Planted:
         return two_ranks(tmp_path_factory.mktemp("crash"), monkeypatch, "crashing_model", schema=False)
 
 
+@pytest.mark.slow
 def test_a_crashing_rank_stops_every_rank(crashed: Planted) -> None:
     command = crashed.m["command"]
     assert command["ended"] == "crashed" and command["ended_by_itself"], command
@@ -132,6 +135,7 @@ def test_a_crashing_rank_stops_every_rank(crashed: Planted) -> None:
     assert status == "fail" and "crashed (exit status 1) after 3 optimizer step(s)" in summary, summary
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
     reason="product bug (checks/verify/user/launch.py, judge.py): verify-command quotes the last traceback of the "
@@ -145,6 +149,7 @@ def test_a_crashing_rank_is_named_with_its_own_error(crashed: Planted) -> None:
     assert "planted failure on rank 1" in hint  # the rank's own last output
 
 
+@pytest.mark.slow
 def test_a_hanging_rank_stalls_out_and_leaves_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = two_ranks(tmp_path, monkeypatch, "hanging_model", schema=False, stall_timeout_s=5.0)  # schema: see above
     command = run.m["command"]
@@ -154,6 +159,7 @@ def test_a_hanging_rank_stalls_out_and_leaves_no_process(tmp_path: Path, monkeyp
     assert status == "fail" and "steps stopped after 3" in summary and "hung collective" in hint, summary
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_rank_writes_the_partial_report_and_exits_130(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
