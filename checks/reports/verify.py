@@ -19,11 +19,11 @@ cost, upgrade and diagnosis blocks are JSON objects built by ``checks.verify.sam
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from checks.typedjson import ContractError, JsonObject, Record, TypedJsonError, dump, load, load_record
+from checks.typedjson import ContractError, JsonObject, Record, TypedJsonError, dump, load_record
 
 
 @dataclass(frozen=True)
@@ -312,13 +312,8 @@ class Measurements:
     kernels: JsonObject | None = None
     checkpoint: Checkpoint | None = None
     oom: Oom | None = None
-    ab: JsonObject | None = None
     sweep: JsonObject | None = None
-    loader_alone: JsonObject | None = None
     timeline: dict[str, tuple[float, float]] | None = None
-    loader_candidates: Sequence[JsonObject] | None = None  # with ``advice``: the loader was timed alone
-    advice: JsonObject | None = None  # checks.verify.advice.loader_advice
-    data_cost: JsonObject | None = None
     time_to_verdict: JsonObject | None = None  # checks.verify.stop.time_to_verdict: the budget, the stop, the cuts
     command: CommandFacts | None = None  # verify -- COMMAND: the command and how it ended
     command_step: CommandStep | None = None  # verify -- COMMAND: its keys sit at the top, beside the step figures
@@ -350,16 +345,10 @@ class Measurements:
             "kernels": self.kernels,
             "checkpoint": self.checkpoint,
             "oom": self.oom,
-            "ab": self.ab,
             "sweep": self.sweep,
-            "loader_alone": self.loader_alone,
             "timeline": self.timeline,
         }
         out |= {k: dump(v) for k, v in measured.items() if v}
-        if self.loader_candidates is not None:
-            out |= {"loader_candidates": dump(list(self.loader_candidates)), "advice": self.advice}
-        if self.data_cost:
-            out["data_cost"] = self.data_cost
         if self.time_to_verdict is not None:
             out["time_to_verdict"] = self.time_to_verdict
         if self.command is not None:
@@ -389,15 +378,11 @@ class Measurements:
         try:
             steps = _lift(StepBlock, rest, where) if "step_time" in rest else None
             command_step = _lift(CommandStep, rest, where) if "forward_includes" in rest else None
-            candidates = rest.pop("loader_candidates", None)
             record = load_record(cls, rest, where)
-            listed = (
-                None if candidates is None else load(tuple[JsonObject, ...], candidates, f"{where}.loader_candidates")
-            )
         except TypedJsonError as exc:
             known = f" (known: {', '.join(exc.known)})" if exc.known else ""
             raise ContractError(f"{exc}{known}") from None
-        return dataclasses.replace(record, steps=steps, command_step=command_step, loader_candidates=listed)
+        return dataclasses.replace(record, steps=steps, command_step=command_step)
 
 
 def _lift(cls: type, rest: dict[str, Any], where: str) -> Any:

@@ -179,8 +179,8 @@ class StopFacts(Record):
 
 @dataclass(frozen=True)
 class Cut(Record):
-    """A part the whole-command budget shortened or left out (``part``: "warmup", "measure", "loader_alone",
-    "sweep", "ab", "advice"), what was done instead, and how to get all of it (``fix``: a flag)."""
+    """A part the whole-command budget shortened or left out (``part``: "warmup", "measure", "sweep",
+    "ab", "advice"), what was done instead, and how to get all of it (``fix``: a flag)."""
 
     part: str
     summary: str
@@ -229,10 +229,10 @@ class ChildResult(Record):
     memory: JsonObject | None = None  # extras.memory (a GPU only)
     checkpoint: Checkpoint | None = None
     oom: Oom | None = None
-    ab: JsonObject | None = None  # extras.compile_ab, or {"error": ...}
+    ab: JsonObject | None = None  # recorded only: the built-in loop's compile A/B (tests' traces); nothing reads it
     sweep: JsonObject | None = None  # extras.sweep, or {"error": ...}
-    loader_alone: JsonObject | None = None  # candidates.loader_alone, or {"error": ...}
-    data_cost: JsonObject | None = None  # candidates.data_cost, or {"error": ...}
+    loader_alone: JsonObject | None = None  # recorded only (runs/cpu-data-bound.json): the built-in loop's; unread
+    data_cost: JsonObject | None = None  # recorded only, as loader_alone: nothing reads it
     ddp: RankDdp | None = None
     ranks: tuple[RankResult, ...] = ()  # several processes: every rank (set by the launcher)
     stop: StopFacts | None = None  # RunSpec.stop: how the measured steps ended
@@ -257,11 +257,6 @@ class ChildResult(Record):
         judge's tokens per step / samples per step, ``checks/verify/user/judge.py``); 0 for other data."""
         d = self.data
         return (d.seq_len or 0) if d is not None and d.kind in ("tokens", "user", "command") else 0
-
-
-def phase_ok(figures: JsonObject | None) -> JsonObject | None:
-    """An optional phase's figures; None when it did not run or failed (its error stays in the measurements)."""
-    return None if not figures or "error" in figures else figures
 
 
 @dataclass

@@ -31,7 +31,6 @@ from checks.machine.gpu import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER
 from checks.reports.verify import DdpFigures
 from checks.result import Result
 from checks.units import GIB
-from checks.verify import advice as fixes
 from checks.verify import distributed
 from checks.verify.stop import MIN_MEASURED
 
@@ -89,7 +88,6 @@ class Signals:
     machine_cpu_during_wait: float | None = None  # fraction of the usable cores busy (any process) meanwhile
     iowait_during_wait: float | None = None  # %
     kernels: dict[str, Any] | None = None  # checks.verify.smoke.extras.kernel_summary
-    ab_speedup: float | None = None
     memory: dict[str, Any] | None = None  # checks.verify.smoke.extras.memory
     gpu: dict[str, Any] | None = None  # checks.verify.sampler.gpu_summary
     checkpoint: dict[str, Any] | None = None  # save_s, bytes, every_steps
@@ -98,10 +96,6 @@ class Signals:
     machine_cpu: float | None = None  # median fraction of the usable cores busy (any process) over the window
     tree_cpu: float | None = None  # median fraction of the usable cores the training processes used
     sampler_coverage: float | None = None  # samples taken in the measured window / samples due at the interval
-    samples_s: float | None = None  # what the loop consumed, samples per second
-    loader_alone: dict[str, Any] | None = None  # checks.verify.smoke.candidates.loader_alone: the DataLoader alone
-    loader_advice: dict[str, Any] | None = None  # checks.verify.advice.loader_advice over loader_alone's candidates
-    data_cost: dict[str, Any] | None = None  # checks.verify.smoke.candidates.data_cost: a sample's time, split
     ddp: DdpFigures | None = None  # measurements.ddp (checks.verify.distributed.figures); None: one process
     gate: tuple[Result, ...] | None = None  # bootstrap's fast checks as verify ran them; None: not run
     own_code: bool = False  # the user's model or data (--model/--dataset) or their own command ran, not the built-in
@@ -147,88 +141,35 @@ def _data(s: Signals, cfg: VerifyConfig) -> Verdict | None:
     ev: dict[str, Any] = {"data_wait_share": round(d, 4), "workers": s.workers, "usable_cores": s.usable_cores}
     ev |= {"cpu_during_wait": s.cpu_during_wait, "machine_cpu_during_wait": s.machine_cpu_during_wait}
     ev |= {"iowait_during_wait_pct": s.iowait_during_wait, "sampler_coverage": s.sampler_coverage}
-    ev |= {k: v for k, v in (("loader_alone", s.loader_alone), ("advice", s.loader_advice)) if v}
-    if s.data_cost:
-        ev["data_cost"] = s.data_cost
     waits = f"the loop waits for data {_pct(d)} of each step"
-    # The workers' copies keep the cores busy too, but fewer workers, not more cores, is the fix: before _starved.
-    handoff = _handoff(s, waits)
-    if handoff is not None:
-        return Verdict("data-bound", severity, confidence, handoff[0], _fix(s, cfg, handoff[1]), d, ev)
     starved = _starved(s, cfg, waits)
     if starved is not None:
-        return Verdict("cpu-starved", severity, confidence, starved[0], _fix(s, cfg, starved[1]), d, ev)
+        return Verdict("cpu-starved", severity, confidence, starved[0], starved[1], d, ev)
     if s.iowait_during_wait is not None and s.iowait_during_wait >= cfg.iowait_high_pct:
         summary = f"{waits} with iowait at {s.iowait_during_wait:.0f}%: reading is the limit"
-        return Verdict("data-bound", severity, confidence, summary, _fix(s, cfg, fixes.disk_estimate(d)), d, ev)
+        return Verdict("data-bound", severity, confidence, summary, disk_estimate(d), d, ev)
     if s.workers == 0:
         pin = ", pin_memory=True" if s.device == "cuda" else ""  # pinned pages speed a copy to a GPU, nothing else
         fix = f"set num_workers > 0 (the main process loads every batch itself){pin}, persistent_workers=True"
-        return Verdict("data-bound", severity, confidence, f"{waits}; num_workers=0", _fix(s, cfg, fix), d, ev)
+        return Verdict("data-bound", severity, confidence, f"{waits}; num_workers=0", fix, d, ev)
     cpu = "" if s.cpu_during_wait is None else f"; CPU {_pct(s.cpu_during_wait)} of the usable cores meanwhile"
     if s.cpu_during_wait is None:  # no sample fell into a wait: CPU-starved and slow reads look the same from here
         confidence = "low"
         got = "" if s.sampler_coverage is None else f" (it took {_pct(s.sampler_coverage)} of its samples)"
         cpu = f"; the sampler saw no CPU figures during the waits{got}, so CPU-starved can't be told apart"
-    cpu += _alone(s)
     fix = (
         "each batch takes longer to produce than to train on: raise num_workers towards the usable cores, "
         "prefetch_factor, persistent_workers=True; make __getitem__ cheaper (pre-decode with invoke stage-data)"
     )
-    return Verdict(
-        "data-bound", severity, confidence, f"{waits} with {s.workers} worker(s){cpu}", _fix(s, cfg, fix), d, ev
+    return Verdict("data-bound", severity, confidence, f"{waits} with {s.workers} worker(s){cpu}", fix, d, ev)
+
+
+def disk_estimate(data_wait: float) -> str:
+    """A faster disk cannot be measured here: the bound from the data-wait share (Amdahl), labelled an estimate."""
+    return (
+        "copy the dataset to local NVMe or /dev/shm first (invoke stage-data); pack small files into arrays: an "
+        f"estimate from the data-wait share, not measured here: at most -{100 * data_wait:.0f}% step time"
     )
-
-
-def _fix(s: Signals, cfg: VerifyConfig, unmeasured: str) -> str:
-    """The measured fix where the loader was timed at candidate settings, else the rule's own (``unmeasured``).
-
-    Measured: the setting that delivered more (or that none did), then where a sample's time goes and what
-    pre-decoding can save, then the bound on what cannot be measured here (more cores), labelled an estimate.
-    """
-    a = s.loader_advice
-    if a is None:
-        return unmeasured
-    pin_now = bool((s.loader_alone or {}).get("pin_memory"))
-    parts = [fixes.measured_fix(a, s.workers, pin_now, cfg.advice_min_gain)]
-    parts += [t for t in (fixes.cost_fix(s.data_cost),) if t]
-    if not a["faster"]:
-        parts.append(fixes.cores_estimate(s.shares["data_wait"]))
-    return "; ".join(parts)
-
-
-HANDOFF_GAIN = 1.5  # in-process loading this much faster than the workers: the hand-off is the cost (tool-defined)
-
-
-def _alone(s: Signals) -> str:
-    """ "; the DataLoader alone delivers N samples/s ..." when it was timed, else ""."""
-    rate = (s.loader_alone or {}).get("samples_s")
-    if not rate:
-        return ""
-    took = f" and the loop consumed {s.samples_s:,.0f}" if s.samples_s else ""
-    return f"; the DataLoader alone delivers {rate:,.0f} samples/s with {s.workers} worker(s){took}"
-
-
-def _handoff(s: Signals, waits: str) -> tuple[str, str] | None:
-    """(summary, fix) when reading in the training process beat the workers by HANDOFF_GAIN.
-
-    Each batch a worker makes is copied into fresh shared memory that the training process maps; for cheap reads
-    of large samples (memory-mapped arrays) that copy is the whole cost (BENCHMARKS.md, stage-data read rows).
-    """
-    alone = s.loader_alone or {}
-    rate, local = alone.get("samples_s"), alone.get("in_process_samples_s")
-    if not (rate and local and s.workers and local >= HANDOFF_GAIN * rate):
-        return None
-    summary = (
-        f"{waits}; alone, the DataLoader delivers {rate:,.0f} samples/s with {s.workers} workers and "
-        f"{local:,.0f} in the training process: the workers' hand-off is the limit"
-    )
-    fix = (
-        f"use num_workers=0 (or 1): reading in the training process is {local / rate:.0f}x faster than handing "
-        "batches over from worker processes, whose copies into shared memory cost more than the reads "
-        "(cheap __getitem__, large samples: memory-mapped arrays)"
-    )
-    return summary, fix
 
 
 def _starved(s: Signals, cfg: VerifyConfig, waits: str) -> tuple[str, str] | None:
@@ -319,12 +260,9 @@ def _launch(s: Signals, cfg: VerifyConfig) -> Verdict | None:
         return None
     share = compute * (1 - busy)
     severity, confidence = _severity(share, s, cfg, cfg.share_warn)
-    ab = s.ab_speedup
-    if ab is not None:
-        confidence = "high" if ab >= cfg.compile_speedup_confirm else "low" if ab < 1.1 else "medium"
     summary = (
         f"the GPU computes only {_pct(busy)} of the compute window: {k['kernels_per_step']:.0f} kernels per step, "
-        f"median {median:.1f} µs" + (f"; torch.compile A/B: {ab:.2f}x" if ab is not None else "")
+        f"median {median:.1f} µs"
     )
     fix = "torch.compile(model, mode='reduce-overhead') (CUDA graphs) or fusion; a larger batch; a fused/foreach optimizer"
     return Verdict("launch-bound", severity, confidence, summary, fix, share, dict(k))

@@ -2,7 +2,7 @@
 
 Result ids (after bootstrap's own): ``verify-data``, ``verify-loop``, ``verify-throughput``, ``verify-loss``,
 ``verify-checkpoint``, ``verify-data-resume``, ``verify-mfu``, ``verify-sampler``, ``diagnosis`` (value: the verdict
-id, see ``checks/verify/diagnosis.py``), ``upgrade-estimate``, ``verify-cost``, ``verify-compile-ab``, ``verify-sweep``.
+id, see ``checks/verify/diagnosis.py``), ``upgrade-estimate``, ``verify-cost``, ``verify-sweep``.
 The gate fails (exit 1) on a failed check, a run that did not complete, NaN/inf or a loss that does not go down,
 a checkpoint that does not reproduce, or throughput under the floor.
 """
@@ -21,8 +21,7 @@ from checks.result import Result, ok, skip, warn
 from checks.tables import datasheet
 from checks.units import percent
 from checks.verify import distributed
-from checks.verify.advice import loader_advice
-from checks.verify.contract import ChildResult, phase_ok
+from checks.verify.contract import ChildResult
 from checks.verify.cost import cost, describe
 from checks.verify.diagnosis import Signals, Verdict, upgrade_bound
 from checks.verify.figures import StepFigures, fetch_windows
@@ -81,10 +80,7 @@ def signals(
     waits = fetch_windows(r.steps)
     tree = overlap_mean(trace, "tree_cpu_cores", waits) if waits else None
     machine = overlap_mean(trace, "cpu_pct", waits) if waits else None
-    ab = r.ab or {}
-    ab_speedup = figures.median_s / ab["median_step_s"] if ab.get("median_step_s") else None  # error: no key
     ckpt = r.checkpoint
-    alone = phase_ok(r.loader_alone)
     return Signals(
         steps=len(r.steps),
         device=r.device.type if r.device else "cpu",
@@ -96,7 +92,6 @@ def signals(
         machine_cpu_during_wait=None if machine is None else machine / 100,
         iowait_during_wait=overlap_mean(trace, "iowait_pct", waits) if waits else None,
         kernels=None if "error" in (r.kernels or {}) else r.kernels,
-        ab_speedup=ab_speedup,
         memory=r.memory,
         gpu=gpu_summary(trace, o.gpu_index) if o.gpu_index is not None else None,
         checkpoint={"save_s": ckpt.save_s, "bytes": ckpt.bytes, "every_steps": p.ckpt_every}
@@ -107,10 +102,6 @@ def signals(
         machine_cpu=_median(trace.values("cpu_pct"), 100.0),
         tree_cpu=_median(trace.values("tree_cpu_cores"), p.usable_cores),
         sampler_coverage=coverage(trace, window),
-        samples_s=figures.samples_per_s,
-        loader_alone=alone,
-        loader_advice=loader_advice(alone, cfg.advice_min_gain),
-        data_cost=phase_ok(r.data_cost),
         ddp=distributed.figures(r),
         gate=None if gate is None else tuple(gate),
         own_code=p.own_code,
