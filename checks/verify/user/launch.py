@@ -86,13 +86,18 @@ class CommandRun:
     def traceback(self, lines: int = 12) -> list[str]:
         """The last lines of the last traceback the command printed (all of stderr's tail when none), ending at
         its error line. Under torchrun, the rank that failed first: torchrun's agent ends with a traceback and
-        "Root Cause" table of its own (``ChildFailedError``) that names only the exit code, and the other ranks'
-        tracebacks follow the first (a peer gone: "Connection closed by peer"), so it is the first traceback."""
+        "Root Cause" table of its own (``ChildFailedError``) that names only the exit code and the rank, and the
+        other ranks' tracebacks follow the first (a peer gone: "Connection closed by peer"): that rank's lines where
+        torch prefixes them ``[rankN]:``, else the first traceback."""
         tail = own_stderr(self.stderr_tail)
+        rank = self.failed_rank()
+        tagged = [m for line in tail if (m := _RANK_TAG.match(line))]
+        if rank is not None and any(int(m.group(1)) == rank for m in tagged):  # torch's "[rankN]: " prefixes
+            tail = [m.group(2) for m in tagged if int(m.group(1)) == rank]
         starts = [i for i, line in enumerate(tail) if line.startswith("Traceback (most recent call last)")]
         if not starts:
             return tail[-lines:]
-        first = self.failed_rank() is not None and len(starts) > 1
+        first = rank is not None and len(starts) > 1
         block = tail[starts[0] : starts[1]] if first else tail[starts[-1] :]
         ends = [i for i, line in enumerate(block) if _ERROR_LINE.match(line)]
         return block[: ends[-1] + 1][-lines:] if ends else block[-lines:]
@@ -109,7 +114,10 @@ class CommandRun:
 
 _AGENT_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
 _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")  # torchrun's Root Cause table: "  rank      : 1 (local_rank: 1)"
-_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")  # "RuntimeError: ...", "KeyboardInterrupt"
+_RANK_TAG = re.compile(r"^\[rank(\d+)\]:\s?(.*)$")  # torch prefixes a rank's stderr lines under torchrun
+_ERROR_LINE = re.compile(
+    r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b"
+)  # "RuntimeError: ...", "KeyboardInterrupt"
 # The agent's own log lines (torch's glog-style prefix: E1207 09:25:41.381000 26512 .../elastic/...py:1002] ...)
 _AGENT_LOG = re.compile(r"^[DIWEF]\d{4} [\d:.]+ +\d+ \S*torch/distributed/elastic/")
 
@@ -304,7 +312,9 @@ def _ctrl_c_noted(run: CommandRun) -> Iterator[None]:
 
 def _tee(proc: subprocess.Popen[bytes], echo: IO[bytes] | None, run: CommandRun) -> None:
     """Pass the command's stderr through as it comes and keep its last lines (the traceback of a crash)."""
-    tail: collections.deque[str] = collections.deque(maxlen=60)
+    # Enough for the rank that failed first: under torchrun the peers' tracebacks (gloo's run to ~40 lines each) and
+    # torchrun's own report come after its error.
+    tail: collections.deque[str] = collections.deque(maxlen=300)
     assert proc.stderr is not None
     for raw in iter(proc.stderr.readline, b""):
         if echo is not None:

@@ -83,10 +83,9 @@ def test_two_ranks_report_the_scaling_and_the_no_sync_windows() -> None:
 
 @pytest.fixture(scope="module")
 def straggling(tmp_path_factory: pytest.TempPathFactory) -> Planted:
-    """Rank 1 spends 40 ms more on every forward. Its report is not checked against the schema here (the xfail
-    below does)."""
+    """Rank 1 spends 40 ms more on every forward. Its report is checked against the schema by the test below."""
     with pytest.MonkeyPatch.context() as monkeypatch:
-        return two_ranks(tmp_path_factory.mktemp("straggler"), monkeypatch, "straggler_model", schema=False)
+        return two_ranks(tmp_path_factory.mktemp("straggler"), monkeypatch, "straggler_model")
 
 
 @pytest.mark.slow
@@ -104,14 +103,6 @@ def test_a_slow_rank_is_named_as_the_straggler(straggling: Planted) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug (checks/verify/user/judge.py, where the saved file's contents join the timed save: "
-    "'timed or Checkpoint()'): a checkpoint read back that the judged rank's measured steps did not time gives "
-    "measurements.checkpoint without save_s and bytes, which the schema requires. Here the judged rank is the "
-    "straggler, rank 1, and only rank 0 saves, so verify-checkpoint also names no save cost and rank 0's save is "
-    "not amortised into the step; the crashing and hanging runs below hit it too (the save, then no timed step)",
-)
 def test_a_run_judged_on_a_rank_that_does_not_save_still_reports_the_save(straggling: Planted) -> None:
     doc = json.loads(json.dumps(straggling.judged.report.to_json(), default=str))
     assert violations({"results": doc["results"], "measurements": doc["measurements"]}, SCHEMA) == []
@@ -120,9 +111,9 @@ def test_a_run_judged_on_a_rank_that_does_not_save_still_reports_the_save(stragg
 
 @pytest.fixture(scope="module")
 def crashed(tmp_path_factory: pytest.TempPathFactory) -> Planted:
-    """Rank 1 raises on its 4th forward (its report is not checked against the schema: the xfail above)."""
+    """Rank 1 raises on its 4th forward (its report is checked against the schema)."""
     with pytest.MonkeyPatch.context() as monkeypatch:
-        return two_ranks(tmp_path_factory.mktemp("crash"), monkeypatch, "crashing_model", schema=False)
+        return two_ranks(tmp_path_factory.mktemp("crash"), monkeypatch, "crashing_model")
 
 
 @pytest.mark.slow
@@ -136,13 +127,6 @@ def test_a_crashing_rank_stops_every_rank(crashed: Planted) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug (checks/verify/user/launch.py, judge.py): verify-command quotes the last traceback of the "
-    "torchrun output, rank 0's 'Connection closed by peer' from gloo once rank 1 died, not the rank that failed "
-    "first nor its own error (the built-in loop's verify-loop said 'rank 1: RuntimeError: planted failure on "
-    "rank 1'); the summary ends in an empty quote",
-)
 def test_a_crashing_rank_is_named_with_its_own_error(crashed: Planted) -> None:
     _, summary, hint = row(crashed, "verify-command")
     assert "rank 1" in summary and "RuntimeError: planted failure on rank 1" in summary, summary
@@ -151,7 +135,7 @@ def test_a_crashing_rank_is_named_with_its_own_error(crashed: Planted) -> None:
 
 @pytest.mark.slow
 def test_a_hanging_rank_stalls_out_and_leaves_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run = two_ranks(tmp_path, monkeypatch, "hanging_model", schema=False, stall_timeout_s=5.0)  # schema: see above
+    run = two_ranks(tmp_path, monkeypatch, "hanging_model", stall_timeout_s=5.0)
     command = run.m["command"]
     assert command["ended"] == "stalled" and command["stopped_by_verify"], command
     assert command["processes_left"] == []  # every rank of the group is gone (and nothing else: the helper)

@@ -52,7 +52,7 @@ def test_the_rank_that_failed_first_is_quoted_not_the_peer_it_took_down() -> Non
     from checks.verify.user.launch import CommandRun
 
     first = ["Traceback (most recent call last):", '  File "train.py", line 40, in forward',
-             "RuntimeError: planted failure on rank 1", "[rank1]: extra line after the error"]  # fmt: skip
+             "RuntimeError: planted failure on rank 1", "  (a line after the error)"]  # fmt: skip
     peer = ["Traceback (most recent call last):", '  File "train.py", line 88, in <module>',
             "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer"]  # fmt: skip
     table = ["Traceback (most recent call last):", '  File "run.py", line 9, in main',
@@ -64,3 +64,14 @@ def test_the_rank_that_failed_first_is_quoted_not_the_peer_it_took_down() -> Non
     assert run.traceback() == first[:3]
     alone = CommandRun(argv=("python", "train.py"), stderr_tail=peer + first[:3])  # no torchrun: the last one
     assert alone.failed_rank() is None and alone.traceback()[-1] == "RuntimeError: planted failure on rank 1"
+
+
+def test_a_ranks_own_lines_are_read_where_torch_prefixes_them() -> None:
+    from checks.verify.user.launch import CommandRun
+
+    tail = ["[rank1]: Traceback (most recent call last):", '[rank1]:   File "train.py", line 40, in forward',
+            "[rank0]: Traceback (most recent call last):", "[rank1]: RuntimeError: planted failure on rank 1",
+            "[rank0]: RuntimeError: Connection closed by peer", "Root Cause (first observed failure):",
+            "  rank      : 1 (local_rank: 1)"]  # fmt: skip
+    run = CommandRun(argv=("torchrun", "train.py"), stderr_tail=tail)
+    assert run.traceback()[-1] == "RuntimeError: planted failure on rank 1", run.traceback()
