@@ -247,7 +247,6 @@ class VerifyConfig:
     checkpoint_share_warn: float
     launch_busy_max: float
     launch_kernel_us_max: float
-    compile_speedup_confirm: float
     near_oom_fraction: float
     fragmentation_ratio: float
     fragmentation_min_fraction: float
