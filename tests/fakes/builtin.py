@@ -1,38 +1,23 @@
-"""``invoke verify`` without ``--`` below the CLI: the tool's script (``templates/train.py``) run and judged as a
-command, for the tests that plant a bottleneck with a dataset or model of ``tests/checks/verify/smoke_plugins.py``
-and assert what the report says."""
+"""``invoke verify`` without ``--`` below the CLI with a ``--budget``, returning the report's rows and measurements
+as plain values: for the time-to-verdict, docs and input tests. The planted-pipeline tests use ``fakes/planted.py``
+(the same run, with what verify said, the schema check and the resume replay optional); the settings and this
+host's facts (``config``, ``machine``, ``PLUGINS``, ``REPO``) are that module's."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from checks.config import PreflightConfig, make_config
-from checks.facts import MachineFacts, NvmlFacts, TorchFacts
-from checks.probe.host import read_host
+from checks.config import PreflightConfig
 from checks.result import Result
 from checks.verify.plan import Options
 from checks.verify.run import Judged
 from checks.verify.user.run import CommandRequest, verify_builtin
+from tests.fakes.planted import PLUGINS, REPO, config, machine
 
-REPO = Path(__file__).resolve().parents[2]
-PLUGINS = "tests.checks.verify.smoke_plugins"
-
-
-def config(**verify: Any) -> PreflightConfig:
-    """Small runs: a few steps of 16 images of 16 px, no re-runs for advice unless a test asks for them."""
-    cfg = make_config()
-    small: dict[str, Any] = {"steps": 12, "warmup": 2, "image_size": 16, "batch_size_cpu": 16}
-    small |= {"sample_interval_s": 0.05, "command_advice_s": 0.0} | verify
-    return dataclasses.replace(cfg, verify=dataclasses.replace(cfg.verify, **small))
-
-
-def machine() -> MachineFacts:
-    """This host without the torch probe (the gate is not what these tests are about)."""
-    return MachineFacts(NvmlFacts(error="not read", error_kind="other"), TorchFacts(), read_host())
+__all__ = ["PLUGINS", "REPO", "builtin", "config", "machine"]
 
 
 def builtin(

@@ -100,9 +100,8 @@ def _srun_verify(
     )
     # A port of the test's own: the port from the job id is the same for another test cluster's job on this box.
     env = slurm.env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), **_quick(tmp_path), INVOKE_PREFLIGHT_VERIFY_STEPS="4",
-                    INVOKE_PREFLIGHT_VERIFY_WARMUP="2", INVOKE_PREFLIGHT_VERIFY_DDP_WINDOWS="1",
-                    INVOKE_PREFLIGHT_VERIFY_DDP_WINDOW_STEPS="2", INVOKE_PREFLIGHT_VERIFY_DDP_SOLO_STEPS="2",
-                    # What is asserted is the run's shape, not its data: small images, no loader probe.
+                    INVOKE_PREFLIGHT_VERIFY_WARMUP="2",
+                    # What is asserted is the run's shape, not its data: small images, no advice re-runs.
                     INVOKE_PREFLIGHT_VERIFY_IMAGE_SIZE="16", INVOKE_PREFLIGHT_VERIFY_COMMAND_ADVICE_S="0", **extra)  # fmt: skip
     began = time.monotonic()
     try:
