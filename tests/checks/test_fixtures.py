@@ -37,7 +37,7 @@ MACHINE_IDS = (
     "driver", "torch-build", "cuda-compat", "torch-libs", "cpu-cores", "ram", "shm", "ulimits",
     "dataloader-advice",
 )  # fmt: skip
-# Checks of a box with two or more GPUs (issue 10); machine-wide, subject None.
+# Checks of a box with two or more GPUs; machine-wide, subject None.
 BOX_IDS = ("gpu-topology", "gpu-p2p", "gpu-allreduce", "nccl-env")
 HEALTHY = ("h100-sxm-8x-healthy.json", "h200-1x.json")
 
@@ -178,19 +178,19 @@ EXPECTED: dict[str, list[Expectation]] = {
         *each(("gpu-inventory", *PER_GPU_IDS), 2, OK),
         *machine(OK, *MACHINE_IDS),
     ],
-    # GPU to GPU inside one box (issue 10): topology from the fake pynvml of tests/checks/topology_machines.py,
+    # GPU to GPU inside one box: topology from the fake pynvml of tests/checks/topology_machines.py,
     # recorded p2p matrices and local all-reduce sweeps.
     "h100-sxm-8x-nvlink.json": [
         *machine(OK, *MACHINE_IDS, *BOX_IDS),
         *each(("gpu-inventory", *PER_GPU_IDS, *BENCH_IDS), 8, OK),
     ],
-    "h100-sxm-8x-gpu3-nvlink-down.json": [  # issue 21 item 2: judged by what the box is, not the path it has now
+    "h100-sxm-8x-gpu3-nvlink-down.json": [  # judged by what the box is, not the path it has now
         ("gpu-nvlink", "gpu3", FAIL),
         *machine(FAIL, "gpu-topology", "gpu-p2p", "gpu-allreduce"),
         *machine(OK, *MACHINE_IDS, "nccl-env"),
         *[e for e in each(("gpu-inventory", *PER_GPU_IDS, *BENCH_IDS), 8, OK) if e[:2] != ("gpu-nvlink", "gpu3")],
     ],
-    "h100-sxm-8x-cpuset-node0.json": [  # issue 21 item 4: a cpuset without the node of gpu4-7
+    "h100-sxm-8x-cpuset-node0.json": [  # a cpuset without the node of gpu4-7
         ("gpu-topology", None, WARN),
         *machine(OK, *MACHINE_IDS, "gpu-p2p", "gpu-allreduce", "nccl-env"),
         *each(("gpu-inventory", *PER_GPU_IDS, *BENCH_IDS), 8, OK),

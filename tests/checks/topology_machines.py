@@ -1,4 +1,4 @@
-"""The GPU topology of four multi-GPU boxes, as a fake pynvml answers it (issue 10).
+"""The GPU topology of four multi-GPU boxes, as a fake pynvml answers it.
 
 Each box is a list of per-GPU answer dicts for ``tests/fakes/nvml.FakeNvml`` (which checks every call
 against the real pynvml signature). The snapshot fixtures ``tests/fixtures/machines/{h100-sxm-8x-nvlink,

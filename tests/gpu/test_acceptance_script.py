@@ -27,7 +27,7 @@ STEPS = (
     "cmd-ddp", "verify-image", "verify-text", "stage-data", "verify-data", "allreduce", "p2p", "verify-sweep",
     "verify-ab", "summary",
 )  # fmt: skip
-# What each step must run (issue 15's list), as it appears in its command.
+# What each step must run, as it appears in its command.
 MUST_RUN = {
     "snapshot": "invoke snapshot --bench --out",
     "fixture": "tests/fixtures/machines",

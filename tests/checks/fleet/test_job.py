@@ -1,4 +1,4 @@
-"""bootstrap started on every node of a job by the engine (issue 19 part 2), as srun starts it: one process per
+"""bootstrap started on every node of a job by the engine, as srun starts it: one process per
 node with Slurm's task variables, the nodes' records exchanged through torch's TCPStore, the fleet report on rank 0.
 
 Real processes (``python -m invoke bootstrap``), each running this machine's checks, on loopback. The node names

@@ -1,4 +1,4 @@
-"""gpu-preflight on a real Slurm cluster (issue 19): Debian's munged, slurmctld and two slurmd n1/n2 on this box
+"""gpu-preflight on a real Slurm cluster: Debian's munged, slurmctld and two slurmd n1/n2 on this box
 (tests/slurmcluster.py). n2's slurmd runs with an open-files limit of 1024, which its tasks inherit: a real
 fault, caught by bootstrap's ulimits check on n2 alone. Skipped with the reason where not root or not installed.
 """

@@ -141,7 +141,7 @@ def tiny_model() -> Any:
 
 def slow_model() -> Any:
     """The tiny model with a forward pass that takes ``SMOKE_STEP_S`` seconds (default 1): a model too large for the
-    box, whose steps take seconds (issue 22: a 224 px photo model at 7.5 s a step). A sleep, not CPU work, so the
+    box, whose steps take seconds (a 224 px photo model took 7.5 s a step on a crowded box). A sleep, not CPU work, so the
     step's time holds on a busy shared box."""
     model = tiny_model()
     forward = model.forward
@@ -282,7 +282,7 @@ def forgetful_model() -> Any:
     return model
 
 
-# --- measured advice (issue 9 part B): pipelines whose best loader setting is known from their cost ----------
+# --- measured advice: pipelines whose best loader setting is known from their cost ----------
 
 
 class Compose:
