@@ -7,6 +7,8 @@ schema and can leave the resume replay out.)"""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import os
 from dataclasses import dataclass, field
@@ -41,6 +43,24 @@ def machine() -> MachineFacts:
     return MachineFacts(NvmlFacts(error="not read", error_kind="other"), TorchFacts(), read_host())
 
 
+@functools.cache
+def _contents_script() -> Any:
+    spec = importlib.util.spec_from_file_location("ckpt_contents", REPO / "checks/probe/scripts/ckpt_contents.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def read_in_process(path: str, timeout: float) -> dict[str, Any]:
+    """``checks.probe.torch.read_checkpoint`` without its child: the same script's ``main`` in this process, its
+    answer through JSON as the child's would come. verify reads a checkpoint twice where it replays a resume (the
+    last file saved, and the first one kept aside), each child a fresh ``import torch``: seconds on this box. The
+    child's own boundary (timeouts, a crash) is tests/checks/verify/user/test_saved.py's."""
+    answer: dict[str, Any] = json.loads(json.dumps(_contents_script().main(path)))
+    return answer
+
+
 @dataclass
 class Planted:
     """One judged run: its report's rows by id, its measurements, what verify said while it ran."""
@@ -65,23 +85,21 @@ def builtin(
     steps: int = 8,
     warmup: int = -1,
     replay: bool = True,
-    schema: bool = True,
     **options: Any,
 ) -> Planted:
     """Run ``invoke verify --steps STEPS [options]`` below the CLI on this host's CPU; ``options``: the flags
     (``checks.verify.plan.Options``: ``dataset``, ``model``, ``workers``, ``nproc``, ``ckpt_dir`` ...).
 
-    ``replay=False``: for a test that asserts nothing of the checkpoint, no saved file is read back (each read is a
-    child that imports torch: seconds on this box), so no resume replay runs either (the script started once more);
-    ``verify-checkpoint`` then says the file was not read. ``schema=False``:
-    the report is not checked against the schema (for a run whose report a known product bug breaks; the test that
-    checks it is then a strict xfail naming the bug)."""
+    The saved checkpoint is read back in this process (``read_in_process``). ``replay=False``: for a test that
+    asserts nothing of the resume, the script's first save is not kept aside (``builtin.FirstSave``), so no resume
+    replay runs (the script started once more: seconds of ``import torch`` on this box)."""
+    from checks.verify import builtin as tool_script
     from checks.verify.user import run as command_run
 
     monkeypatch.chdir(REPO)  # --dataset/--model import paths resolve from the current folder
+    monkeypatch.setattr(command_run, "read_checkpoint", read_in_process)
     if not replay:
-        unread = {"error": "not read: the test asserts nothing of the checkpoint"}
-        monkeypatch.setattr(command_run, "read_checkpoint", lambda path, timeout: unread)
+        monkeypatch.setattr(tool_script.FirstSave, "seen", lambda self, event: None)
     json_path = str(tmp_path / "r.json")
     request = CommandRequest(cfg, (), steps=steps, warmup=warmup, json=json_path, gate=False, quiet=True, cwd=str(REPO))
     said: list[str] = []
@@ -92,5 +110,5 @@ def builtin(
         assert process_tree(os.getpid()) - before == set()  # nothing the script started survives
     assert judged.report.measurements["command"]["processes_left"] == []
     doc = json.loads(json.dumps(judged.report.to_json(), default=str))  # the report as the JSON file holds it
-    assert not schema or violations({"results": doc["results"], "measurements": doc["measurements"]}, SCHEMA) == []
+    assert violations({"results": doc["results"], "measurements": doc["measurements"]}, SCHEMA) == []
     return Planted(judged, said)

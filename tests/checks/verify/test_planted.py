@@ -86,7 +86,7 @@ def test_resume_reproduces_the_uninterrupted_loss_bit_for_bit(heavy: tuple[Plant
 
 @pytest.mark.measures
 def test_slow_checkpoint_directory_is_checkpoint_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The round trip is the compute-bound run's (below): this one reads no checkpoint back.
+    # The resume replay is the compute-bound run's (above): this one only reads its checkpoint back.
     run = builtin(
         tmp_path,
         monkeypatch,
@@ -103,6 +103,8 @@ def test_slow_checkpoint_directory_is_checkpoint_bound(tmp_path: Path, monkeypat
     assert m["checkpoint"]["save_s"] >= 0.5  # two fsyncs (file, directory) at 250 ms each
     assert m["checkpoint"]["every_steps"] == 5  # the save amortised over --ckpt-every, not the script's cadence here
     assert m["step_breakdown"]["checkpoint"] > 0.5
+    ckpt = run.rows["verify-checkpoint"]
+    assert ckpt.status.value == "ok" and str(tmp_path / "ckpt") in ckpt.summary, ckpt.summary  # slow, but whole
     assert not (tmp_path / "ckpt").exists()  # the test checkpoint, and the folder verify made for it, are gone
 
 

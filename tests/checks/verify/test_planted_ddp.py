@@ -28,18 +28,13 @@ SHARE_WARN = config().verify.share_warn
 
 
 def two_ranks(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    model: str,
-    replay: bool = False,
-    schema: bool = True,
-    **verify: float,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: str, replay: bool = False, **verify: float
 ) -> Planted:
-    """8 measured steps of ``model`` on the planted images, 2 ranks, no DataLoader workers; the checkpoint read
-    back and replayed only where ``replay``."""
+    """8 measured steps of ``model`` on the planted images, 2 ranks, no DataLoader workers; the resume replayed
+    only where ``replay``."""
     return builtin(
         tmp_path, monkeypatch, config(**verify), steps=8, nproc=2, workers=0, dataset=f"{PLUGINS}:patterned",
-        model=f"{PLUGINS}:{model}", replay=replay, schema=schema,
+        model=f"{PLUGINS}:{model}", replay=replay,
     )  # fmt: skip
 
 
