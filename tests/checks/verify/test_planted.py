@@ -5,9 +5,10 @@ the sampler, judged on the command path) with a dataset or model of ``planted_pl
 --dataset/--model. Step counts are small, so verdicts are capped at "warn" by design (critical needs 20 steps);
 the verdict id is what is asserted, read past ``cpu-contended`` (tests/fakes/verdicts.py).
 
-Each run gets only the re-runs its assertions read: ``command_advice_s`` 0 where advice is not asserted, and the
-tests that assert on the same run (the heavy model: its verdict, that the loader was not re-run, the resume) share
-it. The measured loader advice is test_planted_advice.py's.
+Each run gets only the re-runs its assertions read: ``command_advice_s`` 0 where advice is not asserted, the resume
+replay only where the resume is asserted (``replay``), and the tests that assert on the same run (the heavy model:
+its verdict, that the loader was not re-run, the resume) share it. The measured loader advice is
+test_planted_advice.py's, the resume on real photo pipelines test_planted_resume.py's.
 """
 
 from __future__ import annotations
