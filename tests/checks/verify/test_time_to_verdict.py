@@ -158,7 +158,7 @@ def test_a_slow_step_model_gets_its_verdict_within_the_budget_and_names_the_cut(
     row = next(r for r in report["results"] if r["id"] == "verify-time")
     assert row["summary"].startswith("verdict in ") and "of the 25 s budget" in row["summary"]
     assert "or --steps 30 gets it all)" in row["summary"] and "--budget " in row["summary"]
-    assert "verify: warm-up done, 0.5" in done.err and "25 s budget" in done.err
+    assert "verify: warm-up done, " in done.err and "25 s budget" in done.err  # 0.5 s a step, more when crowded
     ckpt = next(r for r in report["results"] if r["id"] == "verify-checkpoint")
     # replayed, or (a loaded box whose budget ended the run at the first save) said why not
     assert ckpt["status"] == "ok" and (
@@ -203,10 +203,14 @@ def test_a_command_too_slow_for_the_budget_is_judged_within_it_on_the_steps_it_m
     wall = time.monotonic() - started
     timed = judged.report.measurements["time_to_verdict"]
     assert timed["stop"]["reason"] == "budget", timed
-    assert timed["stop"]["measured"] == rule.MIN_UNDER_PRESSURE  # steps 4-6 or later: three, the warm-up's among them
+    # steps 4-6 or later: three, the warm-up's among them; fewer where a crowded box slowed the start (the budget
+    # still ends it: the wall bound below)
+    assert 1 <= timed["stop"]["measured"] <= rule.MIN_UNDER_PRESSURE, timed
     assert wall <= 14 + 1.5 + rule.TAIL_S, wall  # the budget, one step, and the judging after it
     cuts = {c["part"]: c["summary"] for c in timed["cuts"]}
-    assert "are judged, the warm-up's among them" in cuts["warmup"] and cuts["measure"].startswith("3 of at most 30")
+    measured = timed["stop"]["measured"]
+    assert "are judged, the warm-up's among them" in cuts["warmup"]
+    assert cuts["measure"].startswith(f"{measured} of at most 30"), cuts
     row = next(r for r in judged.report.results if r.id == "verify-time")
     assert "low confidence" in row.summary
     assert planted_row(judged.report.measurements)["confidence"] == "low"
