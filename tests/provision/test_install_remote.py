@@ -98,7 +98,13 @@ class Fleet:
 
 def _copy_checkout(target: Path, wheels: Path) -> None:
     """This checkout as a user's would be (what rsync ships, plus tasks.py's neighbours), wheels/ inside."""
-    shutil.copytree(REPO, target, ignore=shutil.ignore_patterns(*(e.lstrip("/") for e in EXCLUDES)))
+    anywhere = shutil.ignore_patterns(*(e for e in EXCLUDES if not e.startswith("/")))
+    top = {e.lstrip("/") for e in EXCLUDES if e.startswith("/")}  # "/reports": the checkout's own, not checks/reports
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        return set(anywhere(folder, names)) | ({n for n in names if n in top} if Path(folder) == REPO else set())
+
+    shutil.copytree(REPO, target, ignore=ignore)
     shutil.copytree(wheels, target / "wheels", copy_function=os.link)
 
 
