@@ -687,15 +687,20 @@ TOKEN_KEYS = ("input_ids", "tokens", "token_ids", "input_tokens")  # a dict batc
 
 
 def _tokens(torch: Any, batch: Any) -> int:
-    """Tokens in a batch of token ids: an integer [B, T] tensor, alone, first in a tuple/list (GPT's ``(x, y)``),
+    """Tokens in a batch of token ids: an integer [B, T] tensor (any width), alone, first in a tuple/list (GPT's ``(x, y)``),
     or under ``TOKEN_KEYS`` in a dict (``input_ids``); 0 for anything else."""
     if isinstance(batch, (list, tuple)):
         batch = batch[0] if batch else None
     elif not isinstance(batch, torch.Tensor) and hasattr(batch, "keys") and hasattr(batch, "__getitem__"):
         batch = next((batch[k] for k in TOKEN_KEYS if k in batch), None)
-    if isinstance(batch, torch.Tensor) and batch.dim() == 2 and batch.dtype in (torch.int64, torch.int32):
+    if isinstance(batch, torch.Tensor) and batch.dim() == 2 and _integer(torch, batch.dtype):
         return int(batch.numel())
     return 0
+
+
+def _integer(torch: Any, dtype: Any) -> bool:
+    """Token ids of any integer width (stage-data writes uint16 or uint32 arrays, which collate keeps)."""
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
 _STEPS: _Steps | None = None
