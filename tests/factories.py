@@ -3,7 +3,10 @@ default, changed field by field."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from checks.config import PreflightConfig, make_config
@@ -103,3 +106,13 @@ def environment(**changes: Any) -> Environment:
     """The environment block of the default box, with a readable OS, Python and a package, changed field by field."""
     base = replace(environment_of(machine()), os="Ubuntu 22.04.5 LTS", python="3.11.9", packages={"numpy": "2.1.0"})
     return replace(base, **changes)
+
+
+def script_module(name: str, path: Path) -> ModuleType:
+    """A child script of the tool (``checks/probe/scripts/*.py``, a template) loaded as a module: it is not part
+    of a package, so it is imported from its file."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -8,7 +8,6 @@ schema and can leave the resume replay out.)"""
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import os
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from checks.verify.plan import Options
 from checks.verify.run import Judged
 from checks.verify.user.run import CommandRequest, verify_builtin
 from tests.checks.verify.report_schema import SCHEMA, violations
+from tests.factories import script_module
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = "tests.checks.verify.planted_plugins"
@@ -45,11 +45,7 @@ def machine() -> MachineFacts:
 
 @functools.cache
 def _contents_script() -> Any:
-    spec = importlib.util.spec_from_file_location("ckpt_contents", REPO / "checks/probe/scripts/ckpt_contents.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("ckpt_contents", REPO / "checks/probe/scripts/ckpt_contents.py")
 
 
 def read_in_process(path: str, timeout: float) -> dict[str, Any]:

@@ -6,7 +6,6 @@ torch. Skipped with the reason where there is no NVIDIA GPU (``tests/gpu/conftes
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -27,6 +26,7 @@ from checks.tables import datasheet
 from checks.verify.contract import ChildResult
 from checks.verify.report import mfu
 from provision.alloc_env import ensure_alloc_conf
+from tests.factories import script_module
 
 pytestmark = pytest.mark.gpu
 GIB = 1024**3
@@ -34,11 +34,7 @@ GIB = 1024**3
 
 def gpu_bench_script() -> ModuleType:
     """checks/probe/scripts/gpu_bench.py as a module: it is a child script, not part of a package."""
-    spec = importlib.util.spec_from_file_location("gpu_bench", SCRIPTS / "gpu_bench.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("gpu_bench", SCRIPTS / "gpu_bench.py")
 
 
 def answering_gpus() -> list[GpuFacts]:
