@@ -85,35 +85,56 @@ class CommandRun:
 
     def traceback(self, lines: int = 12) -> list[str]:
         """The last lines of the last traceback the command printed (all of stderr's tail when none), ending at
-        its error line. Under torchrun, the rank that failed first: torchrun's agent ends with a traceback and
-        "Root Cause" table of its own (``ChildFailedError``) that names only the exit code and the rank, and the
-        other ranks' tracebacks follow the first (a peer gone: "Connection closed by peer"): that rank's lines where
-        torch prefixes them ``[rankN]:``, else the first traceback."""
+        its error line. Under torchrun, the failing rank's own: torchrun's agent ends with a traceback and "Root
+        Cause" table of its own (``ChildFailedError``) that names only the exit code and the rank it saw fail first,
+        which can be a peer that lost the failed rank ("Connection closed by peer"); so where torch prefixes the
+        ranks' lines ``[rankN]:`` the rank is ``failed_rank``'s, else the first traceback."""
         tail = own_stderr(self.stderr_tail)
         rank = self.failed_rank()
-        tagged = [m for line in tail if (m := _RANK_TAG.match(line))]
-        if rank is not None and any(int(m.group(1)) == rank for m in tagged):  # torch's "[rankN]: " prefixes
-            tail = [m.group(2) for m in tagged if int(m.group(1)) == rank]
+        mine = self._rank_lines(tail, rank)
+        if mine is not None:
+            tail = mine
         starts = [i for i, line in enumerate(tail) if line.startswith("Traceback (most recent call last)")]
         if not starts:
             return tail[-lines:]
-        first = rank is not None and len(starts) > 1
+        first = rank is not None and mine is None and len(starts) > 1
         block = tail[starts[0] : starts[1]] if first else tail[starts[-1] :]
         ends = [i for i, line in enumerate(block) if _ERROR_LINE.match(line)]
         return block[: ends[-1] + 1][-lines:] if ends else block[-lines:]
 
     def failed_rank(self) -> int | None:
-        """The rank torchrun's "Root Cause (first observed failure)" table names; None without one."""
-        tail = self.stderr_tail
-        at = next((i for i, line in enumerate(tail) if "Root Cause (first observed failure)" in line), None)
+        """The rank that failed: of the ranks whose ``[rankN]:`` lines hold an error, the first whose error is not
+        a lost peer; else the rank torchrun's "Root Cause (first observed failure)" table names; None without one."""
+        tail = own_stderr(self.stderr_tail)
+        errors: dict[int, str] = {}
+        for line in tail:
+            m = _RANK_TAG.match(line)
+            if m and _ERROR_LINE.match(m.group(2)):
+                errors[int(m.group(1))] = m.group(2)
+        own = [r for r, e in sorted(errors.items()) if not _PEER_LOST.search(e)]
+        if own:
+            return own[0]
+        at = next((i for i, line in enumerate(self.stderr_tail) if "Root Cause (first observed failure)" in line), None)
         if at is None:
             return None
-        found = next((m for line in tail[at:] if (m := _ROOT_RANK.match(line))), None)
+        found = next((m for line in self.stderr_tail[at:] if (m := _ROOT_RANK.match(line))), None)
         return int(found.group(1)) if found else None
+
+    @staticmethod
+    def _rank_lines(tail: list[str], rank: int | None) -> list[str] | None:
+        """``rank``'s own lines where torch prefixed them ``[rankN]:``; None where it did not."""
+        if rank is None:
+            return None
+        tagged = [m for line in tail if (m := _RANK_TAG.match(line))]
+        mine = [m.group(2) for m in tagged if int(m.group(1)) == rank]
+        return mine or None
 
 
 _AGENT_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
 _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")  # torchrun's Root Cause table: "  rank      : 1 (local_rank: 1)"
+# A rank's error that is another rank's failure seen from here (gloo, NCCL, the store): not the cause.
+_PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote (worker|process)|"
+                        r"NCCL communicator was aborted|TCPStore|timed out", re.IGNORECASE)  # fmt: skip
 _RANK_TAG = re.compile(r"^\[rank(\d+)\]:\s?(.*)$")  # torch prefixes a rank's stderr lines under torchrun
 _ERROR_LINE = re.compile(
     r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b"

@@ -75,3 +75,16 @@ def test_a_ranks_own_lines_are_read_where_torch_prefixes_them() -> None:
             "  rank      : 1 (local_rank: 1)"]  # fmt: skip
     run = CommandRun(argv=("torchrun", "train.py"), stderr_tail=tail)
     assert run.traceback()[-1] == "RuntimeError: planted failure on rank 1", run.traceback()
+
+
+def test_the_rank_with_its_own_error_is_named_when_torchrun_saw_its_peer_fail_first() -> None:
+    """torchrun's table names the rank it saw exit first, which can be the peer that lost the failed rank."""
+    from checks.verify.user.launch import CommandRun
+
+    tail = ["[rank1]: Traceback (most recent call last):", "[rank1]: RuntimeError: planted failure on rank 1",
+            "[rank0]: Traceback (most recent call last):",
+            "[rank0]: RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:65202",
+            "Root Cause (first observed failure):", "  rank      : 0 (local_rank: 0)"]  # fmt: skip
+    run = CommandRun(argv=("torchrun", "train.py"), stderr_tail=tail)
+    assert run.failed_rank() == 1
+    assert run.traceback()[-1] == "RuntimeError: planted failure on rank 1", run.traceback()
