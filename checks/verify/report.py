@@ -44,6 +44,8 @@ class Setting:
     ckpt_every: int = 0  # the real run's save interval, to amortise a timed save over (0: saves count as they happen)
     epoch_samples: int | None = None  # staged data's samples: the epoch that ``verify-cost`` prices
     own_code: bool = False  # the step runs the user's model or data (their code, their copies)
+    # the parent's NVML order (index -> UUID): a rank's GPU is named by the NVML index its UUID maps to (gpuN)
+    nvml_uuids: Mapping[int, str | None] = dataclasses.field(default_factory=dict)
 
 
 def mfu(r: ChildResult, median_s: float) -> Mfu:

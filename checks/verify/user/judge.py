@@ -14,10 +14,11 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from checks.config import VerifyConfig
+from checks.probe.nvml import uuid_key
 from checks.reports.verify import (
     Checkpoint,
     CommandFacts,
@@ -38,7 +39,7 @@ from checks.reports.verify import (
 from checks.result import Result, fail, ok, skip, warn
 from checks.verify import distributed
 from checks.verify import report as verify_report
-from checks.verify.contract import PHASES, ChildResult, ChildRun, Step
+from checks.verify.contract import PHASES, ChildResult, ChildRun, RankDevice, Step
 from checks.verify.diagnosis import TIME_VERDICTS, Signals, Verdict, diagnose
 from checks.verify.figures import StepFigures, breakdown, enqueue_ratio, loss_trend, step_figures
 from checks.verify.plan import Outcome
@@ -283,7 +284,7 @@ def judge(
     torchrun command's exchange A/B (``checks/verify/user/exchange.py``), whose figure replaces the hook's."""
     found = ranks(run.events, rule_warmup, rule_steps, rule_seconds)
     lead = pace_setter(found, cfg)
-    ddp = rank_rows(found, lead, run.events) if len(found) > 1 else None  # the ranks, read once
+    ddp = rank_rows(found, lead, run.events, setting.nvml_uuids) if len(found) > 1 else None  # the ranks, read once
     if ddp is not None and exchange is not None:
         ddp = with_exchange(ddp, exchange)
     if ddp is not None and hosts:  # across nodes: where the ranks ran, and what the link carried while they waited
@@ -491,9 +492,14 @@ def own_step_s(r: Rank) -> float | None:
     return statistics.median(own) if own else None
 
 
-def rank_rows(found: Sequence[Rank], lead: Rank | None = None, events: Sequence[dict[str, Any]] = ()) -> DdpFigures:
-    """The ranks as the straggler and comm-bound rules read them (``own_s``: ``own_step_s``; ``gpu``: torch's
-    index on its host), and ``lead``'s exposed exchange where the agent's DDP comm hook timed it: from the last
+def rank_rows(
+    found: Sequence[Rank],
+    lead: Rank | None = None,
+    events: Sequence[dict[str, Any]] = (),
+    nvml_uuids: Mapping[int, str | None] | None = None,
+) -> DdpFigures:
+    """The ranks as the straggler and comm-bound rules read them (``own_s``: ``own_step_s``; ``gpu``: ``gpu_of``
+    the rank's device, the NVML index its UUID has in ``nvml_uuids``, bootstrap's ``gpuN``), and ``lead``'s exposed exchange where the agent's DDP comm hook timed it: from the last
     gradient bucket handed to the all-reduce to the end of backward, the part of the exchange no computation hid."""
     exposed = [s.get("comm_exposed") for s in (lead.steps if lead else [])]
     sizes = [s.get("comm_bytes") or 0 for s in (lead.steps if lead else [])]
@@ -510,7 +516,7 @@ def rank_rows(found: Sequence[Rank], lead: Rank | None = None, events: Sequence[
         if not isinstance(r.key, int):
             continue
         figs = rank_figures(r)
-        gpu = r.device.get("index") if r.device.get("type") == "cuda" else None
+        gpu = distributed.gpu_of(rank_device(r.device, nvml_uuids or {}))
         wait = round(figs.fig.shares["data_wait"], 4) if figs else None
         median = figs.fig.median_s if figs else None
         rows.append(RankRow(r.key, median, own_step_s(r), None, wait, None, gpu))
@@ -519,6 +525,15 @@ def rank_rows(found: Sequence[Rank], lead: Rank | None = None, events: Sequence[
         world_size=len(found), backend=backend, per_rank=tuple(rows), grad_bytes=grad, comm_exposed_ms=exposed_ms,
         comm_share=share,
     )  # fmt: skip
+
+
+def rank_device(device: Mapping[str, Any], nvml_uuids: Mapping[int, str | None]) -> RankDevice:
+    """A rank's device (the agent's ``device`` line) with the NVML index of its UUID in the parent's NVML order
+    (under CUDA_VISIBLE_DEVICES, or a PCI order unlike CUDA's, torch's index names another card)."""
+    uuid, index = device.get("uuid"), device.get("index")
+    key = uuid_key(str(uuid)) if uuid else None
+    nvml = next((i for i, u in nvml_uuids.items() if key and u and uuid_key(u) == key), None)
+    return RankDevice(device.get("type"), index if isinstance(index, int) else None, uuid, nvml)
 
 
 def per_rank(found: Sequence[Rank]) -> list[ProcessFigures]:

@@ -139,7 +139,8 @@ def verify_command(request: CommandRequest, say: Say) -> Judged:
     price = request.price_per_hour or cfg.verify.price_per_hour
     setting = Setting(cores, Files(json_path, str(csv), str(png)), price, own_code=True)
     first = FirstSave(request.builtin.keep_dir) if request.builtin else None
-    run, trace, gpu, gpu_error = _gather(request, stop, cwd, cores, say, first.seen if first else None)
+    run, trace, gpu, gpu_error, order = _gather(request, stop, cwd, cores, say, first.seen if first else None)
+    setting = dataclasses.replace(setting, nvml_uuids=order)
     gathered = Gathered(run, trace, gpu, gpu_error, stop, setting, gate_rows, host, started, budget, cwd, first)
     return evaluate(request, gathered, say)
 
@@ -614,9 +615,9 @@ def _gather(
     cores: float,
     say: Say,
     saving: Callable[[dict[str, Any]], None] | None = None,
-) -> tuple[CommandRun, Trace, int | None, str | None]:
+) -> tuple[CommandRun, Trace, int | None, str | None, dict[int, str | None]]:
     """The command under the sampler (NVML and the command's process tree); ``saving`` hears each save as it
-    lands."""
+    lands. Also NVML's order of the GPUs (index -> UUID), which names each rank's GPU."""
     host = HostReader(usable=cores)
     gpu = GpuReader()
     found: dict[str, int | None] = {}
@@ -662,4 +663,4 @@ def _gather(
     if run.ended == "stopped":  # its own KeyboardInterrupt traceback, if it prints one, is this stop
         above = "" if request.quiet else ": a KeyboardInterrupt traceback above is this stop, not a failure"
         say(f"verify: stopped your command after its measured steps (SIGINT to its processes, as Ctrl-C does{above})")
-    return run, sampler.trace, found.get("index"), gpu.error
+    return run, sampler.trace, found.get("index"), gpu.error, dict(gpu.uuids)

@@ -116,12 +116,22 @@ def test_a_straggler_on_a_gpu_bootstrap_passed_says_so() -> None:
     assert "not in this report" in straggling_on_gpu1(None).summary  # judged without the gate: no false all-clear
 
 
-@pytest.mark.skip(
-    reason="not on the command path: its judge names a rank's GPU by torch's index (checks/verify/user/judge.py "
-    "rank_rows: device.index), not by the NVML index its UUID maps to (the built-in loop's distributed.gpu_of "
-    "over the parent's NVML order), so under CUDA_VISIBLE_DEVICES or a PCI order unlike CUDA's the straggler's "
-    "gpuN can quote bootstrap's rows of another card"
-)
 def test_a_ranks_gpu_is_its_nvml_index_where_the_uuid_maps_else_its_torch_index() -> None:
-    """Was: ``distributed.gpu_of(RankDevice("cuda", 1, "GPU-b", nvml_index=0)) == 0``, the torch index 1 only
-    where no NVML index was found, None on the CPU."""
+    """Under CUDA_VISIBLE_DEVICES=3,1 torch's cuda:0 is NVML's gpu3: the straggler's gpuN is the card bootstrap
+    judged (the agent's ``device`` line has the UUID; the parent's NVML order maps it)."""
+    from checks.verify.contract import RankDevice
+    from checks.verify.user import judge as j
+    from tests.checks.verify.user.test_judge import step
+
+    order = {0: "GPU-aaaa", 1: "GPU-bbbb", 2: "GPU-cccc", 3: "GPU-DDDD"}
+    devices = [
+        {"event": "device", "pid": 11, "type": "cuda", "name": "H100", "uuid": "GPU-dddd", "index": 0},
+        {"event": "device", "pid": 12, "type": "cuda", "name": "H100", "uuid": "bbbb", "index": 1},  # torch >= 2.1
+    ]
+    events = devices + [step(i, pid=p, rank=r) for i in range(1, 5) for p, r in ((11, 0), (12, 1))]
+    found = j.ranks(events, 1, 3, 0)
+    assert [x.gpu for x in j.rank_rows(found, nvml_uuids=order).per_rank] == [3, 1]
+    assert [x.gpu for x in j.rank_rows(found).per_rank] == [0, 1]  # no NVML here: torch's index on its host
+    assert distributed.gpu_of(RankDevice("cuda", 1, "GPU-b", nvml_index=0)) == 0
+    assert distributed.gpu_of(j.rank_device({"type": "cuda", "index": 1, "uuid": "GPU-zz"}, order)) == 1  # unknown
+    assert distributed.gpu_of(j.rank_device({"type": "cpu"}, order)) is None
