@@ -218,6 +218,7 @@ class VerifyConfig:
     profile_steps: int
     advice_min_gain: float
     command_advice_s: float
+    exchange_ab_tolerance: float
     contended_min_share: float
     timeout_s: float
     stall_timeout_s: float

@@ -198,14 +198,20 @@ class RankRow(Record):
 
 @dataclass(frozen=True)
 class CommFigures(Record):
-    """``measurements.ddp.ab``: the no_sync A/B's windows, both medians and the spread of each leg."""
+    """``measurements.ddp.ab``: the no_sync A/B's windows, both medians and the spread of each leg; a command's
+    exchange A/B also says whether its repeats agreed within ``tolerance`` (of the step) and, where they did not,
+    ``noise``: why its figure is not judged (``checks/verify/user/exchange.py``)."""
 
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"agreed", "tolerance", "noise"})
     windows: int | None
     window_steps: int | None
     sync_median_s: float | None
     no_sync_median_s: float | None
     sync_spread_s: float | None
     no_sync_spread_s: float | None
+    agreed: bool | None = None
+    tolerance: float | None = None
+    noise: str | None = None
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ def one_run(model: str, advice_s: float) -> dict[str, Any]:
         start = time.monotonic()
         ab = exchange.measure(b.command, str(ROOT), advice_s)
         ab_s = time.monotonic() - start
-    figures = exchange.figures(ab)
+    figures = exchange.figures(ab, make_config().verify.exchange_ab_tolerance)
     if figures is None:
         raise SystemExit(f"{model}: no A/B: {ab}")
     saves = [float(s.get("checkpoint") or 0.0) for s in (j.rank_zero(found) or found[0]).steps]

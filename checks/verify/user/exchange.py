@@ -15,11 +15,14 @@ is no A/B, and the hook's figure stands.
 
 ``measurements.ddp.ab`` (``CommFigures``): ``windows`` (runs per leg), ``window_steps``, ``sync_median_s`` and
 ``no_sync_median_s`` (each leg's mean step over its runs), ``sync_spread_s`` and ``no_sync_spread_s`` (max - min
-of each leg's runs).
+of each leg's runs), ``tolerance`` and ``agreed``: the A/B's figure replaces the hook's only where each leg ran
+twice or more and both spreads add up to at most ``verify.exchange_ab_tolerance`` of the unchanged step (one
+repeat on a loaded box read 16 ms against the hook's 77 ms); else ``noise`` says why it is too noisy to call.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import subprocess
 import time
@@ -67,18 +70,41 @@ def measure(argv: Sequence[str], cwd: str, budget_s: float) -> dict[str, Any]:
     }
 
 
-def figures(ab: dict[str, Any]) -> CommFigures | None:
-    """The A/B as ``measurements.ddp.ab``; None without a run of each leg."""
+def figures(ab: dict[str, Any], tolerance: float) -> CommFigures | None:
+    """The A/B as ``measurements.ddp.ab``; None without a run of each leg. ``agreed`` only where ``noise`` finds
+    the repeats within ``tolerance`` (``verify.exchange_ab_tolerance``)."""
     sync, skip = ab.get("sync") or [], ab.get("skip") or []
     if not sync or not skip:
         return None
-    return CommFigures(
+    figs = CommFigures(
         windows=min(len(sync), len(skip)),
         window_steps=RERUN_STEPS,
         sync_median_s=round(statistics.fmean(sync), 6),
         no_sync_median_s=round(statistics.fmean(skip), 6),
         sync_spread_s=round(_spread(sync), 6),
         no_sync_spread_s=round(_spread(skip), 6),
+        tolerance=tolerance,
+    )
+    said = noise(sync, skip, tolerance)
+    return dataclasses.replace(figs, agreed=said is None, noise=said)
+
+
+def noise(sync: Sequence[float], skip: Sequence[float], tolerance: float) -> str | None:
+    """Why the A/B is too noisy to call (None: its repeats agree): fewer than two runs of a leg (no spread to
+    judge it by), or the legs' spreads adding up to more than ``tolerance`` of the unchanged step, the most the
+    difference of their means may be off by."""
+    if len(sync) < 2 or len(skip) < 2:
+        runs = f"{len(sync)} unchanged and {len(skip)} skipped run(s)"
+        return f"too noisy to call: {runs}, and one run of a leg does not show how far its repeats agree"
+    step = statistics.fmean(sync)
+    spread = _spread(sync) + _spread(skip)
+    if step > 0 and spread <= tolerance * step:
+        return None
+    return (
+        f"too noisy to call: the repeats of each leg differ by {1000 * _spread(sync):.1f} ms (unchanged) and "
+        f"{1000 * _spread(skip):.1f} ms (skipped), {100 * spread / step if step > 0 else 100:.0f}% of the "
+        f"{1000 * step:.1f} ms step, over the {100 * tolerance:.0f}% they must agree within "
+        "(verify.exchange_ab_tolerance)"
     )
 
 

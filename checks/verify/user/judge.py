@@ -434,8 +434,11 @@ def _checkpoint(timed: Checkpoint | None, saved: tuple[str, dict[str, Any]] | No
 
 def with_exchange(d: DdpFigures, ab: CommFigures) -> DdpFigures:
     """The ranks' figures with the A/B's exposed exchange (the unchanged leg's mean step minus the skipped one's,
-    never below zero) in place of the comm hook's, which misses buckets that block before the last one."""
+    never below zero) in place of the comm hook's, which misses buckets that block before the last one. An A/B too
+    noisy to call (``ab.agreed`` False) is reported beside the hook's figure, which stands."""
     sync, skip = ab.sync_median_s or 0.0, ab.no_sync_median_s or 0.0
+    if ab.agreed is False:
+        return dataclasses.replace(d, ab=ab)
     if sync <= 0:
         return d
     wait = max(sync - skip, 0.0)

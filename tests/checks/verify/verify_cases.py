@@ -171,7 +171,7 @@ def _exchange(ab: CommAb | None) -> CommFigures | None:
     n = ab.window_steps
     legs = {leg: [statistics.fmean(xs[k : k + n]) for k in range(0, len(xs), n)]
             for leg, xs in (("sync", ab.sync_s), ("skip", ab.no_sync_s))}  # fmt: skip
-    return exchange.figures(legs)
+    return exchange.figures(legs, CFG.exchange_ab_tolerance)
 
 
 def _ddp() -> Case:

@@ -18,7 +18,7 @@ def test_a_wide_model_over_gloo_is_comm_bound_by_the_a_b(tmp_path: Path) -> None
     said: list[str] = []
     judged = verify(
         tmp_path, *TORCHRUN_2, "ddp_gloo.py", "--wide", "100000", steps=6, said=said,
-        verify_cfg={"command_advice_s": 20.0},  # time for one run of each leg (several seconds each here)
+        verify_cfg={"command_advice_s": 40.0},  # time for two runs of each leg (several seconds each here)
     )  # fmt: skip
     m = judged.report.measurements
     ab = m["ddp"]["ab"]
@@ -26,8 +26,12 @@ def test_a_wide_model_over_gloo_is_comm_bound_by_the_a_b(tmp_path: Path) -> None
     assert ab["windows"] >= 1 and ab["window_steps"] == 8
     assert ab["sync_median_s"] > ab["no_sync_median_s"] > 0  # the step without the exchange is shorter
     wait = ab["sync_median_s"] - ab["no_sync_median_s"]
-    assert m["ddp"]["comm_exposed_ms"] == pytest.approx(1000 * wait, abs=0.01)
-    assert m["ddp"]["comm_share"] == pytest.approx(wait / ab["sync_median_s"], abs=1e-3)
+    if ab["agreed"]:  # its repeats agreed within verify.exchange_ab_tolerance: its figure is judged
+        assert m["ddp"]["comm_exposed_ms"] == pytest.approx(1000 * wait, abs=0.01)
+        assert m["ddp"]["comm_share"] == pytest.approx(wait / ab["sync_median_s"], abs=1e-3)
+    else:  # a crowded box: the A/B says so, and the comm hook's figure stands
+        assert ab["noise"].startswith("too noisy to call") and any(ab["noise"] in line for line in said), said
+        assert m["ddp"]["comm_exposed_ms"] > 0
     assert verdict(judged) == "comm-bound", m["diagnosis"]
     assert "model_advice" not in m  # comm-bound: no model-side re-runs (faster math would only wait longer)
     assert m["command"]["processes_left"] == []
