@@ -6,7 +6,6 @@ The child scripts live in ``checks/probe/scripts/`` and print one JSON object on
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.facts import AllocFacts, BenchFacts, GpuBench, TorchFacts
+from checks.probe import session
 from checks.snapshot import machine_from_dict
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -42,19 +42,14 @@ def run_child(
 ) -> dict[str, Any]:
     """Run a child, return the JSON object on its last stdout line; kill its process group on timeout.
 
+    The child starts in a session of its own (``checks.probe.session``, the launcher of every child the tool
+    starts), so the SIGKILL reaches whatever it started too.
+
     The child runs in a neutral directory: run from the checkout, ``datasets/`` would shadow Hugging Face's.
     ``while_running`` is called about every 50 ms until the child exits (used to sample NVML under load).
     """
     with tempfile.TemporaryDirectory(prefix="gpu-preflight-") as cwd:
-        proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=dict(env) if env is not None else None,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        proc = session.start(argv, cwd, env, subprocess.PIPE, subprocess.PIPE, text=True)
         deadline = time.monotonic() + timeout
         try:
             while proc.poll() is None:
@@ -65,15 +60,8 @@ def run_child(
                 time.sleep(0.05)
             out, err = proc.communicate()
         finally:
-            _kill_group(proc)
+            session.stop_group(proc)  # SIGKILL to its group at once: a hung CUDA call hears nothing else
     return _parse_child(proc.returncode, out, err)
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 9)
-        proc.wait()
 
 
 def _parse_child(code: int, out: str, err: str) -> dict[str, Any]:

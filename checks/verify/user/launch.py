@@ -9,14 +9,14 @@ have passed since the first measured one), verify stops it: SIGINT to its proces
 ``INT_GRACE_S``, SIGKILL after ``TERM_GRACE_S`` more. torchrun starts each rank in a session of its own and
 forwards the signal to them; DataLoader workers go with their process. Whatever is still alive afterwards
 (ranks a killed torchrun orphaned, a crashed script's workers) is killed by process id: verify makes itself a
-child subreaper, so orphans become its children and it can find them.
+child subreaper, so orphans become its children and it can find them. The start, the signals and the kill by id
+are ``checks.probe.session``'s, the launcher of every child the tool starts.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import json
 import os
 import re
@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from checks.probe.sample import process_exists, process_tree
+from checks.probe import session
+from checks.probe.sample import process_tree
+from checks.probe.session import Reaper
 from checks.verify.contract import PHASES, StopSpec
 from checks.verify.stop import MIN_MEASURED, rows_of, stable
 
@@ -47,8 +49,6 @@ INT_GRACE_S = 10.0  # SIGINT -> SIGTERM: time for the script's own teardown (tor
 TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL. Tool-defined.
 TREE_EVERY_S = 0.5  # how often the process tree is read (its members are killed by id at the end)
 _POLL_S = 0.1
-_PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
-_PR_GET_CHILD_SUBREAPER = 37
 
 
 @dataclass(frozen=True)
@@ -180,24 +180,6 @@ class _Tails:
         return out
 
 
-def subreaper(on: bool) -> bool:
-    """Make orphaned descendants this process's children, or stop (Linux ``prctl``); False where not possible."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
-
-
-def _was_subreaper() -> bool:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        flag = ctypes.c_int(0)
-        return bool(libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and flag.value)
-    except (OSError, AttributeError):
-        return False
-
-
 def environment(
     folder: Path,
     overrides: Mapping[str, Any] | None,
@@ -264,24 +246,15 @@ def run_command(
     the first is start-up), with ``rule.warmup`` 3 or more; re-runs never profile.
     """
     run = CommandRun(argv=tuple(argv))
-    was = _was_subreaper()
-    reaper = subreaper(True)
-    before = process_tree(os.getpid())
-    with tempfile.TemporaryDirectory(prefix="gpu-preflight-command-") as tmp:
+    with Reaper() as reaper, tempfile.TemporaryDirectory(prefix="gpu-preflight-command-") as tmp:
         folder = Path(tmp)
         _stage(folder)
         start = time.monotonic()
         main = not (overrides or model or ddp)  # the measured run, not a re-run
         count = rule.warmup if rule.warmup >= 2 and main else 0  # the main run's only
         profiled = rule.warmup - 1 if profile and rule.warmup >= 3 and main else 0
-        proc = subprocess.Popen(
-            list(argv),
-            cwd=cwd,
-            env=environment(folder, overrides, count, peak, model, ddp, profiled),
-            stdout=stdout,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        env = environment(folder, overrides, count, peak, model, ddp, profiled)
+        proc = session.start(argv, cwd, env, stdout, subprocess.PIPE)
         on_start(proc.pid)
         tee = threading.Thread(target=_tee, args=(proc, echo, run), daemon=True)
         tee.start()
@@ -296,9 +269,7 @@ def run_command(
                     run.stopped_by_verify = True
                     _stop(proc, run)
                 proc.wait()
-                _clean_up(run, before, reaper)
-                if reaper and not was:  # orphans of later work go to init again, as before
-                    subreaper(False)
+                _clean_up(run, reaper)
                 tee.join(timeout=5)
                 run.events += tails.read()
         run.returncode = proc.returncode
@@ -457,48 +428,13 @@ def _early(events: Sequence[dict[str, Any]], counts: dict[Any, int], world: int,
     return ""
 
 
-def _signal_group(pgid: int, sig: signal.Signals, run: CommandRun) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-        run.signals.append(sig.name)
-
-
 def _stop(proc: subprocess.Popen[bytes], run: CommandRun) -> None:
     """SIGINT, then SIGTERM, then SIGKILL to the command's process group, each after its grace time."""
     run.pids |= process_tree(proc.pid)
-    for sig, grace in ((signal.SIGINT, INT_GRACE_S), (signal.SIGTERM, TERM_GRACE_S)):
-        _signal_group(proc.pid, sig, run)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=grace)
-            return
-    _signal_group(proc.pid, signal.SIGKILL, run)
+    session.stop_group(proc, ((signal.SIGINT, INT_GRACE_S), (signal.SIGTERM, TERM_GRACE_S)), run.signals)
 
 
-def _clean_up(run: CommandRun, before: set[int], reaper: bool) -> None:
-    """Kill by id what the command left: as a subreaper, every descendant this process did not have before
-    (orphans come to us); else every process seen in the command's tree (a reused id is not ours: not killed)."""
-    mine = os.getpid()
-    descendants = process_tree(mine) - before - {mine}
-    leftovers = descendants if reaper else (run.pids | descendants) - {mine}
-    alive = [pid for pid in leftovers if process_exists(pid)]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in alive:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + (TERM_GRACE_S if sig == signal.SIGTERM else 2.0)
-        while alive and time.monotonic() < deadline:
-            _reap(alive)
-            alive = [pid for pid in alive if process_exists(pid)]
-            time.sleep(0.05)
-        if not alive:
-            break
-    _reap(list(leftovers))
+def _clean_up(run: CommandRun, reaper: Reaper) -> None:
+    """Kill by id what the command left (``Reaper.clean_up``): every process it started that is still alive."""
+    leftovers, run.left = reaper.clean_up(run.pids)
     run.pids |= leftovers
-    run.left = sorted(pid for pid in leftovers if process_exists(pid))
-
-
-def _reap(pids: Sequence[int]) -> None:
-    """Collect the exit status of those that are our children now (orphans given to the subreaper)."""
-    for pid in pids:
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
