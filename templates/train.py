@@ -17,7 +17,9 @@ It trains the way a real run does, so that what verify measures on it is what a 
   machine that goes down leaves a torn file; ``--resume FILE`` continues where it left off.
 
 numpy and torch only. Under verify the agent times every part of the step; the one part no hook can tell from the
-forward pass, the host-to-device copy, is marked with ``region("h2d")``, which does nothing outside verify.
+forward pass, the host-to-device copy, is marked with ``region("h2d")``, and each step asks ``should_stop()``, so
+that verify ends it as its last step would (its final save, its last line) instead of interrupting it; both do
+nothing outside verify.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ SIZES = {  # "small" steps in a few hundred ms on two CPU cores; "base" gives a 
 SYNTHETIC_SAMPLES = 1_000_000  # generated on demand: a run never wraps an epoch
 # verify's marker for the host-to-device copy (a no-op outside verify)
 mark = getattr(sys.modules.get("_gpu_preflight_agent"), "region", None) or (lambda name: contextlib.nullcontext())
+# verify's request to stop once it has what it needs (always False outside verify): the loop ends as at its last step
+should_stop = getattr(sys.modules.get("_gpu_preflight_agent"), "should_stop", None) or (lambda: False)
 
 
 class UsageError(Exception):
@@ -447,8 +451,9 @@ def main(argv: list[str] | None = None) -> int:
     model.train()
     started, logged = time.monotonic(), step
     autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
+    stopping = False
     try:
-        while step < total:
+        while step < total and not stopping:
             sampler.set_epoch(epoch, position)
             micro, running = 0, torch.zeros((), device=device)
             for inputs, target in loader:
@@ -477,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
                     started, logged = time.monotonic(), step
                 if args.ckpt_every and step % args.ckpt_every == 0:
                     checkpoint()
-                if step >= total:
+                stopping = should_stop()  # every rank turns True at the same step
+                if step >= total or stopping:
                     break
             else:
                 epoch, position = epoch + 1, 0

@@ -44,7 +44,9 @@ Once torch is imported it installs torch's global hooks and a few patches:
 
 A script may mark what no hook sees, and nothing happens outside verify: ``region("h2d")`` (a part of the step
 under verify's name for it), ``data(batches)`` (each batch's wait as data wait, for loops without torch's
-DataLoader), ``step()`` (a step without a torch optimizer).
+DataLoader), ``step()`` (a step without a torch optimizer), ``phase("eval")`` (a part that is not a training
+step: out of the step's time, one ``phase`` line), and it may ask ``should_stop()`` (True once verify has what it
+needs: the stop file ``STOP_FILE`` in the events folder, which verify writes before it signals a script that asked).
 
 Time is exclusive: a nested region pauses its parent, so the parts of a step add up to the step. What no
 hook or mark covers (the forward pass, the loss, ``.to(device)``, logging) is "forward": the step minus the rest.
@@ -85,6 +87,12 @@ _DONE = "_gpu_preflight_armed"
 # written as the step ended, was most of the agent's cost on a sub-millisecond step (BENCHMARKS.md, "verify --
 # COMMAND overhead"); verify's stop then sees a step up to this much later.
 FLUSH_S = 0.2
+STOP_FILE = "stop"  # verify's request to stop, in the events folder: {"at": N}, the step count to stop at
+LISTENING = "listening-{pid}"  # a process whose script asked should_stop(): verify asks before it signals
+# should_stop() reads the stop file at most this often (one stat a call would cost ~1 µs on a sub-ms step);
+# verify allows for it in the step it asks for (checks/verify/user/launch.py, ASK_LAG_S).
+STOP_READ_S = 0.05
+PHASE_PREFIX = "phase:"  # a region under a script's phase(): out of the step, one ``phase`` line at its end
 
 
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps with options builds one a call
@@ -152,11 +160,12 @@ _say: Callable[..., None] = lambda event, **data: None  # noqa: E731 - replaced 
 
 def arm() -> None:
     """Watch for torch (and the checkpoint modules) being imported; hook them then, or now if already there."""
-    global _say
+    global _say, _ASK
     if getattr(sys, _DONE, False):
         return
     setattr(sys, _DONE, True)
     _say = _Writer(os.environ[EVENTS_ENV])
+    _ASK = _Ask(os.environ[EVENTS_ENV])
     if _main_process() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         # Started in the background by a shell: verify stops the run with SIGINT, so the script must hear it.
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -235,6 +244,8 @@ class _Steps:
         self.memory_read = 0.0  # when (monotonic)
         self.memory_said: tuple[Any, ...] | None = None  # the figures of the last memory line written
         self.peaks = [0, 0]  # with self.peak (peaks reset every step): the largest reserved, allocated peaks seen
+        self.phases: list[str] = []  # the script's open phases (``phase``), outermost first
+        self.phase_since = 0.0  # when the outermost one began (monotonic)
 
     def mark(self) -> tuple[float, Any]:
         event = None
@@ -244,6 +255,8 @@ class _Steps:
         return time.monotonic(), event
 
     def enter(self, region: str) -> None:
+        if self.phases:  # inside a phase everything is the phase's: an eval loader's wait, a save
+            region = PHASE_PREFIX + self.phases[0]
         if self.stack and self.stack[-1][0] == region:
             self.stack[-1][1] += 1
             return
@@ -253,6 +266,8 @@ class _Steps:
         self.since = now
 
     def leave(self, region: str) -> None:
+        if self.phases:
+            region = PHASE_PREFIX + self.phases[0]
         stack = self.stack
         if not stack or stack[-1][0] != region:
             if not any(s[0] == region for s in stack):
@@ -266,6 +281,20 @@ class _Steps:
         self.segments.append((region, self.since, now))
         self.stack.pop()
         self.since = now
+
+    def enter_phase(self, name: str) -> None:
+        if not self.phases:
+            self.phase_since = time.monotonic()
+        self.phases.append(name)
+        self.enter(name)  # under the outermost phase's name
+
+    def leave_phase(self, name: str) -> None:
+        if name not in self.phases:
+            return
+        self.leave(name)
+        del self.phases[len(self.phases) - 1 - self.phases[::-1].index(name) :]  # and any left open inside it
+        if not self.phases:
+            _say("phase", name=name, seconds=time.monotonic() - self.phase_since, step=self.i, **self.rank)
 
     def begin_step(self) -> None:
         if self.cuda is None:
@@ -287,6 +316,10 @@ class _Steps:
         _say("device", **device, **_rank())
 
     def end_step(self, optimizer: bool = True) -> None:
+        if self.phases:  # a step inside a phase (an evaluation's, a warm-up the script set apart) is not a step
+            if optimizer:
+                self.leave("optimizer")
+            return
         if optimizer:
             self.leave("optimizer")
         elif self.cuda is None:
@@ -459,9 +492,10 @@ class _Steps:
         other = {k: v for k, v in by.items() if k.startswith("data:") and k != feed}
         h2d = by.get("h2d", 0.0)  # only where the script marks it: region("h2d")
         named = data + h2d + by.get("backward", 0.0) + by.get("optimizer", 0.0) + by.get("checkpoint", 0.0)
-        total = sum(by.values())
+        total = sum(v for k, v in by.items() if not k.startswith(PHASE_PREFIX))  # a phase is not the step's
         host_start, host_end = raw["segments"][0][1][0], raw["segments"][-1][2][0]
         host_fetch = sum(b - a for a, b in fetch.get(feed or "", []))
+        host_phases = sum(b[0] - a[0] for r, a, b in raw["segments"] if r.startswith(PHASE_PREFIX))
         loss = raw["loss"]
         # DDP's exposed exchange: from the last bucket handed to the all-reduce to the end of that backward (the
         # reducer waits there for every bucket's result); None without our hook (no DDP, or the script's own hook).
@@ -481,7 +515,7 @@ class _Steps:
             "other_loaders": round(sum(other.values()), 7),
             "host_start": host_start,
             "host_end": host_end,
-            "enqueue_s": max(0.0, host_end - host_start - host_fetch),
+            "enqueue_s": max(0.0, host_end - host_start - host_fetch - host_phases),
             "fetch": fetch.get(feed or "", []),
             "loss": float(loss) if loss is not None else None,
             "micro": raw["micro"],
@@ -795,6 +829,71 @@ def step() -> None:
         _safely(_STEPS.end_step, False)
 
 
+class phase:  # lower case: it reads as a function, ``with phase("eval"):``
+    """Mark a part of the run that is not a training step: an evaluation, a checkpoint round, a warm-up the
+    script sets apart. Its time is left out of the step it falls in (the step's parts add up without it), the
+    hooks inside it count for it (an eval loader's wait, its saves), and an optimizer step inside it is not a
+    step; each time it ends, one ``phase`` line (name, seconds, the steps done before it). Nested phases are the
+    outermost's. Outside verify nothing happens:
+    ``phase = getattr(sys.modules.get("_gpu_preflight_agent"), "phase", None) or (lambda name: contextlib.nullcontext())``
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = str(name) or "phase"
+
+    def __enter__(self) -> phase:
+        if _STEPS is not None:
+            _safely(_STEPS.enter_phase, self.name)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if _STEPS is not None:
+            _safely(_STEPS.leave_phase, self.name)
+
+
+class _Ask:
+    """verify's request to stop, as ``should_stop`` reads it: the stop file of the events folder, read at most
+    every ``STOP_READ_S`` until it is there, then never again."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder, self.read_at, self.at = folder, -STOP_READ_S, -1
+        self.told = False
+
+    def __call__(self) -> bool:
+        if not self.told:  # verify asks only a script that listens (else it signals at once, as before)
+            self.told = True
+            with contextlib.suppress(OSError):
+                open(os.path.join(self.folder, LISTENING.format(pid=os.getpid())), "w").close()
+        if self.at < 0:
+            now = time.monotonic()
+            if now - self.read_at < STOP_READ_S:
+                return False
+            self.read_at = now
+            try:
+                with open(os.path.join(self.folder, STOP_FILE), encoding="utf-8") as fh:
+                    text = fh.read()
+            except OSError:
+                return False
+            try:
+                self.at = max(0, int(json.loads(text)["at"]))
+            except (ValueError, KeyError, TypeError):
+                self.at = 0  # unreadable: stop now
+        return (_STEPS.i if _STEPS is not None else 0) >= self.at
+
+
+_ASK: _Ask | None = None
+
+
+def should_stop() -> bool:
+    """True once verify has what it needs: the script leaves its loop there and ends as it would (its own save,
+    its own exit) instead of being interrupted. Cheap enough for every step (a clock read; the stop file is read
+    at most every ``STOP_READ_S``). Under torchrun every rank turns True at the same step count (verify asks for
+    a step a little ahead of the ranks), so they leave their loops together. Outside verify it is always False:
+    ``should_stop = getattr(sys.modules.get("_gpu_preflight_agent"), "should_stop", lambda: False)``
+    """
+    return _ASK() if _ASK is not None else False
+
+
 _DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32", "torch.float64": "fp64"}
 
 
@@ -1010,19 +1109,20 @@ def _buffer_at(where: Any) -> int | None:
 
 
 def _count_save(st: _Steps, save: _Save, where: Any, before: int | None, read_back: bool, out: Any) -> None:
-    st.saves += 1
+    counted = not st.phases  # a save inside a phase is the phase's (its time is there), not the steps'
+    st.saves += counted
     if isinstance(where, (str, os.PathLike)):
         path = os.path.abspath(os.fspath(where))
         save.roots.append(path)
         if read_back:
             _READ_BACK.add(path)
             _say("saved", path=path, **_rank())
-    elif before is not None:  # a buffer (Lightning's BytesIO): its bytes are what its write puts on disk
+    elif before is not None and counted:  # a buffer (Lightning's BytesIO): its bytes are what its write puts on disk
         st.ckpt_bytes += (_buffer_at(where) or before) - before
     done = getattr(out, "add_done_callback", None)
-    if callable(done):  # DCP's async_save: the files land when its future completes (counted in that step)
+    if callable(done) and counted:  # DCP's async_save: the files land when its future completes (in that step)
         done(lambda _: _safely(_add_bytes, st, save))
-    else:
+    elif counted:
         st.ckpt_bytes += save.written()
 
 
