@@ -235,9 +235,12 @@ class DdpFigures(Record):
     hosts: tuple[HostRanks, ...] | None = None
     link_mbit_s: float | None = None
     judged_rank: int | None = None  # a command: the rank whose breakdown the verdicts read (the straggler's)
+    scaling_note: str | None = None  # why there is no scaling efficiency (no one-process run, or it did not measure)
 
     def to_json(self) -> JsonObject:
         out = super().to_json()
+        if self.scaling_note is None:
+            del out["scaling_note"]
         if self.hosts is None:
             del out["hosts"], out["link_mbit_s"]
         if self.judged_rank is None:

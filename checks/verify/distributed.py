@@ -10,7 +10,7 @@ writes its own report. Judge: the
 
 ``measurements.ddp``: ``world_size``, ``backend``, ``comm_exposed_ms`` (synchronised minus ``no_sync`` median
 forward+backward of the slowest rank: the exchange the step waits for), ``comm_share`` (of the median step),
-``scaling_efficiency`` (samples/s of N ranks over N x rank 0's alone), ``grad_bytes`` (all-reduced per step),
+``scaling_efficiency`` (samples/s of N ranks over N x one process's alone; a command's: ``user/solo.py``), ``grad_bytes`` (all-reduced per step),
 ``busbw_gbs`` (grad_bytes x 2(N-1)/N over the exposed time: what the exchange moved at least that fast; an
 upper bound on the link's busbw when some of it overlapped the backward), ``ab`` (windows, steps, both medians
 and their spread), ``per_rank`` ([{rank, median_s, own_s, sync_s, data_wait_share, error, gpu}]: own_s is the
@@ -277,14 +277,22 @@ def comm_text(d: DdpFigures, target: float) -> tuple[str, str]:
 
 def ddp_result(d: DdpFigures | None) -> Result:
     """``verify-ddp``: the exchange, the scaling and each rank's own step, in one line (verdicts judge them)."""
-    if d is None or d.comm_exposed_ms is None:
-        return skip("verify-ddp", "the run ended before the no_sync A/B")
+    if d is None:
+        return skip("verify-ddp", "one process: no DDP figures")
     eff = d.scaling_efficiency
-    scaling = f"scaling efficiency {100 * eff:.0f}%" if eff is not None else "no one-process leg"
-    ranks = ", ".join(f"rank {x.rank} {1000 * x.own_s:.1f}" for x in d.per_rank if x.own_s is not None)
-    summary = (
-        f"{d.world_size} ranks ({d.backend}): exposed communication {d.comm_exposed_ms:.1f} ms per step "
-        f"({100 * (d.comm_share or 0):.0f}% of the step, {(d.grad_bytes or 0) / 1e6:.1f} MB of gradients); "
-        f"{scaling}; own step ms (no_sync): {ranks}"
+    if eff is not None and d.samples_per_s and d.samples_per_s_one:
+        scaling = (
+            f"scaling efficiency {100 * eff:.0f}% ({d.samples_per_s:.1f} samples/s against {d.world_size} x "
+            f"{d.samples_per_s_one:.1f} of one process alone)"
+        )
+    else:
+        scaling = f"no scaling efficiency: {d.scaling_note or 'no one-process run'}"
+    exchange = (
+        f"exposed communication {d.comm_exposed_ms:.1f} ms per step ({100 * (d.comm_share or 0):.0f}% of the step, "
+        f"{(d.grad_bytes or 0) / 1e6:.1f} MB of gradients)"
+        if d.comm_exposed_ms is not None
+        else "the exchange not timed"
     )
-    return ok("verify-ddp", summary, value=d.comm_share)
+    ranks = ", ".join(f"rank {x.rank} {1000 * x.own_s:.1f}" for x in d.per_rank if x.own_s is not None)
+    summary = f"{d.world_size} ranks ({d.backend}): {exchange}; {scaling}; own step ms: {ranks or 'none'}"
+    return ok("verify-ddp", summary, value=eff)

@@ -26,6 +26,7 @@ from checks.probe.sample import GpuReader, HostReader
 from checks.probe.torch import read_checkpoint
 from checks.reports.verify import Checkpoint, CommFigures, DataInfo, Files, Measurements
 from checks.result import Report, Result, Status, ok, skip
+from checks.verify import distributed
 from checks.verify import plan as v
 from checks.verify import stop as stopper
 from checks.verify.builtin import Builtin, FirstSave, Replay, replay, resume_result
@@ -36,6 +37,7 @@ from checks.verify.sampler import Sampler, Trace
 from checks.verify.user import advice, exchange, modelfix
 from checks.verify.user import judge as j
 from checks.verify.user import saved as saved_file
+from checks.verify.user import solo as solo_leg
 from checks.verify.user import sweep as sweeper
 from checks.verify.user.launch import CommandRun, StopRule, own_stderr, run_command, step_counts
 from checks.verify.watch import usable_here
@@ -184,12 +186,14 @@ def evaluate(request: CommandRequest, g: Gathered, say: Say) -> Judged:
     found = j.ranks(run.events, stop.warmup, stop.steps, stop.seconds)  # every process's steps, read once
     deadline = started + budget - stopper.TAIL_S
     advice = ab = model = saved = replayed = swept = oom = None
+    one: solo_leg.Solo | None = None
     if g.reruns:
         measured = _measured(request, run, found)
         saved = _saved(run, found, deadline)
         # the resume replay first: a checkpoint that does not resume outweighs any speed-up, and it is one short run
         kept = (first.original, read_checkpoint(first.kept, timeout=30.0)) if first and first.kept else None
         replayed = _replay(request, run, found, kept, first.kept if first else "", cwd, say, deadline, cuts)
+        one = _solo(request, run, found, stop, cwd, say, deadline, cuts)  # one short run, as the replay
         advice = _advice(request, measured, stop, cwd, cores, say, deadline, cuts)
         ab = _exchange(request, run, found, stop, cwd, say, deadline, cuts)
         waits = _comm_share(ab, run, found) >= cfg.verify.share_warn  # comm-bound: faster math would only wait longer
@@ -206,6 +210,7 @@ def evaluate(request: CommandRequest, g: Gathered, say: Say) -> Judged:
         swept, oom, model, saved, ab, g.hosts,
     )  # fmt: skip
     results, measurements = _described(request, results, measurements, found, replayed)
+    results, measurements = _scaling(results, measurements, one, g.reruns)
     steps = [s for r in found[:1] for s in r.steps]
     what = "invoke verify" if request.builtin else f"invoke verify -- {request.command[0]}"
     title = f"{what}: {verdicts[0].id if verdicts else 'cant-tell'}"
@@ -491,6 +496,41 @@ def _exchange(
     if ab is not None and ab.noise:
         say(f"verify: the exchange A/B is {ab.noise}; the comm hook's figure stands")
     return ab
+
+
+def _solo(
+    request: CommandRequest,
+    run: CommandRun,
+    found: Sequence[j.Rank],
+    stop: StopRule,
+    cwd: str,
+    say: Say,
+    deadline: float,
+    cuts: list[Cut],
+) -> solo_leg.Solo | None:
+    """Under torchrun: the command re-run as one process (``checks/verify/user/solo.py``), for DDP's scaling
+    efficiency, within what the budget leaves of ``verify.command_advice_s``."""
+    if len(found) < 2:
+        return None
+    if run.interrupted or run.ended not in ("stopped", "exited"):
+        return solo_leg.Solo(None, f"no one-process run after a run that {run.ended}")
+    seconds = _rerun_seconds(request, stop, deadline, cuts, "the one-process run")
+    if seconds <= 1.0:
+        return solo_leg.Solo(None, "no time for a one-process run (verify.command_advice_s, or the budget left)")
+    say(f"verify: timing the command as one process for the scaling efficiency (up to {seconds:.0f} s)")
+    return solo_leg.measure(request.command, cwd, seconds)
+
+
+def _scaling(
+    results: list[Result], m: Measurements, one: solo_leg.Solo | None, reruns: bool
+) -> tuple[list[Result], Measurements]:
+    """``measurements.ddp`` with the scaling efficiency (or why none), and its ``verify-ddp`` row after the loop's."""
+    if m.ddp is None:
+        return results, m
+    why = "verify --hosts re-runs nothing on one box: no one-process run" if not reruns else "no one-process run"
+    ddp = solo_leg.scaled(m.ddp, m.steps.samples_per_s if m.steps else None, one or solo_leg.Solo(None, why))
+    at = next((i + 1 for i, r in enumerate(results) if r.id == "verify-loop"), len(results))
+    return [*results[:at], distributed.ddp_result(ddp), *results[at:]], dataclasses.replace(m, ddp=ddp)
 
 
 def _comm_share(ab: CommFigures | None, run: CommandRun, found: Sequence[j.Rank]) -> float:
