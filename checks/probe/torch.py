@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,10 +102,20 @@ def read_torch(python: str = sys.executable, timeout: float = 60.0) -> TorchFact
 def read_checkpoint(path: str, timeout: float, python: str = sys.executable) -> dict[str, Any]:
     """What a checkpoint file holds, as torch's default load reads it (``scripts/ckpt_contents.py``: the parts a
     resume needs, or ``{"error": ...}``); a child that fails or times out is an ``error`` too."""
+    return read_checkpoints([path], timeout, python)[0]
+
+
+def read_checkpoints(paths: Sequence[str], timeout: float, python: str = sys.executable) -> list[dict[str, Any]]:
+    """``read_checkpoint`` of each file, all in one child: one ``import torch`` (seconds on a small box) for the
+    last file a run saved and the first one verify kept aside for its resume replay."""
     try:
-        return run_child([python, str(SCRIPTS / "ckpt_contents.py"), path], timeout)
+        data = run_child([python, str(SCRIPTS / "ckpt_contents.py"), *paths], timeout)
     except ChildFailed as exc:
-        return {"error": f"reading it took too long or crashed: {exc}"}
+        return [{"error": f"reading it took too long or crashed: {exc}"} for _ in paths]
+    files = data.get("files") if len(paths) > 1 else [data]
+    if not isinstance(files, list) or len(files) != len(paths):
+        return [{"error": f"the reader answered {str(data)[:200]}"} for _ in paths]
+    return [dict(f) for f in files]
 
 
 def run_bench(

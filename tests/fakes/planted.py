@@ -50,11 +50,16 @@ def _contents_script() -> Any:
 
 def read_in_process(path: str, timeout: float) -> dict[str, Any]:
     """``checks.probe.torch.read_checkpoint`` without its child: the same script's ``main`` in this process, its
-    answer through JSON as the child's would come. verify reads a checkpoint twice where it replays a resume (the
-    last file saved, and the first one kept aside), each child a fresh ``import torch``: seconds on this box. The
-    child's own boundary (timeouts, a crash) is tests/checks/verify/user/test_saved.py's."""
+    answer through JSON as the child's would come (a fresh ``import torch``: seconds on this box). The child's own
+    boundary (timeouts, a crash, several files in one child) is tests/checks/verify/user/test_saved.py's and
+    tests/checks/probe/test_torch.py's."""
     answer: dict[str, Any] = json.loads(json.dumps(_contents_script().main(path)))
     return answer
+
+
+def read_all_in_process(paths: list[str], timeout: float) -> list[dict[str, Any]]:
+    """``checks.probe.torch.read_checkpoints`` without its child: ``read_in_process`` of each file."""
+    return [read_in_process(path, timeout) for path in paths]
 
 
 @dataclass
@@ -93,7 +98,7 @@ def builtin(
     from checks.verify.user import run as command_run
 
     monkeypatch.chdir(REPO)  # --dataset/--model import paths resolve from the current folder
-    monkeypatch.setattr(command_run, "read_checkpoint", read_in_process)
+    monkeypatch.setattr(command_run, "read_checkpoints", read_all_in_process)
     if not replay:
         monkeypatch.setattr(tool_script.FirstSave, "seen", lambda self, event: None)
     json_path = str(tmp_path / "r.json")

@@ -1,7 +1,7 @@
 """What a checkpoint file holds, as a resume needs it: model, optimizer, the position (epoch, step), the loss, the
 RNG state and the data position (the seed's list of what a checkpoint keeps, docs/sources.md#seed-article §4.4).
 
-Usage: python ckpt_contents.py PATH. Read with ``torch.load(weights_only=True)``, the default load since torch 2.6
+Usage: python ckpt_contents.py PATH [PATH ...]. Read with ``torch.load(weights_only=True)``, the default load since torch 2.6
 (docs/sources.md#torch-load-weights-only; memory-mapped where the file allows it, so a large file is not read
 whole); prints one JSON object: the load's
 time and the parts found, or ``{"error": ...}`` when torch's default load refuses the file. Nothing of the user's
@@ -104,5 +104,6 @@ def main(path: str) -> dict[str, Any]:
     return {"load_s": round(time.monotonic() - began, 4), **describe(obj, torch)}
 
 
-if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1])))
+if __name__ == "__main__":  # one file: its contents; several: {"files": [each file's]}, read by one import torch
+    paths = sys.argv[1:]
+    print(json.dumps(main(paths[0]) if len(paths) == 1 else {"files": [main(path) for path in paths]}))

@@ -23,7 +23,7 @@ from checks.config import PreflightConfig
 from checks.errors import PreflightError
 from checks.facts import MachineFacts
 from checks.probe.sample import GpuReader, HostReader
-from checks.probe.torch import read_checkpoint
+from checks.probe.torch import read_checkpoints
 from checks.reports.verify import Checkpoint, CommFigures, DataInfo, Files, Measurements
 from checks.result import Report, Result, Status, ok, skip
 from checks.verify import distributed
@@ -189,9 +189,8 @@ def evaluate(request: CommandRequest, g: Gathered, say: Say) -> Judged:
     one: solo_leg.Solo | None = None
     if g.reruns:
         measured = _measured(request, run, found)
-        saved = _saved(run, found, deadline)
+        saved, kept = _saved(run, found, deadline, first)
         # the resume replay first: a checkpoint that does not resume outweighs any speed-up, and it is one short run
-        kept = (first.original, read_checkpoint(first.kept, timeout=30.0)) if first and first.kept else None
         replayed = _replay(request, run, found, kept, first.kept if first else "", cwd, say, deadline, cuts)
         one = _solo(request, run, found, stop, cwd, say, deadline, cuts)  # one short run, as the replay
         advice = _advice(request, measured, stop, cwd, cores, say, deadline, cuts)
@@ -584,13 +583,21 @@ def _kept_cut(got: dict[str, Any], cuts: list[Cut] | None) -> dict[str, Any]:
     return got
 
 
-def _saved(run: CommandRun, found: Sequence[j.Rank], deadline: float) -> tuple[str, dict[str, Any]] | None:
-    """The last checkpoint rank 0 (or the only process) saved to a file, and what it holds, read in a child."""
+def _saved(
+    run: CommandRun, found: Sequence[j.Rank], deadline: float, first: FirstSave | None = None
+) -> tuple[tuple[str, dict[str, Any]] | None, tuple[str, dict[str, Any]] | None]:
+    """The last checkpoint rank 0 (or the only process) saved to a file, and the tool's script's first one kept
+    aside for the resume replay (``FirstSave``: its original path), each with what it holds; both read in one
+    child (one ``import torch``)."""
     zero = j.rank_zero(found)
     path = saved_file.last_saved(run.events, [zero.pid] if zero else sorted(run.pids))
-    if path is None:
-        return None
-    return path, read_checkpoint(path, timeout=max(10.0, min(60.0, deadline - time.monotonic())))
+    keep = first.kept if first is not None and first.kept else ""
+    paths = [p for p in (path, keep) if p]
+    if not paths:
+        return None, None
+    read = iter(read_checkpoints(paths, timeout=max(10.0, min(60.0, deadline - time.monotonic()))))
+    last = (path, next(read)) if path else None
+    return last, ((first.original, next(read)) if first is not None and keep else None)
 
 
 def _whole_world(lead: j.Rank, seen: int) -> bool:

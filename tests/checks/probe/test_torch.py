@@ -178,3 +178,21 @@ def test_alloc_value_torch_rejects_is_reported(tmp_path: Path) -> None:
         "expandable_segments:Tru", ("PYTORCH_CUDA_ALLOC_CONF",), 60, environ={**os.environ, "HOME": str(home)}
     )
     assert facts.error and "Tru" in facts.error
+
+
+def test_several_checkpoints_are_read_by_one_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify's resume replay reads the last file saved and the first one kept aside: one ``import torch``."""
+    import torch
+
+    from checks.probe import torch as probe_torch
+
+    good, gone = tmp_path / "a.pt", tmp_path / "gone.pt"
+    torch.save({"model": torch.nn.Linear(2, 2).state_dict(), "step": 4}, good)
+    children: list[list[str]] = []
+    real = probe_torch.run_child
+    monkeypatch.setattr(probe_torch, "run_child", lambda argv, timeout: children.append(argv) or real(argv, timeout))
+    first, second = probe_torch.read_checkpoints([str(good), str(gone)], timeout=60)
+    assert len(children) == 1 and children[0][-2:] == [str(good), str(gone)]
+    assert first["model"]["tensors"] == 2 and first["position"] == {"step": 4.0}
+    assert "error" in second and "error" not in first
+    assert probe_torch.read_checkpoint(str(good), timeout=60)["position"] == {"step": 4.0}  # one file: as before
