@@ -65,6 +65,15 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
 
 
+@pytest.fixture(autouse=True)
+def _strict_agent_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every agent line a test's command writes is parsed strictly (``checks.verify.events.STRICT``): a line of a
+    kind, or with a field, that no record names fails the test that ran it, where verify itself drops it."""
+    from checks.verify import events
+
+    monkeypatch.setattr(events, "STRICT", True)
+
+
 @pytest.fixture
 def here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Here:
     """The tool's CLI run in this process (tests/fakes/cli.py): ``here(home, "bootstrap", "--json", "-")``."""

@@ -39,6 +39,7 @@ from checks.result import Result, fail, ok
 from checks.verify import distributed
 from checks.verify import plan as v
 from checks.verify.contract import DataSpec
+from checks.verify.events import Event, Moved, Saved, StepLine
 from checks.verify.user.launch import StopRule, run_command
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "train.py"
@@ -185,11 +186,11 @@ class FirstSave:
     def __init__(self, folder: str) -> None:
         self.folder, self.original, self.kept = folder, "", ""
 
-    def seen(self, e: dict[str, Any]) -> None:
-        if self.kept or e.get("rank") not in (0, None):
+    def seen(self, e: Saved | Moved) -> None:
+        if self.kept or not e.lead:
             return
-        where = e.get("to") if e.get("event") == "moved" else e.get("path") if e.get("event") == "saved" else None
-        if not isinstance(where, str) or os.path.basename(where).startswith("."):  # a temporary name: wait
+        where = e.to if isinstance(e, Moved) else e.path
+        if os.path.basename(where).startswith("."):  # a temporary name: wait
             return
         target = os.path.join(self.folder, os.path.basename(where))
         try:
@@ -225,7 +226,7 @@ class Replay:
 
 
 def replay(
-    b: Builtin, saved: tuple[str, dict[str, Any]] | None, events: Sequence[dict[str, Any]], pid: int, cwd: str,
+    b: Builtin, saved: tuple[str, dict[str, Any]] | None, events: Sequence[Event], pid: int, cwd: str,
     steps: int, seconds: float, rtol: float, kept: str = "",
 ) -> Replay | None:  # fmt: skip
     """Resume the script from the last checkpoint it saved (``--resume FILE``, the same flags) for up to ``steps``
@@ -242,10 +243,8 @@ def replay(
     if not isinstance(at, (int, float)):
         return None
     at = int(at)
-    after = [e for e in events if e.get("event") == "step" and e.get("pid") == pid and isinstance(e.get("i"), int)]
-    losses = [
-        float(e["loss"]) for e in sorted(after, key=lambda e: e["i"]) if e["i"] > at and e.get("loss") is not None
-    ]
+    after = [e for e in events if isinstance(e, StepLine) and e.pid == pid]
+    losses = [e.loss for e in sorted(after, key=lambda e: e.i) if e.i > at and e.loss is not None]
     losses = losses[:steps]
     if not losses:
         return None
@@ -254,10 +253,8 @@ def replay(
     started = time.monotonic()
     run = run_command(argv, rule, cwd, None, subprocess.DEVNULL)
     took = time.monotonic() - started
-    lead = [
-        e for e in run.events if e.get("event") == "step" and e.get("rank") in (0, None) and e.get("loss") is not None
-    ]
-    resumed = tuple(float(e["loss"]) for e in sorted(lead, key=lambda e: e["i"]))[: len(losses)]
+    lead = [e for e in run.events if isinstance(e, StepLine) and e.lead and e.loss is not None]
+    resumed = tuple(e.loss for e in sorted(lead, key=lambda e: e.i) if e.loss is not None)[: len(losses)]
     if len(resumed) < len(losses):
         why = "the resumed run " + ("ran out of time" if run.ended == "limit" else f"ended ({run.ended})")
         last = run.traceback()

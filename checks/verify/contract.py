@@ -4,7 +4,8 @@ Standard library only (no torch, no numpy; ``checks.typedjson``, the one typed J
 ``checks.reports.verify``, the report's records, are too).
 
 Every run is a command under the agent (``checks/verify/user/``): the agent's event lines (``step``, ``loader``,
-``device``, ``flops``, ``memory``, ``kernels``, ...; documented in docs/verify.md, "the agent's hooks") are read by
+``device``, ``flops``, ``memory``, ``kernels``, ...; documented in docs/verify.md, "the agent's hooks") are typed
+records of their own (``checks.verify.events``: one class per kind, parsed once by the launcher) read by
 ``checks.verify.user.judge``, which builds the records here and judges them with ``checks.verify.report``'s API:
 
 - ``DataSpec``: the tool's script's data as verify checked it before the run (synthetic, or staged at ``path``).

@@ -45,6 +45,7 @@ from checks.errors import PreflightError
 from checks.reports.verify import Files
 from checks.result import Result, Status, ok, skip
 from checks.verify import plan as v
+from checks.verify.events import StepLine, parse_all
 from checks.verify.report import Setting
 from checks.verify.sampler import Trace
 from checks.verify.user.launch import INT_GRACE_S, TERM_GRACE_S, CommandRun, StopRule, own_stderr
@@ -244,7 +245,7 @@ def merge_named(
     merges a Slurm job's nodes with it too."""
     run = CommandRun(argv=tuple(argv), interrupted=interrupted)
     for name, got in zip(names, runs, strict=True):
-        run.events += [{**e, "host": name} for e in got.get("events") or []]
+        run.events += [dataclasses.replace(e, host=name) for e in parse_all(got.get("events"))]
         run.signals += list(got.get("signals") or [])
         run.pids |= set(got.get("pids") or [])
         run.left += [int(p) for p in got.get("left") or []]  # process ids on their host: ``left_on`` names it
@@ -303,7 +304,7 @@ def where_named(
     """``measurements.ddp.hosts``: each node's name, address and the ranks that stepped there."""
     out = []
     for name, address, got in zip(names, addresses, runs, strict=True):
-        ranks = sorted({e["rank"] for e in got.get("events") or [] if e.get("event") == "step" and "rank" in e})
+        ranks = sorted({e.rank for e in parse_all(got.get("events")) if isinstance(e, StepLine) and e.rank is not None})
         out.append({"host": name, "address": address, "ranks": ranks})
     return out
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from checks.verify.contract import Step
 from checks.verify.figures import PHASES, SHARES
 from checks.verify.sampler import Trace
 
@@ -44,8 +45,8 @@ def figure(
     title: str,
     gpu: int | None,
     usable_cores: float,
-    steps: Sequence[dict[str, Any]] = (),
-    warmup: Sequence[dict[str, Any]] = (),
+    steps: Sequence[Step] = (),
+    warmup: Sequence[Step] = (),
     shares: dict[str, float] | None = None,
     phases: Mapping[str, Sequence[float]] | None = None,
     step_s: float | None = None,
@@ -65,7 +66,7 @@ def figure(
     heights = [_HEIGHTS[p] for p in panels] + ([1.0] if shares else [])
     fig = Figure(figsize=(13, sum(heights) + 1.4), layout="constrained")
     axes = list(fig.subplots(len(heights), 1, height_ratios=heights, squeeze=False)[:, 0])
-    t0 = trace.rows[0]["t_mono"] if trace.rows else (steps[0]["host_start"] if steps else 0.0)
+    t0 = trace.rows[0]["t_mono"] if trace.rows else (steps[0].host_start if steps else 0.0)
     t0 = float(t0 or 0.0)
     timed = dict(zip(panels, axes, strict=False))
     if gpu is not None:
@@ -87,12 +88,10 @@ def figure(
 _HEIGHTS = {"gpu": 3.0, "cpu": 2.5, "steps": 2.5}
 
 
-def _title(
-    title: str, gpu: int | None, steps: Sequence[dict[str, Any]], step_s: float | None, rate: float | None
-) -> str:
+def _title(title: str, gpu: int | None, steps: Sequence[Step], step_s: float | None, rate: float | None) -> str:
     """The verdict title with the run's headline figures, and a note when no GPU was sampled."""
     if step_s is None and steps:
-        totals = sorted(sum(float(s[p]) for p in PHASES) for s in steps)
+        totals = sorted(s.total for s in steps)
         step_s = totals[len(totals) // 2]
     figures = [f"step {1000 * step_s:,.0f} ms" if step_s else "", f"{rate:,.1f} samples/s" if rate else ""]
     text = ", ".join(f for f in figures if f)
@@ -161,19 +160,19 @@ def _cpu_panel(ax: Any, trace: Trace, usable_cores: float, t0: float) -> None:
     _legend_outside(ax)
 
 
-def _steps_panel(ax: Any, steps: Sequence[dict[str, Any]], warmup: Sequence[dict[str, Any]], t0: float) -> None:
+def _steps_panel(ax: Any, steps: Sequence[Step], warmup: Sequence[Step], t0: float) -> None:
     """Stacked phase bars per step at the step's host time; warm-up steps faint (a first step can be 10x longer)."""
     ax.set_ylabel("step (ms)")
     for group, alpha, label in ((warmup, 0.3, False), (steps, 1.0, True)):
-        xs = [float(s["host_start"]) - t0 for s in group]
-        widths = [max(1e-4, 0.9 * (float(s["host_end"]) - float(s["host_start"]))) for s in group]
+        xs = [s.host_start - t0 for s in group]
+        widths = [max(1e-4, 0.9 * (s.host_end - s.host_start)) for s in group]
         bottom = [0.0] * len(group)
         for phase in PHASES:
-            heights = [1000 * float(s[phase]) for s in group]
+            heights = [1000 * float(getattr(s, phase)) for s in group]
             name = phase if label else None
             ax.bar(xs, heights, widths, bottom=bottom, align="edge", color=COLOURS[phase], alpha=alpha, label=name)
             bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-    top = max((1000 * sum(float(s[p]) for p in PHASES) for s in steps), default=0.0)
+    top = max((1000 * s.total for s in steps), default=0.0)
     if top > 0:
         ax.set_ylim(0, 1.3 * top)
     _legend_outside(ax)

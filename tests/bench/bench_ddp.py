@@ -85,7 +85,7 @@ def one_run(model: str, advice_s: float) -> dict[str, Any]:
     figures = exchange.figures(ab, make_config().verify.exchange_ab_tolerance)
     if figures is None:
         raise SystemExit(f"{model}: no A/B: {ab}")
-    saves = [float(s.get("checkpoint") or 0.0) for s in (j.rank_zero(found) or found[0]).steps]
+    saves = [s.checkpoint for s in (j.rank_zero(found) or found[0]).steps]
     return {
         "ab": figures.to_json(), "raw": ab, "ab_s": ab_s, "wall_s": wall, "grad_bytes": hooked.grad_bytes or 0,
         "hook_ms": hooked.comm_exposed_ms, "save_s": max(saves, default=0.0),

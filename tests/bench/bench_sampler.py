@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from checks.probe.host import read_host  # noqa: E402
 from checks.probe.sample import GpuReader, HostReader  # noqa: E402
 from checks.probe.torch import read_torch  # noqa: E402
-from checks.verify.contract import PHASES  # noqa: E402
+from checks.verify.events import StepLine  # noqa: E402
 from checks.verify.sampler import Sampler  # noqa: E402
 from checks.verify.user.launch import StopRule, run_command  # noqa: E402
 from tests.bench.benchmarks_md import write_section  # noqa: E402
@@ -92,7 +92,7 @@ def toggled(seconds: float, block_s: float) -> dict[str, Any]:
     wall = time.monotonic() - t0
     done.set()
     thread.join()
-    records = [e for e in run.events if e.get("event") == "step" and int(e.get("i") or 0) > WARMUP]
+    records = [e for e in run.events if isinstance(e, StepLine) and e.i > WARMUP]
     assert run.ended == "stopped" and records, (run.ended, run.traceback())
     return _paired(records, blocks) | {
         "cpu_ms": 1000 * cpu[0] / max(1, samples[0]),
@@ -101,12 +101,12 @@ def toggled(seconds: float, block_s: float) -> dict[str, Any]:
     }
 
 
-def _paired(records: list[dict[str, Any]], blocks: list[tuple[float, float, bool]]) -> dict[str, Any]:
+def _paired(records: list[StepLine], blocks: list[tuple[float, float, bool]]) -> dict[str, Any]:
     """The agent's step lines (``host_start``/``host_end``: the script's ``time.monotonic``, the same clock as
     this process's on Linux) in each block; a step's time is the sum of its phases, as the judge's."""
 
     def median_in(a: float, b: float) -> float | None:
-        inside = [sum(float(r[p]) for p in PHASES) for r in records if r["host_start"] >= a and r["host_end"] <= b]
+        inside = [r.seconds for r in records if r.host_start >= a and r.host_end <= b]
         return statistics.median(inside) if len(inside) >= 3 else None
 
     medians = [(median_in(a, b), on) for a, b, on in blocks]

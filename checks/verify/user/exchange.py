@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from checks.reports.verify import CommFigures
+from checks.verify.events import DdpSkipped
 from checks.verify.user import judge as j
 from checks.verify.user.launch import StopRule, run_command
 
@@ -58,7 +59,7 @@ def measure(argv: Sequence[str], cwd: str, budget_s: float) -> dict[str, Any]:
             break
         lead = j.rerun_lead(run, RERUN_WARMUP, RERUN_STEPS)
         figs = j.rank_figures(lead) if lead is not None and len(lead.steps) >= RERUN_STEPS else None
-        applied = any(e.get("event") == "ddp-skipped" for e in run.events)
+        applied = any(isinstance(e, DdpSkipped) for e in run.events)
         if figs is not None and (leg == "") != applied:  # a skip leg whose exchange was not skipped is no leg
             legs["skip" if leg else "sync"].append(figs.fig.mean_s)
     return {

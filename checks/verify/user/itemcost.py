@@ -17,44 +17,43 @@ import statistics
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from checks.verify.events import Event, FetchLine, StepLine
+
 
 class _Lead(Protocol):
     @property
     def pid(self) -> int: ...
 
     @property
-    def steps(self) -> list[dict[str, Any]]: ...
+    def steps(self) -> list[StepLine]: ...
 
 
-def item_cost(lead: _Lead, events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+def item_cost(lead: _Lead, events: Sequence[Event]) -> dict[str, Any] | None:
     """``measurements.item_cost`` of the pace-setting process (None: no map-style batch was timed)."""
     if not lead.steps:
         return None
-    own = [s for s in lead.steps if s.get("fetched_samples")]
+    own = [s for s in lead.steps if s.fetched_samples]
     if own:
-        samples = sum(int(s["fetched_samples"]) for s in own)
-        batches = sum(int(s["fetched_batches"]) for s in own)
-        getitem = sum(float(s["getitem_s"]) for s in own)
-        collate = sum(float(s["collate_s"]) for s in own)
+        samples = sum(s.fetched_samples or 0 for s in own)
+        batches = sum(s.fetched_batches or 0 for s in own)
+        getitem = sum(s.getitem_s or 0.0 for s in own)
+        collate = sum(s.collate_s or 0.0 for s in own)
         where, workers = "training process", 0
     else:
-        feed = lead.steps[-1].get("feed")
-        rows = [e for e in events if e.get("event") == "fetch" and e.get("ppid") == lead.pid]
-        fed = [e for e in rows if e.get("feed") == feed]  # forked workers see the same dataset object
-        rows = fed or rows  # spawned ones unpickled their own copy: a new id
-        lo, hi = lead.steps[0]["host_start"], lead.steps[-1]["host_end"]
-        rows = [e for e in rows if lo <= e["t"] <= hi] or rows
+        rows = worker_batches(lead, events)
+        lo, hi = lead.steps[0].host_start, lead.steps[-1].host_end
+        rows = [e for e in rows if lo <= e.t <= hi] or rows
         if not rows:
             return None
-        samples, batches = sum(int(e["samples"]) for e in rows), len(rows)
-        getitem = sum(float(e["getitem_s"]) for e in rows)
-        collate = sum(float(e["collate_s"]) for e in rows)
-        where, workers = "workers", max(int(e.get("workers") or 0) for e in rows)
+        samples, batches = sum(e.samples for e in rows), len(rows)
+        getitem = sum(e.getitem_s for e in rows)
+        collate = sum(e.collate_s for e in rows)
+        where, workers = "workers", max(e.workers for e in rows)
     if not samples or not batches:
         return None
     per_sample, per_batch = 1e3 * getitem / samples, 1e3 * collate / batches
-    n = int(statistics.median(int(s.get("samples") or 0) for s in lead.steps)) or None
-    b = int(statistics.median(int(s.get("batches") or 0) for s in lead.steps)) or None
+    n = int(statistics.median(s.samples for s in lead.steps)) or None
+    b = int(statistics.median(s.batches for s in lead.steps)) or None
     return {
         "where": where,
         "workers": workers,
@@ -67,3 +66,11 @@ def item_cost(lead: _Lead, events: Sequence[dict[str, Any]]) -> dict[str, Any] |
         "getitem_ms_per_step": round(per_sample * n, 3) if n else None,
         "collate_ms_per_step": round(per_batch * b, 3) if b else None,
     }
+
+
+def worker_batches(lead: _Lead, events: Sequence[Event]) -> list[FetchLine]:
+    """The ``fetch`` lines of the batches ``lead``'s DataLoader workers made for the loader its steps read."""
+    feed = lead.steps[-1].feed if lead.steps else None
+    rows = [e for e in events if isinstance(e, FetchLine) and e.ppid == lead.pid]
+    fed = [e for e in rows if e.feed == feed]  # forked workers see the same dataset object
+    return fed or rows  # spawned ones unpickled their own copy: a new id

@@ -39,8 +39,20 @@ from checks.reports.verify import (
 from checks.result import Result, fail, ok, skip, warn
 from checks.verify import distributed
 from checks.verify import report as verify_report
-from checks.verify.contract import PHASES, ChildResult, ChildRun, RankDevice, Step
+from checks.verify.contract import ChildResult, ChildRun, RankDevice, Step
 from checks.verify.diagnosis import TIME_VERDICTS, Signals, Verdict, diagnose
+from checks.verify.events import (
+    DdpLine,
+    DeviceLine,
+    Event,
+    FlopsLine,
+    Hello,
+    KernelsLine,
+    LoaderLine,
+    MemoryLine,
+    StepLine,
+    TorchVersion,
+)
 from checks.verify.figures import StepFigures, breakdown, enqueue_ratio, loss_trend, step_figures
 from checks.verify.plan import Outcome
 from checks.verify.report import Setting
@@ -76,81 +88,75 @@ class OomSearch:
 class Rank:
     """One training process's steps: warm-up and measured, with the loader its steps consume from."""
 
-    key: Any  # the rank, or "pidN" for a process without one
+    key: int | str  # the rank, or "pidN" for a process without one
     pid: int
-    warmup: list[dict[str, Any]]
-    steps: list[dict[str, Any]]
-    loader: dict[str, Any] | None
-    device: dict[str, Any]
-    flops: dict[str, Any] | None = None  # the agent's count of one warm-up step: {"flops": N | None, "note": ...}
-    memory: dict[str, Any] | None = None  # its last ``memory`` line's figures (CUDA only): ``MEMORY_KEYS``
-    kernels: dict[str, Any] | None = None  # its ``kernels`` line (one profiled warm-up step, CUDA only)
+    warmup: list[StepLine]
+    steps: list[StepLine]
+    loader: LoaderLine | None
+    device: DeviceLine | None  # None: no device line (the CPU)
+    flops: FlopsLine | None = None  # the agent's count of one warm-up step
+    memory: MemoryLine | None = None  # its last ``memory`` line (CUDA only)
+    kernels: KernelsLine | None = None  # its ``kernels`` line (one profiled warm-up step, CUDA only)
 
 
-# The agent's allocator figures (its ``memory`` lines), as the near-oom rule reads them (``ChildResult.memory``)
-MEMORY_KEYS: tuple[str, ...] = ("total_bytes", "free_bytes", "allocated_bytes", "reserved_bytes")
-MEMORY_KEYS += ("peak_allocated_bytes", "peak_reserved_bytes", "inactive_split_bytes", "num_alloc_retries")
-MEMORY_KEYS += ("num_ooms", "num_device_alloc")
-# The agent's kernel profile (its ``kernels`` line), as the launch-bound rule reads it (``ChildResult.kernels``)
-KERNEL_KEYS: tuple[str, ...] = ("step", "steps", "kernels_per_step", "median_kernel_us", "short_kernel_time_share")
-KERNEL_KEYS += ("busy_fraction", "note")
+def device_json(d: DeviceLine | None) -> dict[str, Any]:
+    """A process's device as ``measurements.per_rank`` writes it (``{"type": "cpu"}`` without a device line)."""
+    return {"type": "cpu"} if d is None else {"type": d.type, "name": d.name, "uuid": d.uuid, "index": d.index}
 
 
-def _last(events: Sequence[dict[str, Any]], event: str, pid: int, keys: Sequence[str]) -> dict[str, Any] | None:
-    """The figures (``keys`` present) of process ``pid``'s last ``event`` line; None without one."""
-    lines = [e for e in events if e.get("event") == event and e.get("pid") == pid]
-    return {k: lines[-1][k] for k in keys if k in lines[-1]} if lines else None
+def _last(events: Sequence[Event], kind: type[Event], pid: int) -> Any:
+    """Process ``pid``'s last line of ``kind``; None without one."""
+    return next((e for e in reversed(events) if isinstance(e, kind) and e.pid == pid), None)
 
 
-def oom_memory(events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+def oom_memory(events: Sequence[Event]) -> dict[str, Any] | None:
     """The allocator's figures of a run that ran out of memory (the ``Oom`` record's ``memory``): each process's
     last ``memory`` line (the agent writes one at exit), of a process that counted an out-of-memory error if one
     did, the fullest card of those; None where no process wrote one (a CPU run, or CUDA never initialised)."""
-    last: dict[Any, dict[str, Any]] = {}
+    last: dict[int, MemoryLine] = {}
     for e in events:
-        if e.get("event") == "memory":
-            last[e.get("pid")] = e
-    found = [e for e in last.values() if e.get("num_ooms")] or list(last.values())
+        if isinstance(e, MemoryLine):
+            last[e.pid] = e
+    found = [e for e in last.values() if e.num_ooms] or list(last.values())
     if not found:
         return None
-    full = max(found, key=lambda e: (e.get("peak_reserved_bytes") or 0) / (e.get("total_bytes") or 1))
-    return {k: full[k] for k in MEMORY_KEYS if k in full}
+    full = max(found, key=lambda e: e.peak_reserved_bytes / (e.total_bytes or 1))
+    return full.figures()
 
 
-def ranks(events: Sequence[dict[str, Any]], warmup: int, steps: int, seconds: float) -> list[Rank]:
+def ranks(events: Sequence[Event], warmup: int, steps: int, seconds: float) -> list[Rank]:
     """Every process that stepped, rank order; its first ``warmup`` steps apart, then ``steps`` (all with
     ``seconds``)."""
-    by: dict[Any, list[dict[str, Any]]] = {}
+    by: dict[int | str, list[StepLine]] = {}
     for e in events:
-        if e.get("event") == "step":
-            by.setdefault(e["rank"] if e.get("rank") is not None else f"pid{e['pid']}", []).append(e)
+        if isinstance(e, StepLine):
+            by.setdefault(e.key, []).append(e)
     out = []
     for key, records in sorted(by.items(), key=lambda kv: (isinstance(kv[0], str), str(kv[0]).zfill(6))):
-        pid = records[-1]["pid"]
+        pid = records[-1].pid
         measured = records[warmup:] if seconds else records[warmup : warmup + steps]
-        feed = measured[-1]["feed"] if measured else records[-1]["feed"]
-        loaders = [e for e in events if e.get("event") == "loader" and e.get("pid") == pid and e.get("feed") == feed]
-        devices = [e for e in events if e.get("event") == "device" and e.get("pid") == pid]
-        device = {k: devices[-1].get(k) for k in ("type", "name", "uuid", "index")} if devices else {"type": "cpu"}
-        counted = [e for e in events if e.get("event") == "flops" and e.get("pid") == pid]
+        feed = measured[-1].feed if measured else records[-1].feed
+        loaders = [e for e in events if isinstance(e, LoaderLine) and e.pid == pid and e.feed == feed]
         loader = loaders[-1] if loaders else None
-        memory, kernels = _last(events, "memory", pid, MEMORY_KEYS), _last(events, "kernels", pid, KERNEL_KEYS)
-        flops = counted[-1] if counted else None
+        device, flops = _last(events, DeviceLine, pid), _last(events, FlopsLine, pid)
+        memory, kernels = _last(events, MemoryLine, pid), _last(events, KernelsLine, pid)
         out.append(Rank(key, pid, records[:warmup], measured, loader, device, flops, memory, kernels))
     return out
 
 
-def step_record(line: dict[str, Any]) -> Step:
-    """The contract's ``Step`` of one agent step line (its extra keys stay in the line)."""
-    fetch = tuple((float(a), float(b)) for a, b in line.get("fetch") or ())
-    loss = line.get("loss")
+def step_record(line: StepLine) -> Step:
+    """The contract's ``Step`` of one agent step line."""
     return Step(
-        **{p: float(line[p]) for p in PHASES},
-        host_start=float(line["host_start"]),
-        host_end=float(line["host_end"]),
-        enqueue_s=float(line["enqueue_s"]),
-        fetch=fetch,
-        loss=float("nan") if loss is None else float(loss),
+        data_wait=line.data_wait,
+        h2d=line.h2d,
+        forward=line.forward,
+        backward=line.backward,
+        optimizer=line.optimizer,
+        host_start=line.host_start,
+        host_end=line.host_end,
+        enqueue_s=line.enqueue_s,
+        fetch=line.fetch,
+        loss=float("nan") if line.loss is None else line.loss,
     )
 
 
@@ -178,16 +184,16 @@ def rank_figures(r: Rank, every: int = 0, saver: Rank | None = None) -> RankFigu
     it at the next exchange)."""
     if not r.steps:
         return None
-    samples = _median_int([s["samples"] for s in r.steps])
+    samples = _median_int([s.samples for s in r.steps])
     records = [step_record(s) for s in r.steps]
     figs = step_figures(records, samples)
-    saving = r if saver is None or any(s["saves"] for s in r.steps) else saver
-    ckpt = sum(s["checkpoint"] for s in saving.steps)
-    saves = sum(s["saves"] for s in saving.steps)
+    saving = r if saver is None or any(s.saves for s in r.steps) else saver
+    ckpt = sum(s.checkpoint for s in saving.steps)
+    saves = sum(s.saves for s in saving.steps)
     per_step = ckpt / saves / every if every and saves else ckpt / len(saving.steps)
     step_s = figs.mean_s + per_step
     rate = figs.samples_per_s or None
-    tokens = _median_int([s.get("tokens") or 0 for s in r.steps])
+    tokens = _median_int([s.tokens for s in r.steps])
     figs = dataclasses.replace(
         figs,
         shares=breakdown(records, per_step),
@@ -202,14 +208,14 @@ def rank_figures(r: Rank, every: int = 0, saver: Rank | None = None) -> RankFigu
     checkpoint = (
         Checkpoint(
             save_s=ckpt / saves,
-            bytes=round(sum(s["ckpt_bytes"] for s in saving.steps) / saves),
+            bytes=round(sum(s.ckpt_bytes for s in saving.steps) / saves),
             every_steps=every or _every(len(saving.steps), saves),
             saves=saves,
         )
         if saves
         else None
     )
-    micro = _median_int([s["micro"] for s in r.steps]) or 1
+    micro = _median_int([s.micro for s in r.steps]) or 1
     return RankFigures(figs, micro, samples or None, checkpoint, tokens or None)
 
 
@@ -226,25 +232,25 @@ def _child_result(lead: Rank, figs: RankFigures | None) -> ChildResult:
     """The contract's ``ChildResult`` of the lead process, which verify's own judging code reads."""
     micro = figs.micro_batches if figs else 1
     per_micro = ((figs.samples_per_step if figs else None) or 0) // micro
-    window = (lead.steps[0]["host_start"], lead.steps[-1]["host_end"]) if lead.steps else None
-    loader = (lead.loader or {}).get("settings") or {}
+    window = (lead.steps[0].host_start, lead.steps[-1].host_end) if lead.steps else None
+    loader = lead.loader.settings if lead.loader else {}
     d = lead.device
-    precisions = [str(s["precision"]) for s in lead.steps if s.get("precision")]
+    precisions = [s.precision for s in lead.steps if s.precision]
     precision = max(set(precisions), key=precisions.count) if precisions else None
-    flops = (lead.flops or {}).get("flops")
+    flops = lead.flops.flops if lead.flops else None
     if lead.flops is None:
         note = "the agent counted no step (it counts the last warm-up step: --warmup 2 or more)"
     else:
-        note = str(lead.flops.get("note") or "")
+        note = lead.flops.note or ""
     return ChildResult(
         precision=precision,
         flops_per_step=int(flops) if flops else None,
         flops_note=note or None,
-        memory=lead.memory,
-        kernels=lead.kernels,
+        memory=lead.memory.figures() if lead.memory else None,
+        kernels=lead.kernels.figures() if lead.kernels else None,
         steps=tuple(step_record(s) for s in lead.steps),
         warmup=tuple(step_record(s) for s in lead.warmup),
-        device=Device(type=str(d.get("type") or "cpu"), name=str(d.get("name") or "CPU"), uuid=d.get("uuid")),
+        device=Device(type=d.type or "cpu", name=d.name or "CPU", uuid=d.uuid) if d else Device(type="cpu", name="CPU"),
         batch_size=per_micro or None,
         accum=micro,
         loader=dict(loader),
@@ -290,7 +296,7 @@ def judge(
     if ddp is not None and hosts:  # across nodes: where the ranks ran, and what the link carried while they waited
         ddp = dataclasses.replace(ddp, hosts=tuple(HostRanks.from_json(dict(h)) for h in hosts))
         ddp = dataclasses.replace(ddp, link_mbit_s=distributed.link_mbit_s(ddp))
-    saver = next((r for r in found if any(x["saves"] for x in r.steps)), None)  # rank 0 first
+    saver = next((r for r in found if any(x.saves for x in r.steps)), None)  # rank 0 first
     figs = rank_figures(lead, setting.ckpt_every, saver) if lead else None
     child = _child_result(lead, figs) if lead else ChildResult()
     child = dataclasses.replace(child, sweep=sweep, oom=oom.oom if oom else None)
@@ -354,7 +360,7 @@ def judge(
             data=child.data, torch=_torch_version(run, lead), threads=None, seconds=round(run.seconds, 2), interrupted=run.interrupted,
             failure=None if run.ended in ("stopped", "exited") else run.ended, error=None,
         ),
-        dataloader=dict(((lead.loader or {}).get("settings") if lead else None) or {}),  # the keywords it used
+        dataloader=dict(lead.loader.settings if lead and lead.loader else {}),  # the keywords it used
         diagnosis=judged.diagnosis,
         sampler=sampler,
         files=setting.files,
@@ -384,9 +390,9 @@ def judge(
 
 def _torch_version(run: CommandRun, lead: Rank | None) -> str | None:
     """The torch the command imported (the agent's ``torch`` line; the lead process's where there are several)."""
-    lines = [e for e in run.events if e.get("event") == "torch" and e.get("version")]
-    mine = [e for e in lines if lead is not None and e.get("pid") == lead.pid] or lines
-    return str(mine[0]["version"]) if mine else None
+    lines = [e for e in run.events if isinstance(e, TorchVersion) and e.version]
+    mine = [e for e in lines if lead is not None and e.pid == lead.pid] or lines
+    return mine[0].version if mine else None
 
 
 def _no_step(search: OomSearch | None) -> Result:
@@ -491,25 +497,25 @@ def own_step_s(r: Rank) -> float | None:
     user's command is not changed to run them.) Saves are left out: one rank (rank 0) saves for all, every
     ``ckpt_every`` steps, and a save among a few measured steps moved its median (a "straggler" that only saved);
     their cost is the checkpoint share's, judged by the checkpoint rule."""
-    own = [s["data_wait"] + s["forward"] + s["optimizer"] for s in r.steps]
+    own = [s.data_wait + s.forward + s.optimizer for s in r.steps]
     return statistics.median(own) if own else None
 
 
 def rank_rows(
     found: Sequence[Rank],
     lead: Rank | None = None,
-    events: Sequence[dict[str, Any]] = (),
+    events: Sequence[Event] = (),
     nvml_uuids: Mapping[int, str | None] | None = None,
 ) -> DdpFigures:
     """The ranks as the straggler and comm-bound rules read them (``own_s``: ``own_step_s``; ``gpu``: ``gpu_of``
     the rank's device, the NVML index its UUID has in ``nvml_uuids``, bootstrap's ``gpuN``), and ``lead``'s exposed exchange where the agent's DDP comm hook timed it: from the last
     gradient bucket handed to the all-reduce to the end of backward, the part of the exchange no computation hid."""
-    exposed = [s.get("comm_exposed") for s in (lead.steps if lead else [])]
-    sizes = [s.get("comm_bytes") or 0 for s in (lead.steps if lead else [])]
+    exposed = [s.comm_exposed for s in (lead.steps if lead else [])]
+    sizes = [s.comm_bytes or 0 for s in (lead.steps if lead else [])]
     figs = rank_figures(lead) if lead else None
     timed = bool(exposed) and all(x is not None for x in exposed) and figs is not None and figs.fig.mean_s > 0
     mean = statistics.fmean(float(x or 0.0) for x in exposed) if timed else None
-    backends = [str(e.get("backend")) for e in events if e.get("event") == "ddp" and e.get("backend")]
+    backends = [e.backend for e in events if isinstance(e, DdpLine) and e.backend]
     exposed_ms = share = grad = None
     if timed and mean is not None and figs is not None:
         exposed_ms, share = round(1000 * mean, 3), round(mean / figs.fig.mean_s, 4)
@@ -530,13 +536,14 @@ def rank_rows(
     )  # fmt: skip
 
 
-def rank_device(device: Mapping[str, Any], nvml_uuids: Mapping[int, str | None]) -> RankDevice:
+def rank_device(device: DeviceLine | None, nvml_uuids: Mapping[int, str | None]) -> RankDevice:
     """A rank's device (the agent's ``device`` line) with the NVML index of its UUID in the parent's NVML order
     (under CUDA_VISIBLE_DEVICES, or a PCI order unlike CUDA's, torch's index names another card)."""
-    uuid, index = device.get("uuid"), device.get("index")
-    key = uuid_key(str(uuid)) if uuid else None
+    if device is None:
+        return RankDevice("cpu")
+    key = uuid_key(device.uuid) if device.uuid else None
     nvml = next((i for i, u in nvml_uuids.items() if key and u and uuid_key(u) == key), None)
-    return RankDevice(device.get("type"), index if isinstance(index, int) else None, uuid, nvml)
+    return RankDevice(device.type, device.index, device.uuid, nvml)
 
 
 def per_rank(found: Sequence[Rank]) -> list[ProcessFigures]:
@@ -544,7 +551,7 @@ def per_rank(found: Sequence[Rank]) -> list[ProcessFigures]:
     out = []
     for r in found:
         figs = rank_figures(r)
-        row = ProcessFigures(r.key, r.pid, len(r.steps), dict(r.device))
+        row = ProcessFigures(r.key, r.pid, len(r.steps), device_json(r.device))
         if figs:
             row = dataclasses.replace(
                 row, median_s=figs.fig.median_s, own_s=own_step_s(r), step_breakdown=dict(figs.fig.shares),
@@ -592,7 +599,7 @@ def command_result(run: CommandRun, found: Sequence[Rank], warmup: int) -> Resul
         summary = f"{cmd} crashed ({status}) after {steps} optimizer step(s): {who}{last[-1] if last else ''}"
         return fail("verify-command", summary, "its traceback ends:\n" + "\n".join(last), value=run.ended)
     if run.ended == "no-step":
-        imported = any(e.get("event") == "hello" for e in run.events)
+        imported = any(isinstance(e, Hello) for e in run.events)
         what = "no torch optimizer step" if imported else "no torch optimizer step (torch not even imported yet)"
         summary = f"{cmd}: {what} within {run.seconds:.0f} s (stopped by verify)"
         hint = (
@@ -628,24 +635,24 @@ def _loop(lead: Rank, figs: RankFigures) -> Result:
         rate += f", {figs.fig.tokens_per_s:,.0f} tokens/s ({figs.tokens_per_step:,} tokens per step)"
     summary = (
         f"{len(lead.steps)} optimizer steps{accum} measured ({len(lead.warmup)} warm-up excluded){batch}; "
-        f"median {figs.fig.median_s * 1000:.1f} ms{rate} on {lead.device.get('name') or lead.device.get('type')}"
+        f"median {figs.fig.median_s * 1000:.1f} ms{rate} on {lead.device.name if lead.device else 'cpu'}"
     )
-    precisions = {str(s.get("precision")) for s in lead.steps if s.get("precision")}
+    precisions = {s.precision for s in lead.steps if s.precision}
     if precisions:  # the math as the agent saw it: autocast's dtype, else the weights' (tf32: fp32 matmul on TF32)
         summary += f", {'/'.join(sorted(precisions))}"
-    count = lead.flops or {}
-    if count.get("flops"):
-        n = float(count["flops"])
+    count = lead.flops
+    if count is not None and count.flops:
+        n = float(count.flops)
         amount = f"{n / 1e12:,.3g} TFLOP" if n >= 1e12 else f"{n / 1e9:,.3g} GFLOP"
-        summary += f"; {amount} per step (counted at warm-up step {count.get('step')})"
-    elif count.get("note"):
-        summary += f"; FLOPs {count['note']}"
+        summary += f"; {amount} per step (counted at warm-up step {count.step})"
+    elif count is not None and count.note:
+        summary += f"; FLOPs {count.note}"
     return ok("verify-loop", summary, value=len(lead.steps))
 
 
 def _loss(lead: Rank | None, cfg: VerifyConfig) -> Result:
     """A NaN/inf loss fails; one that does not go down is a warning (a user's few dozen steps can be noisy)."""
-    losses = [s["loss"] for s in ((lead.warmup + lead.steps) if lead else []) if s.get("loss") is not None]
+    losses = [s.loss for s in ((lead.warmup + lead.steps) if lead else []) if s.loss is not None]
     if not losses:
         return skip("verify-loss", "no loss seen (backward on a one-element tensor)")
     t = loss_trend(losses)

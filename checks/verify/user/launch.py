@@ -34,7 +34,8 @@ from typing import IO, Any
 from checks.probe import session
 from checks.probe.sample import process_tree
 from checks.probe.session import Reaper
-from checks.verify.contract import PHASES, StopSpec
+from checks.verify.contract import StopSpec
+from checks.verify.events import Event, Hello, StepLine, Waiting, parse_line
 from checks.verify.stop import MIN_MEASURED, rows_of, stable
 
 INJECT = Path(__file__).resolve().parent / "inject"
@@ -68,10 +69,12 @@ class StopRule:
 
 @dataclass
 class CommandRun:
-    """How the command went: its events, its exit, who ended it and what was left."""
+    """How the command went: its events (the agent's lines, parsed: ``checks.verify.events``), its exit, who
+    ended it and what was left; ``dropped``: lines of an unknown kind or broken, kept out."""
 
     argv: tuple[str, ...]
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    dropped: int = 0
     returncode: int | None = None
     ended: str = ""  # stopped | exited | crashed | interrupted | no-step | stalled | limit | no-torch
     stop_reason: str = ""  # when stopped: steps | seconds | stable | budget (checks/verify/stop.py)
@@ -155,15 +158,17 @@ def own_stderr(tail: list[str]) -> list[str]:
 
 
 class _Tails:
-    """Complete JSON lines appended to every ``events-*.jsonl`` of a folder since the last call."""
+    """The records of the complete JSON lines appended to every ``events-*.jsonl`` of a folder since the last
+    call, each line parsed once; ``dropped`` counts those of an unknown kind or broken (kept out)."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.offsets: dict[Path, int] = {}
         self.partial: dict[Path, str] = {}
+        self.dropped = 0
 
-    def read(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    def read(self) -> list[Event]:
+        out: list[Event] = []
         for path in sorted(self.folder.glob("events-*.jsonl")):
             try:
                 with path.open(encoding="utf-8") as fh:
@@ -175,8 +180,11 @@ class _Tails:
             lines = (self.partial.get(path, "") + text).split("\n")
             self.partial[path] = lines.pop()
             for line in lines:
-                with contextlib.suppress(json.JSONDecodeError):
-                    out.append(json.loads(line))
+                event = parse_line(line)
+                if event is None:
+                    self.dropped += 1
+                else:
+                    out.append(event)
         return out
 
 
@@ -231,7 +239,7 @@ def run_command(
     echo: IO[bytes] | None,
     stdout: int | IO[Any] | None = None,
     overrides: Mapping[str, Any] | None = None,
-    on_event: Callable[[dict[str, Any]], None] = lambda e: None,
+    on_event: Callable[[Event | Waiting], None] = lambda e: None,
     on_start: Callable[[int], None] = lambda pid: None,
     peak: bool = False,
     model: Mapping[str, Any] | None = None,
@@ -272,11 +280,12 @@ def run_command(
                 _clean_up(run, reaper)
                 tee.join(timeout=5)
                 run.events += tails.read()
+                run.dropped = tails.dropped
         run.returncode = proc.returncode
         run.seconds = time.monotonic() - start
     if not run.ended:
         run.ended = "exited" if proc.returncode == 0 else "crashed"
-    if not any(e.get("event") == "hello" for e in run.events) and run.ended in ("exited", "crashed"):
+    if not any(isinstance(e, Hello) for e in run.events) and run.ended in ("exited", "crashed"):
         run.ended = "no-torch"
     return run
 
@@ -317,24 +326,18 @@ def _tee(proc: subprocess.Popen[bytes], echo: IO[bytes] | None, run: CommandRun)
         run.stderr_tail = list(tail)
 
 
-def step_counts(events: Sequence[dict[str, Any]]) -> tuple[dict[Any, int], int]:
+def step_counts(events: Sequence[Event]) -> tuple[dict[int | str, int], int]:
     """Optimizer steps per rank (a process without a rank counts as its own), and how many ranks this verify can
     see step: the ranks on this node (torchrun's ``LOCAL_WORLD_SIZE``; across nodes each node's verify watches its
     own), else the world size."""
-    counts: dict[Any, int] = {}
+    counts: dict[int | str, int] = {}
     world = 1
     for e in events:
-        if e.get("event") != "step":
+        if not isinstance(e, StepLine):
             continue
-        key = _key(e)
-        counts[key] = counts.get(key, 0) + 1
-        world = max(world, int(e.get("local_world_size") or e.get("world_size") or 1))
+        counts[e.key] = counts.get(e.key, 0) + 1
+        world = max(world, e.local_world_size or e.world_size or 1)
     return counts, world
-
-
-def _key(e: dict[str, Any]) -> Any:
-    """A step line's process: its rank, or ``pidN`` for a process without one."""
-    return e["rank"] if e.get("rank") is not None else f"pid{e['pid']}"
 
 
 def _watch(
@@ -342,12 +345,12 @@ def _watch(
     tails: _Tails,
     run: CommandRun,
     rule: StopRule,
-    on_event: Callable[[dict[str, Any]], None],
+    on_event: Callable[[Event | Waiting], None],
 ) -> None:
     """Poll until the command ends or a rule says stop (``run.ended`` then names the rule)."""
     start = last_step = told = time.monotonic()
     tree_at, measured_at, world = 0.0, None, 1
-    counts: dict[Any, int] = {}
+    counts: dict[int | str, int] = {}
     target = rule.warmup + rule.steps
     while proc.poll() is None:
         news = tails.read()
@@ -355,12 +358,12 @@ def _watch(
         for event in news:
             on_event(event)
         now = time.monotonic()
-        if any(e.get("event") == "step" for e in news):
+        if any(isinstance(e, StepLine) for e in news):
             last_step = told = now
             counts, world = step_counts(run.events)
         elif now - told >= PROGRESS_EVERY_S:  # a long step (or start-up) says it is still going
             told = now
-            on_event({"event": "waiting", "seconds": now - last_step, "steps": max(counts.values(), default=0)})
+            on_event(Waiting(seconds=now - last_step, steps=max(counts.values(), default=0)))
         if now - tree_at >= TREE_EVERY_S:
             run.pids |= process_tree(proc.pid)
             tree_at = now
@@ -393,7 +396,7 @@ STALL_PACES = 5  # past the budget, a command is stalled after this many of its 
 STALL_FLOOR_S = 15.0  # ... and never sooner than this (a save or an evaluation between steps). Tool-defined.
 
 
-def stall_after(rule: StopRule, events: Sequence[dict[str, Any]], now: float) -> float:
+def stall_after(rule: StopRule, events: Sequence[Event], now: float) -> float:
     """Seconds without a step that make the command stalled: ``stall_s`` (verify.stall_timeout_s) while the
     budget lasts; once it is spent, ``STALL_PACES`` of the command's own step time (the median step after the
     first, or the first alone; at least ``STALL_FLOOR_S``), so that a run that stops stepping is judged within the
@@ -401,14 +404,14 @@ def stall_after(rule: StopRule, events: Sequence[dict[str, Any]], now: float) ->
     stop = rule.stop
     if stop is None or not stop.deadline or now < stop.deadline:
         return rule.stall_s
-    lines = [e for e in events if e.get("event") == "step" and e.get("rank") in (0, None)]
-    paces = sorted(sum(float(e.get(p) or 0.0) for p in PHASES) for e in lines[1:] or lines)
+    lines = [e for e in events if isinstance(e, StepLine) and e.lead]
+    paces = sorted(e.seconds for e in lines[1:] or lines)
     if not paces:
         return rule.stall_s
     return min(rule.stall_s, max(STALL_FLOOR_S, STALL_PACES * paces[len(paces) // 2]))
 
 
-def _early(events: Sequence[dict[str, Any]], counts: dict[Any, int], world: int, rule: StopRule, now: float) -> str:
+def _early(events: Sequence[Event], counts: dict[int | str, int], world: int, rule: StopRule, now: float) -> str:
     """ "stable" or "budget" when the stop rule ends the measured steps before ``steps``; "" to go on."""
     stop = rule.stop
     if stop is None or rule.seconds or len(counts) < world or not counts:
@@ -422,7 +425,7 @@ def _early(events: Sequence[dict[str, Any]], counts: dict[Any, int], world: int,
         return ""
     if world == 1 and done - rule.warmup >= stop.min_steps:
         lead = max(counts, key=lambda k: counts[k])
-        lines = [e for e in events if e.get("event") == "step" and _key(e) == lead][rule.warmup :]
+        lines = [e for e in events if isinstance(e, StepLine) and e.key == lead][rule.warmup :]
         if stable(rows_of(lines), stop.min_steps, stop.width, stop.batches):
             return "stable"
     return ""

@@ -33,6 +33,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from checks.verify.events import AutocastOff, ModelChange
 from checks.verify.user import cpuflags
 from checks.verify.user import judge as j
 from checks.verify.user.launch import CommandRun, StopRule, run_command
@@ -68,9 +69,9 @@ def wanted(precision: str | None, ab: bool) -> list[str]:
 def emulated_bf16(run: CommandRun) -> bool:
     """The measured run was bf16 on the CPU and this CPU lacks native bf16: its cost is worth an fp32 re-run."""
     lead = j.rerun_lead(run, 0, 10**9)
-    if lead is None or lead.device.get("type") != "cpu":
+    if lead is None or (lead.device is not None and lead.device.type != "cpu"):
         return False
-    precisions = [str(s["precision"]) for s in lead.steps if s.get("precision")]
+    precisions = [s.precision for s in lead.steps if s.precision]
     bf16 = bool(precisions) and max(set(precisions), key=precisions.count) == "bf16"
     return bf16 and cpuflags.read_native_bf16() is False
 
@@ -78,7 +79,7 @@ def emulated_bf16(run: CommandRun) -> bool:
 def first_losses(run: CommandRun) -> list[float]:
     """Rank 0's (or the only process's) losses from step 1, in order."""
     lead = j.rerun_lead(run, 0, 10**9)
-    return [float(s["loss"]) for s in (lead.steps if lead else []) if s.get("loss") is not None]
+    return [s.loss for s in (lead.steps if lead else []) if s.loss is not None]
 
 
 def agrees(base: Sequence[float], other: Sequence[float]) -> tuple[bool, float | None, float | None]:
@@ -94,11 +95,11 @@ def agrees(base: Sequence[float], other: Sequence[float]) -> tuple[bool, float |
 
 def _row(change: str, run: CommandRun, warmup: int, base_losses: Sequence[float]) -> dict[str, Any]:
     row: dict[str, Any] = {"change": change, "ended": run.ended}
-    if change == "fp32" and not any(e.get("event") == "autocast-off" for e in run.events):
+    if change == "fp32" and not any(isinstance(e, AutocastOff) for e in run.events):
         return row | {"skipped": NO_AUTOCAST}  # nothing was changed: its time says nothing about fp32
-    applied = [e for e in run.events if e.get("event") == "model-change"]
+    applied = [e for e in run.events if isinstance(e, ModelChange)]
     if applied:
-        row["models"] = list(applied[-1].get("models") or [])
+        row["models"] = list(applied[-1].models)
     step_s = _mean_step_s(run, warmup)
     if step_s:
         ok, a, b = agrees(base_losses, first_losses(run))
@@ -115,8 +116,8 @@ def _mean_step_s(run: CommandRun, warmup: int) -> float | None:
 
 def _conv(run: CommandRun) -> bool | None:
     """Whether the models hold 4-D weights, as the re-run's agent saw them (None: no change line)."""
-    seen = [e for e in run.events if e.get("event") == "model-change"]
-    return bool(seen[-1].get("conv")) if seen else None
+    seen = [e for e in run.events if isinstance(e, ModelChange)]
+    return seen[-1].conv if seen else None
 
 
 def measure(

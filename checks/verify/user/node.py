@@ -79,6 +79,7 @@ def added_env(spec: dict[str, Any], environ: dict[str, str]) -> dict[str, str]:
 
 def to_json(run: CommandRun) -> dict[str, Any]:
     out = {name: getattr(run, name) for name in FIELDS}
+    out["events"] = [e.to_json() for e in run.events]  # each read back by checks.verify.events.parse
     out |= {"pids": sorted(run.pids), "stderr_tail": run.stderr_tail, "argv": list(run.argv)}
     return out
 

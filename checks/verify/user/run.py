@@ -30,7 +30,8 @@ from checks.verify import distributed
 from checks.verify import plan as v
 from checks.verify import stop as stopper
 from checks.verify.builtin import Builtin, FirstSave, Replay, replay, resume_result
-from checks.verify.contract import PHASES, Cut, StopFacts, StopSpec
+from checks.verify.contract import Cut, StopFacts, StopSpec
+from checks.verify.events import DdpLine, DeviceLine, Event, Moved, Saved, StepLine, Waiting
 from checks.verify.report import Setting
 from checks.verify.run import Judged, budget_s
 from checks.verify.sampler import Sampler, Trace
@@ -210,7 +211,7 @@ def evaluate(request: CommandRequest, g: Gathered, say: Say) -> Judged:
     )  # fmt: skip
     results, measurements = _described(request, results, measurements, found, replayed)
     results, measurements = _scaling(results, measurements, one, g.reruns)
-    steps = [s for r in found[:1] for s in r.steps]
+    steps = [j.step_record(s) for r in found[:1] for s in r.steps]
     what = "invoke verify" if request.builtin else f"invoke verify -- {request.command[0]}"
     title = f"{what}: {verdicts[0].id if verdicts else 'cant-tell'}"
     block, ddp = measurements.steps, measurements.ddp
@@ -249,8 +250,8 @@ def epoch_samples(builtin: Builtin | None, found: Sequence[j.Rank]) -> int | Non
         samples = builtin.epoch_samples
     else:
         lead = found[0] if found else None
-        got = (lead.loader or {}).get("samples") if lead else None
-        samples = got if isinstance(got, int) and got > 0 else None
+        got = lead.loader.samples if lead and lead.loader else None
+        samples = got if got is not None and got > 0 else None
     return samples // max(1, len(found)) if samples else None
 
 
@@ -268,11 +269,11 @@ def _described(
     if b is None:
         return results, m
     lead = found[0] if found else None
-    loader = (lead.loader or {}) if lead else {}
-    dataset, samples = loader.get("dataset"), loader.get("samples")
+    loader = lead.loader if lead else None
+    dataset, samples = (loader.dataset, loader.samples) if loader else (None, None)
     data = b.data.to_json() if b.data is not None else {"kind": "user", "source": request.command[-1]}
     info = DataInfo.from_json({**data, "reader": dataset} if dataset else data)
-    row = ok("verify-data", b.data_line(str(dataset or ""), samples if isinstance(samples, int) else None),
+    row = ok("verify-data", b.data_line(dataset or "", samples),
              value=info.to_json())  # fmt: skip
     out: list[Result] = []
     for r in results:
@@ -337,7 +338,7 @@ def _replay(
 def usage_error(argv: Sequence[str], run: CommandRun, builtin: bool = False) -> None:
     """A command that exits 2 before its first step refused its own flags or input (argparse, click and
     ``templates/train.py`` exit 2 on those): exit 2 too, with its own last line, rather than judging a crash."""
-    stepped = any(e.get("event") == "step" for e in run.events)
+    stepped = any(isinstance(e, StepLine) for e in run.events)
     if run.returncode != 2 or stepped or run.ended not in ("crashed", "no-torch") or run.interrupted:
         return
     said = [line.strip() for line in own_stderr(run.stderr_tail) if line.strip()]
@@ -361,8 +362,8 @@ def under_pressure(run: CommandRun, stop: StopRule, budget: float) -> tuple[Stop
     if done - stop.warmup >= stopper.MIN_UNDER_PRESSURE:
         return stop, None
     warmup = max(1, min(stop.warmup, done - stopper.MIN_UNDER_PRESSURE))
-    lines = [e for e in run.events if e.get("event") == "step" and e.get("rank") in (0, None)]
-    paces = [sum(float(e.get(p) or 0.0) for p in PHASES) for e in lines[1:]]
+    lines = [e for e in run.events if isinstance(e, StepLine) and e.lead]
+    paces = [e.seconds for e in lines[1:]]
     pace = statistics.median(paces) if paces else 0.0
     short = (stopper.MIN_MEASURED + stop.warmup - done) * pace
     when = (
@@ -388,7 +389,7 @@ def stop_facts(run: CommandRun, found: Sequence[j.Rank], stop: StopRule) -> Stop
     else:
         reason = {"stable": "stable", "budget": "budget"}.get(run.stop_reason, "forced" if spec is None else "steps")
     # the pace the cut is told at: the measured steps', else the warm-up's after its first (which holds start-up)
-    warm = [sum(float(x.get(p) or 0.0) for p in PHASES) for x in lead.steps or lead.warmup[1:] or lead.warmup]
+    warm = [x.seconds for x in lead.steps or lead.warmup[1:] or lead.warmup]
     return StopFacts(
         reason,
         len(lead.steps),
@@ -466,8 +467,8 @@ def _advice(
     say(f"verify: the command waited for data: timing DataLoader settings on it (up to {seconds:.0f} s)")
     loader = m.lead.loader
     got = advice.measure(
-        request.command, cwd, loader.get("asked") or {}, str(loader.get("site")), m.base.fig.mean_s,
-        cores / len(m.found), m.lead.device.get("type") == "cuda", seconds, cfg.advice_min_gain,
+        request.command, cwd, loader.asked, loader.site, m.base.fig.mean_s,
+        cores / len(m.found), m.lead.device is not None and m.lead.device.type == "cuda", seconds, cfg.advice_min_gain,
     )  # fmt: skip
     return _kept_cut(got, cuts)
 
@@ -484,7 +485,7 @@ def _exchange(
 ) -> CommFigures | None:
     """Under torchrun with the agent's comm hook in place (not the script's own): the exposed exchange by A/B
     re-runs (``checks/verify/user/exchange.py``), within what the budget leaves of ``verify.command_advice_s``."""
-    hooked = any(e.get("event") == "ddp" and e.get("hooked") for e in run.events)
+    hooked = any(isinstance(e, DdpLine) and e.hooked for e in run.events)
     if len(found) < 2 or not hooked or run.interrupted or run.ended not in ("stopped", "exited"):
         return None
     seconds = _rerun_seconds(request, stop, deadline, cuts, "the exchange A/B")
@@ -561,7 +562,7 @@ def _model_advice(
     shares = m.figs.fig.shares
     if max(shares["data_wait"], shares["h2d"]) >= cfg.share_warn or shares["checkpoint"] >= cfg.checkpoint_share_warn:
         return None
-    precisions = [str(s["precision"]) for s in m.lead.steps if s.get("precision")]
+    precisions = [s.precision for s in m.lead.steps if s.precision]
     changes = (["fp32"] if modelfix.emulated_bf16(run) else []) + modelfix.wanted(
         max(set(precisions), key=precisions.count) if precisions else None, request.ab
     )
@@ -602,7 +603,7 @@ def _saved(
 
 def _whole_world(lead: j.Rank, seen: int) -> bool:
     """Every rank of the run is one this verify saw (one process, or torchrun on this box alone)."""
-    world = next((s.get("world_size") for s in lead.steps if s.get("world_size")), None)
+    world = next((s.world_size for s in lead.steps if s.world_size), None)
     return int(world or 1) == seen
 
 
@@ -664,7 +665,7 @@ def _gather(
     cwd: str,
     cores: float,
     say: Say,
-    saving: Callable[[dict[str, Any]], None] | None = None,
+    saving: Callable[[Saved | Moved], None] | None = None,
 ) -> tuple[CommandRun, Trace, int | None, str | None, dict[int, str | None]]:
     """The command under the sampler (NVML and the command's process tree); ``saving`` hears each save as it
     lands. Also NVML's order of the GPUs (index -> UUID), which names each rank's GPU."""
@@ -675,23 +676,21 @@ def _gather(
 
     warm: list[float] = []
 
-    def event(e: dict[str, Any]) -> None:
-        if saving is not None and e.get("event") in ("saved", "moved"):
+    def event(e: Event | Waiting) -> None:
+        if saving is not None and isinstance(e, (Saved, Moved)):
             saving(e)
-        if e.get("event") == "waiting":  # the launcher's tick: no step for a while
-            steps, waited = e.get("steps"), e.get("seconds")
-            done = steps if isinstance(steps, int) else 0
-            seconds = waited if isinstance(waited, (int, float)) else 0.0
+        if isinstance(e, Waiting):  # the launcher's tick: no step for a while
+            done = e.steps
             what = f"step {done + 1} running" if done else "waiting for the first optimizer step (start-up included)"
-            say(f"verify: {what} for {seconds:.0f} s")
+            say(f"verify: {what} for {e.seconds:.0f} s")
             return
-        if e.get("event") == "device" and e.get("uuid") and "index" not in found:
-            sampler.focus(str(e["uuid"]))
-            found["index"] = gpu.index_of(str(e["uuid"]))
-        if e.get("event") == "step" and isinstance(e.get("i"), int) and e.get("rank") in (0, None):
-            i = int(e["i"])
+        if isinstance(e, DeviceLine) and e.uuid and "index" not in found:
+            sampler.focus(e.uuid)
+            found["index"] = gpu.index_of(e.uuid)
+        if isinstance(e, StepLine) and e.lead:
+            i = e.i
             if i <= stop.warmup:
-                warm.append(sum(float(v) for p in PHASES if isinstance(v := e.get(p), (int, float))))
+                warm.append(e.seconds)
             if i not in shown and (i == stop.warmup or i % 10 == 0):
                 shown.add(i)
                 say(f"verify: step {i} ({'warm-up' if i <= stop.warmup else 'measured'})")

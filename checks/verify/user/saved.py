@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from checks.result import Result, ok, skip, warn
+from checks.verify.events import Event, Moved, Saved
 
 NEEDED = ("model", "optimizer", "position")  # a resume without any of these restarts training, not resumes it
 WORDS = {
@@ -27,17 +28,17 @@ WORDS = {
 }
 
 
-def last_saved(events: Sequence[dict[str, Any]], pids: Sequence[int]) -> str | None:
+def last_saved(events: Sequence[Event], pids: Sequence[int]) -> str | None:
     """The last file ``pids`` (rank 0's process, or the only one) saved with torch.save that still exists, under
     the name it was renamed to (a save to a temporary name, then ``os.replace``)."""
     paths: list[str] = []
     for e in events:
-        if e.get("pid") not in pids or not e.get("path"):
+        if not isinstance(e, (Saved, Moved)) or e.pid not in pids or not e.path:
             continue
-        if e.get("event") == "saved":
-            paths.append(str(e["path"]))
-        elif e.get("event") == "moved" and str(e["path"]) in paths:  # saved under a temporary name, then renamed
-            paths[paths.index(str(e["path"]))] = str(e["to"])
+        if isinstance(e, Saved):
+            paths.append(e.path)
+        elif e.path in paths:  # saved under a temporary name, then renamed
+            paths[paths.index(e.path)] = e.to
     return next((p for p in reversed(paths) if os.path.isfile(p)), None)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from checks.verify.events import Event, FlopsLine, StepLine
 from checks.verify.user import cpuflags, itemcost
 
 
@@ -15,18 +16,18 @@ class _Lead(Protocol):
     def pid(self) -> int: ...
 
     @property
-    def steps(self) -> list[dict[str, Any]]: ...
+    def steps(self) -> list[StepLine]: ...
 
     @property
-    def flops(self) -> dict[str, Any] | None: ...
+    def flops(self) -> FlopsLine | None: ...
 
 
-def extra(lead: _Lead, events: Sequence[dict[str, Any]], device: str, precision: str | None) -> dict[str, Any]:
+def extra(lead: _Lead, events: Sequence[Event], device: str, precision: str | None) -> dict[str, Any]:
     """``Signals`` fields: ``bf16_native``, ``item_cost``, ``ops_per_step``, ``flops_per_step``."""
-    count = lead.flops or {}
+    count = lead.flops
     return {
         "bf16_native": cpuflags.for_run(device, precision),
         "item_cost": itemcost.item_cost(lead, events),
-        "ops_per_step": int(count["ops"]) if count.get("ops") else None,
-        "flops_per_step": int(count["flops"]) if count.get("flops") else None,
+        "ops_per_step": (count.ops or None) if count else None,
+        "flops_per_step": (count.flops or None) if count else None,
     }

@@ -34,6 +34,7 @@ from typing import Any
 
 from checks.config import VerifyConfig
 from checks.reports.verify import Oom
+from checks.verify.events import LoaderLine
 from checks.verify.figures import knee_batch, largest_fit
 from checks.verify.user import judge as j
 from checks.verify.user.launch import CommandRun, StopRule, run_command
@@ -60,10 +61,9 @@ def start(lead: j.Rank | None) -> Start | str:
             "the command builds its batches without torch.utils.data.DataLoader, so verify cannot set their size: "
             "sweep with your script's own batch-size flag (one verify -- COMMAND per size)"
         )
-    asked = lead.loader.get("asked") or {}
-    site = str(lead.loader.get("site") or "?")
-    batch = asked.get("batch_size")
-    if not isinstance(batch, int) or batch < 1 or lead.loader.get("batch_size") is None:
+    site = lead.loader.site or "?"
+    batch = lead.loader.asked.get("batch_size")
+    if not isinstance(batch, int) or batch < 1 or lead.loader.batch_size is None:
         return f"the DataLoader at {site} batches with a batch_sampler (or batch_size=None): verify cannot set its size"
     figs = j.rank_figures(lead)
     if figs is None or not figs.fig.samples_per_s:
@@ -86,9 +86,9 @@ def row_of(run: CommandRun, batch: int, warmup: int, steps: int) -> dict[str, An
         last = run.traceback()[-1:] if run.ended == "crashed" else []
         why = f"{run.ended} after {len(lead.steps) if lead else 0} measured step(s)" + (f": {last[0]}" if last else "")
         return {"batch": batch, "error": why}
-    if lead.loader is not None and lead.loader.get("batch_size") != batch:
-        return {"batch": batch, "error": f"the DataLoader was built with batch_size {lead.loader.get('batch_size')}"}
-    peaks = [int(s["peak_bytes"]) for s in lead.steps if s.get("peak_bytes") is not None]
+    if lead.loader is not None and lead.loader.batch_size != batch:
+        return {"batch": batch, "error": f"the DataLoader was built with batch_size {lead.loader.batch_size}"}
+    peaks = [s.peak_bytes for s in lead.steps if s.peak_bytes is not None]
     return {
         "batch": batch,
         "median_step_s": round(figs.fig.median_s, 6),
@@ -132,12 +132,12 @@ def _flat(rows: list[dict[str, Any]], knee: float) -> bool:
 def largest(argv: Sequence[str], cwd: str, run: CommandRun, deadline: float) -> j.OomSearch:
     """Out of memory at the asked batch: the largest that fits (the ``Oom`` record), the DataLoader's site, and
     how many re-runs it took; no record, the reason in place of the site, where the batch cannot be set."""
-    loaders = [e for e in run.events if e.get("event") == "loader"]
+    loaders = [e for e in run.events if isinstance(e, LoaderLine)]
     if not loaders:
         return j.OomSearch(None, "the command ran out of memory before it built a torch.utils.data.DataLoader", 0)
     loader = loaders[-1]
-    asked, site = (loader.get("asked") or {}).get("batch_size"), str(loader.get("site") or "?")
-    if not isinstance(asked, int) or asked < 1 or loader.get("batch_size") is None:
+    asked, site = loader.asked.get("batch_size"), loader.site or "?"
+    if not isinstance(asked, int) or asked < 1 or loader.batch_size is None:
         return j.OomSearch(
             None, f"the DataLoader at {site} batches with a batch_sampler: verify cannot set its size", 0
         )

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from checks.verify.contract import ChildResult, RankDevice, Step
+from checks.verify.events import Event, parse
 from checks.verify.user.launch import CommandRun
 
 # A DataLoader's attributes the agent reads, at torch's defaults (prefetch_factor: 2 with workers, else None)
@@ -69,7 +70,7 @@ def recorded(
     """``r`` as a command run that ``ended`` as said (``stopped`` by verify after its steps, as a measured run
     is); ``asked_steps``: the stop rule's steps where the run ended before them (default: those recorded);
     ``tokens_per_sample``: a token model's sequence length (each sample's token ids)."""
-    events = _events(r, tokens_per_sample)
+    events = [parsed(e) for e in _events(r, tokens_per_sample)]
     stopped = ended in ("stopped", "interrupted", "stalled")
     signals = {"stopped": ["SIGINT"], "interrupted": ["SIGINT"], "stalled": ["SIGINT", "SIGTERM", "SIGKILL"]}
     run = CommandRun(
@@ -83,9 +84,17 @@ def recorded(
         signals=signals.get(ended, []),
         stderr_tail=list(stderr),
         seconds=seconds,
-        pids={int(e["pid"]) for e in events},
+        pids={e.pid for e in events},
     )
     return Recorded(run, len(r.warmup), len(r.steps) if asked_steps is None else asked_steps)
+
+
+def parsed(line: dict[str, Any]) -> Event:
+    """An agent line as the launcher reads it, strictly (a key its record does not name fails the test); ``t``
+    0 where the line leaves it out."""
+    event = parse({"t": 0.0, **line}, strict=True)
+    assert event is not None
+    return event
 
 
 def _events(r: ChildResult, tokens_per_sample: int) -> list[dict[str, Any]]:

@@ -120,18 +120,20 @@ def test_a_ranks_gpu_is_its_nvml_index_where_the_uuid_maps_else_its_torch_index(
     """Under CUDA_VISIBLE_DEVICES=3,1 torch's cuda:0 is NVML's gpu3: the straggler's gpuN is the card bootstrap
     judged (the agent's ``device`` line has the UUID; the parent's NVML order maps it)."""
     from checks.verify.contract import RankDevice
+    from checks.verify.events import DeviceLine
     from checks.verify.user import judge as j
     from tests.checks.verify.user.test_judge import step
 
     order = {0: "GPU-aaaa", 1: "GPU-bbbb", 2: "GPU-cccc", 3: "GPU-DDDD"}
     devices = [
-        {"event": "device", "pid": 11, "type": "cuda", "name": "H100", "uuid": "GPU-dddd", "index": 0},
-        {"event": "device", "pid": 12, "type": "cuda", "name": "H100", "uuid": "bbbb", "index": 1},  # torch >= 2.1
+        DeviceLine(t=0.0, pid=11, type="cuda", name="H100", uuid="GPU-dddd", index=0),
+        DeviceLine(t=0.0, pid=12, type="cuda", name="H100", uuid="bbbb", index=1),  # torch >= 2.1
     ]
     events = devices + [step(i, pid=p, rank=r) for i in range(1, 5) for p, r in ((11, 0), (12, 1))]
     found = j.ranks(events, 1, 3, 0)
     assert [x.gpu for x in j.rank_rows(found, nvml_uuids=order).per_rank] == [3, 1]
     assert [x.gpu for x in j.rank_rows(found).per_rank] == [0, 1]  # no NVML here: torch's index on its host
     assert distributed.gpu_of(RankDevice("cuda", 1, "GPU-b", nvml_index=0)) == 0
-    assert distributed.gpu_of(j.rank_device({"type": "cuda", "index": 1, "uuid": "GPU-zz"}, order)) == 1  # unknown
-    assert distributed.gpu_of(j.rank_device({"type": "cpu"}, order)) is None
+    unknown = DeviceLine(t=0.0, pid=13, type="cuda", name="H100", uuid="GPU-zz", index=1)
+    assert distributed.gpu_of(j.rank_device(unknown, order)) == 1
+    assert distributed.gpu_of(j.rank_device(None, order)) is None  # no device line: the CPU

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from checks.verify.events import StepLine, parse_line
 from tests.netns import Cluster, cluster, controller_env, python_for_hosts, unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
@@ -328,8 +329,8 @@ def _measured_steps(tmp: Path, at_least: int, timeout: float, warmup: int = 1) -
         # A folder can vanish while the walk is in it (a probe's temporary working directory): look again.
         with contextlib.suppress(OSError, ValueError):  # and a line half written
             for events in tmp.rglob("events-*.jsonl"):
-                lines = [json.loads(x) for x in events.read_text().splitlines() if x.endswith("}")]
-                steps = [e for e in lines if e.get("event") == "step" and e.get("rank") == 0]
+                lines = [parse_line(x) for x in events.read_text().splitlines() if x.endswith("}")]
+                steps = [e for e in lines if isinstance(e, StepLine) and e.rank == 0]
                 if len(steps) >= warmup + at_least:
                     return True
         time.sleep(0.2)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from checks.verify.contract import Step
 from checks.verify.plot import draw, figure
 from checks.verify.sampler import Trace
 
@@ -36,11 +37,7 @@ def _trace(gpu: bool, tree: bool = True, n: int = 60) -> Trace:
     return Trace(rows)
 
 
-STEPS = [
-    {"host_start": 101 + 0.3 * i, "host_end": 101.25 + 0.3 * i, "data_wait": 0.02, "h2d": 0.01}
-    | {"forward": 0.06, "backward": 0.12, "optimizer": 0.02}
-    for i in range(10)
-]
+STEPS = [Step(0.02, 0.01, 0.06, 0.12, 0.02, host_start=101 + 0.3 * i, host_end=101.25 + 0.3 * i) for i in range(10)]
 SHARES = {"data_wait": 0.1, "h2d": 0.05, "forward": 0.26, "backward": 0.52, "optimizer": 0.07, "checkpoint": 0.0}
 
 

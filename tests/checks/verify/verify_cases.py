@@ -41,7 +41,7 @@ from checks.verify.user import sweep as sweeper
 from checks.verify.user.judge import OomSearch, judge, oom_memory, pace_setter, ranks
 from checks.verify.user.launch import CommandRun
 from checks.verify.user.run import epoch_samples
-from tests.checks.verify.recorded import Recorded, recorded
+from tests.checks.verify.recorded import Recorded, parsed, recorded
 
 HERE = Path(__file__).resolve().parent
 TRACES = HERE.parents[1] / "fixtures" / "traces"
@@ -199,7 +199,8 @@ def _command(name: str) -> Callable[[], Case]:
     def make() -> Case:
         doc = json.loads((RUNS / f"{name}.json").read_text(encoding="utf-8"))
         raw = doc["run"]
-        run = CommandRun(**{k: v for k, v in raw.items() if k != "pids"}, pids=set(range(raw["pids"])))
+        kept = {k: v for k, v in raw.items() if k not in ("pids", "events")}
+        run = CommandRun(**kept, events=[parsed(e) for e in raw["events"]], pids=set(range(raw["pids"])))
         return Case(run, doc["warmup"], doc["steps"], Trace(), Setting(2.0, FILES, own_code=True), None, None)
 
     return make

@@ -22,6 +22,7 @@ import pytest
 
 from checks.config import make_config
 from checks.verify.diagnosis import Signals, diagnose
+from checks.verify.events import AgentError, KernelsLine, MemoryLine, StepLine, parse
 from checks.verify.figures import union_length
 from checks.verify.user import judge as j
 from checks.verify.user.launch import StopRule, run_command
@@ -208,7 +209,13 @@ def train(st: Any, cuda: FakeCuda, steps: int, on_step: Any = lambda i: None) ->
 @pytest.fixture
 def said(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     lines: list[dict[str, Any]] = []
-    monkeypatch.setattr(agent, "_say", lambda event, **data: lines.append({"event": event, **data}))
+
+    def say(event: str, **data: Any) -> None:
+        line = {"event": event, **data}
+        parse({"t": 0.0, "pid": 1, **line}, strict=True)  # every line the agent writes has its record, field by field
+        lines.append(line)
+
+    monkeypatch.setattr(agent, "_say", say)
     FakeProfile.made = []
     return lines
 
@@ -253,10 +260,10 @@ def test_the_cuda_path_profiles_the_asked_warm_up_step_and_reads_the_allocator(
     assert last["allocated_bytes"] == 6 << 30 and last["reserved_bytes"] == 20 << 30  # the last step's end
     assert not [line for line in said if line["event"] == "agent-error"]
     # What the judge makes of these lines: the child's memory and kernels.
-    lines = [{**line, "pid": 10, "rank": None} for line in said]
+    lines = [e for line in said if (e := parse({"t": 0.0, **line, "pid": 10, "rank": None}, strict=True))]
     (r,) = j.ranks(lines, 2, 3, 0)
-    assert r.kernels is not None and r.kernels["busy_fraction"] == pytest.approx(0.2)
-    assert r.memory is not None and r.memory["num_ooms"] == 1 and "at" not in r.memory
+    assert r.kernels is not None and r.kernels.busy_fraction == pytest.approx(0.2)
+    assert r.memory is not None and r.memory.num_ooms == 1 and "at" not in r.memory.figures()
 
 
 def _index(lines: list[dict[str, Any]], event: str, **match: Any) -> int:
@@ -321,8 +328,8 @@ def test_a_cpu_run_asked_for_the_profile_writes_nothing_and_calls_nothing(
     assert time.monotonic() - started < 120
     assert (tmp_path / "calls.txt.asked").read_text() == "2"  # the launcher asked the agent for step 2
     assert not calls.exists(), calls.read_text()
-    events = {e.get("event") for e in run.events}
-    assert "step" in events and not events & {"memory", "kernels", "agent-error"}, events
+    kinds = {type(e) for e in run.events}
+    assert StepLine in kinds and not kinds & {MemoryLine, KernelsLine, AgentError}, kinds
     (r,) = j.ranks(run.events, 3, 3, 0)
     child = j._child_result(r, j.rank_figures(r))
     assert child.memory is None and child.kernels is None
@@ -346,9 +353,10 @@ def test_a_cuda_run_writes_its_kernels_and_memory() -> None:  # pragma: no cover
 
     run = run_command([sys.executable, "cuda_spy.py", "--cuda"], StopRule(3, 5, first_step_s=300), str(SCRIPTS),
                       None, subprocess.DEVNULL)  # fmt: skip
-    assert not [e for e in run.events if e.get("event") == "agent-error"], run.events
+    assert not [e for e in run.events if isinstance(e, AgentError)], run.events
     (r,) = j.ranks(run.events, 3, 5, 0)
-    assert r.kernels is not None and r.kernels["step"] == 2 and r.kernels["kernels_per_step"] > 10, r.kernels
-    assert 0 < r.kernels["busy_fraction"] <= 1 and r.kernels["median_kernel_us"] > 0
-    assert r.memory is not None and r.memory["total_bytes"] == torch.cuda.mem_get_info()[1]
-    assert 0 < r.memory["allocated_bytes"] <= r.memory["peak_allocated_bytes"] <= r.memory["peak_reserved_bytes"]
+    k = r.kernels
+    assert k is not None and k.step == 2 and (k.kernels_per_step or 0) > 10, k
+    assert 0 < (k.busy_fraction or 0) <= 1 and (k.median_kernel_us or 0) > 0
+    assert r.memory is not None and r.memory.total_bytes == torch.cuda.mem_get_info()[1]
+    assert 0 < r.memory.allocated_bytes <= r.memory.peak_allocated_bytes <= r.memory.peak_reserved_bytes

@@ -18,11 +18,13 @@ import pytest
 
 from checks.config import make_config
 from checks.probe.sample import process_tree
+from checks.verify.events import LoaderLine, StepLine
 from checks.verify.run import Judged
 from checks.verify.user import sweep as sweeper
 from checks.verify.user.judge import Rank
 from checks.verify.user.launch import CommandRun
 from checks.verify.user.run import CommandRequest, verify_command
+from tests.checks.verify.recorded import parsed
 from tests.checks.verify.report_schema import SCHEMA, violations
 from tests.checks.verify.user.test_judge import step
 
@@ -95,8 +97,11 @@ def torch_address_space_kb() -> int:
 
 
 def _rank(loader: dict[str, Any] | None, steps: int = 4) -> Rank:
-    events = [step(i, micro=1, samples=8) for i in range(1, steps + 1)]
-    return Rank(0, 10, events[:1], events[1:], loader, {"type": "cpu"})
+    """A process with ``steps`` steps (one warm-up) and the loader line of ``loader``'s fields."""
+    events = [s for i in range(1, steps + 1) if isinstance(s := step(i, micro=1, samples=8), StepLine)]
+    line = parsed({"event": "loader", "pid": 10, "feed": "data:1", "settings": {}} | loader) if loader else None
+    assert line is None or isinstance(line, LoaderLine)
+    return Rank(0, 10, events[:1], events[1:], line, None)
 
 
 def test_a_sweep_starts_from_the_loaders_batch_and_names_where_it_is_built() -> None:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from checks.verify.diagnosis import item_cost_text
+from checks.verify.events import parse
 from checks.verify.user.itemcost import item_cost
 from tests.checks.verify.user.test_command import verify
 from tests.fakes.verdicts import planted
@@ -33,18 +35,20 @@ def test_the_verdict_text_names_the_per_sample_and_per_batch_cost() -> None:
 
 
 class _Lead:
-    def __init__(self, pid: int, steps: list[dict]) -> None:
+    def __init__(self, pid: int, steps: list[Any]) -> None:
         self.pid, self.steps = pid, steps
 
 
 def test_worker_lines_are_the_training_process_children_during_the_measured_steps() -> None:
-    steps = [
-        {"host_start": 10.0 + i, "host_end": 11.0 + i, "samples": 8, "batches": 1, "feed": "data:1"} for i in range(3)
-    ]
-    line = {"event": "fetch", "ppid": 7, "feed": "data:1", "workers": 2, "samples": 8, "collate_s": 0.01}
-    events = [line | {"t": 10.5, "getitem_s": 0.032}, line | {"t": 12.5, "getitem_s": 0.040},
-              line | {"t": 5.0, "getitem_s": 1.0},  # before the measured steps: a warm-up batch
-              line | {"t": 11.0, "ppid": 8, "getitem_s": 1.0}]  # another process's worker  # fmt: skip
+    step = {"event": "step", "t": 0.0, "pid": 7, "data_wait": 0.5, "h2d": 0.0, "forward": 0.5, "backward": 0.0}
+    step |= {"optimizer": 0.0, "enqueue_s": 0.0, "samples": 8, "batches": 1, "feed": "data:1"}
+    steps = [parse(step | {"i": i, "host_start": 10.0 + i, "host_end": 11.0 + i}) for i in range(3)]
+    line = {"event": "fetch", "pid": 9, "ppid": 7, "feed": "data:1", "worker": 0, "workers": 2, "samples": 8}
+    line |= {"collate_s": 0.01}
+    lines = [line | {"t": 10.5, "getitem_s": 0.032}, line | {"t": 12.5, "getitem_s": 0.040},
+             line | {"t": 5.0, "getitem_s": 1.0},  # before the measured steps: a warm-up batch
+             line | {"t": 11.0, "ppid": 8, "getitem_s": 1.0}]  # another process's worker  # fmt: skip
+    events = [e for e in map(parse, lines) if e is not None]
     c = item_cost(_Lead(7, steps), events)
     assert c is not None and c["where"] == "workers" and c["batches"] == 2 and c["workers"] == 2
     assert c["getitem_ms_per_sample"] == pytest.approx(4.5) and c["collate_ms_per_batch"] == pytest.approx(10.0)

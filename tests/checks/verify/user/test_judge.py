@@ -7,24 +7,29 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from checks.reports.verify import Checkpoint
+from checks.verify import events
+from checks.verify.events import Event, Hello, StepLine
 from checks.verify.user import judge as j
 from checks.verify.user.launch import CommandRun, _Tails, environment, step_counts
+from tests.checks.verify.recorded import parsed
 
 
-def step(i: int, pid: int = 10, rank: int | None = None, **over: Any) -> dict[str, Any]:
+def step(i: int, pid: int = 10, rank: int | None = None, **over: Any) -> Event:
     base = {"event": "step", "i": i, "pid": pid, "rank": rank, "world_size": 2 if rank is not None else None}
     base |= {"data_wait": 0.06, "h2d": 0.0, "forward": 0.02, "backward": 0.015, "optimizer": 0.005}
     base |= {"checkpoint": 0.0, "saves": 0, "ckpt_bytes": 0, "micro": 2, "samples": 16, "feed": "data:1"}
     base |= {"host_start": float(i), "host_end": i + 0.1, "enqueue_s": 0.04, "fetch": [], "loss": 1.0 / i}
-    return base | over
+    return parsed(base | over)
 
 
 def test_ranks_leave_out_the_warm_up_and_stop_at_the_asked_steps() -> None:
     events = [step(i) for i in range(1, 10)]
     (only,) = j.ranks(events, warmup=2, steps=5, seconds=0)
-    assert [s["i"] for s in only.warmup] == [1, 2]
-    assert [s["i"] for s in only.steps] == [3, 4, 5, 6, 7]
+    assert [s.i for s in only.warmup] == [1, 2]
+    assert [s.i for s in only.steps] == [3, 4, 5, 6, 7]
 
 
 def test_shares_add_up_with_checkpoints_amortised_over_the_measured_steps() -> None:
@@ -65,14 +70,24 @@ def test_the_start_up_folder_goes_first_and_the_users_pythonpath_stays(tmp_path:
     assert json.loads(env["GPU_PREFLIGHT_LOADER"]) == {"num_workers": 2}
 
 
-def test_the_tail_reads_complete_lines_of_every_process(tmp_path: Path) -> None:
+def test_the_tail_reads_complete_lines_of_every_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each complete line is parsed once into its record; a line of an unknown kind, or a broken one, is kept
+    out and counted (it never stops verify; the tests' strict parse, off here, would raise)."""
+    monkeypatch.setattr(events, "STRICT", False)
     tails = _Tails(tmp_path)
-    (tmp_path / "events-1.jsonl").write_text('{"event": "hello"}\n{"event": "st', encoding="utf-8")
-    (tmp_path / "events-2.jsonl").write_text('{"event": "hello"}\n', encoding="utf-8")
-    assert [e["event"] for e in tails.read()] == ["hello", "hello"]
+    hello = '{"event": "hello", "t": 1.5, "pid": %d}'
+    line = json.dumps(step(1).to_json())
+    (tmp_path / "events-1.jsonl").write_text(hello % 1 + "\n" + line[:30], encoding="utf-8")
+    (tmp_path / "events-2.jsonl").write_text(hello % 2 + "\n", encoding="utf-8")
+    got = tails.read()
+    assert [(type(e), e.pid) for e in got] == [(Hello, 1), (Hello, 2)] and tails.dropped == 0
     with (tmp_path / "events-1.jsonl").open("a", encoding="utf-8") as fh:
-        fh.write('ep"}\n')
-    assert tails.read() == [{"event": "step"}]
+        fh.write(
+            line[30:] + '\n{"event": "later-kind", "t": 2, "pid": 1}\n{"event": "step", "t": 2, "pid": 1}\nnot json\n'
+        )
+    (later,) = tails.read()
+    assert isinstance(later, StepLine) and later == step(1)
+    assert tails.dropped == 3  # an unknown kind, a step without its fields, a line that is not JSON
 
 
 def _advice(*speedups: float) -> dict[str, Any]:
@@ -145,8 +160,8 @@ def test_the_steps_precision_and_the_counted_flops_make_the_mfu_on_a_gpu() -> No
     from checks.reports.verify import Device
     from checks.verify.report import mfu
 
-    gpu = {"event": "device", "pid": 10, "type": "cuda", "name": "NVIDIA H200", "uuid": None, "index": 0}
-    count = {"event": "flops", "pid": 10, "step": 1, "flops": 10**12}
+    gpu = parsed({"event": "device", "pid": 10, "type": "cuda", "name": "NVIDIA H200", "uuid": None, "index": 0})
+    count = parsed({"event": "flops", "pid": 10, "step": 1, "flops": 10**12})
     events = [gpu, count, *(step(i, precision="bf16") for i in range(1, 6))]
     (r,) = j.ranks(events, 1, 4, 0)
     figs = j.rank_figures(r)
@@ -171,17 +186,17 @@ def test_the_agent_profiles_a_warm_up_step_only_when_asked(tmp_path: Path) -> No
     assert "GPU_PREFLIGHT_PROFILE_STEP" not in environment(tmp_path, {"num_workers": 2}, 0)
 
 
-GPU = {"event": "device", "pid": 10, "type": "cuda", "name": "NVIDIA H100 80GB HBM3", "uuid": None, "index": 0}
+GPU = parsed({"event": "device", "pid": 10, "type": "cuda", "name": "NVIDIA H100 80GB HBM3", "uuid": None, "index": 0})
 GIB = 1024**3
 
 
-def memory(pid: int = 10, **over: Any) -> dict[str, Any]:
+def memory(pid: int = 10, **over: Any) -> Event:
     """The agent's memory line: an 80 GiB card, 75 GiB reserved at peak for 60 GiB allocated."""
     line = {"event": "memory", "pid": pid, "total_bytes": 80 * GIB, "free_bytes": 5 * GIB, "allocated_bytes": 60 * GIB,
             "reserved_bytes": 74 * GIB, "peak_allocated_bytes": 70 * GIB, "peak_reserved_bytes": 75 * GIB,
             "inactive_split_bytes": 0, "num_alloc_retries": 0, "num_ooms": 0, "num_device_alloc": 12, "step": 5,
             "at": "exit", "rank": None}  # fmt: skip
-    return line | over
+    return parsed(line | over)
 
 
 def test_the_agents_memory_and_kernels_lines_reach_the_verdicts() -> None:
@@ -190,8 +205,8 @@ def test_the_agents_memory_and_kernels_lines_reach_the_verdicts() -> None:
     from checks.config import make_config
     from checks.verify.diagnosis import Signals, diagnose
 
-    kernels = {"event": "kernels", "pid": 10, "step": 1, "steps": 1, "kernels_per_step": 1800.0,
-               "median_kernel_us": 3.9, "short_kernel_time_share": 0.8, "busy_fraction": 0.25, "rank": None}  # fmt: skip
+    kernels = parsed({"event": "kernels", "pid": 10, "step": 1, "steps": 1, "kernels_per_step": 1800.0,
+                      "median_kernel_us": 3.9, "short_kernel_time_share": 0.8, "busy_fraction": 0.25, "rank": None})  # fmt: skip
     compute: dict[str, Any] = {"data_wait": 0.0, "forward": 0.04, "backward": 0.05, "optimizer": 0.01}
     early = memory(peak_reserved_bytes=10 * GIB, at="step")  # read at step 1, before the peak grew
     events = [GPU, kernels, early, *(step(i, **compute) for i in range(1, 9)), memory()]
@@ -210,7 +225,7 @@ def test_the_agents_memory_and_kernels_lines_reach_the_verdicts() -> None:
 
 def test_an_out_of_memory_run_s_memory_is_the_process_that_ran_out() -> None:
     ran_out = memory(pid=11, num_ooms=1, peak_reserved_bytes=79 * GIB, rank=1)
-    fine = memory(pid=10, peak_reserved_bytes=79.5 * GIB, rank=0)  # fuller, but no out-of-memory error counted
+    fine = memory(pid=10, peak_reserved_bytes=int(79.5 * GIB), rank=0)  # fuller, but no out-of-memory error counted
     got = j.oom_memory([fine, memory(pid=11, at="step", rank=1), ran_out])
     assert got is not None and got["num_ooms"] == 1 and got["peak_reserved_bytes"] == 79 * GIB
     assert "event" not in got and "pid" not in got and "rank" not in got

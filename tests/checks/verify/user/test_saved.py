@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from checks.probe.torch import read_checkpoint
+from checks.verify.events import Saved
 from checks.verify.user.saved import contents_result, last_saved
 
 pytestmark = pytest.mark.slow  # each read is a torch child (about 2 CPU-s of import)
@@ -62,6 +63,6 @@ def test_a_checkpoint_torchs_default_load_refuses_is_said_with_what_it_refused(t
 def test_the_last_file_saved_that_still_exists_is_the_one_read(tmp_path: Path) -> None:
     kept, gone = tmp_path / "a.pt", tmp_path / "b.pt"
     kept.write_bytes(b"x")
-    events = [{"event": "saved", "pid": 1, "path": str(kept)}, {"event": "saved", "pid": 1, "path": str(gone)}]
-    events.append({"event": "saved", "pid": 2, "path": str(kept)})  # another rank's
+    events = [Saved(t=0.0, pid=1, path=str(kept)), Saved(t=0.0, pid=1, path=str(gone))]
+    events.append(Saved(t=0.0, pid=2, path=str(kept)))  # another rank's
     assert last_saved(events, [1]) == str(kept) and last_saved(events, [3]) is None
