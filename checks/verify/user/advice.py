@@ -15,10 +15,29 @@ more, alternated, and the means decide. A spread of ``min_gain`` or more with no
 here" (``not_measurable``), which the fix says instead of a guess. All re-runs together stay within
 ``verify.command_advice_s``: a run is started only when the time left covers the longest run so far, and it is
 stopped when the time is up.
+
+Fewer workers are tried too where they can win: one per usable core when the loader has more workers than that (on
+a box with few cores the extra workers only split it), and ``num_workers=0`` when each step waited at least as
+long as its batches took the workers to make (``measurements.item_cost``: then the hand-off, pickling each batch
+across processes, is what the loop waits for, and the training process would build them in less).
+
+Workers start making batches as soon as the loader's iterator exists, while the script is still starting: up to
+``num_workers x prefetch_factor`` batches wait in the queue when the first step asks. A short re-run that reads
+them times batches made before it (16 workers with prefetch 4 on 2 cores once "measured" 5.71x, more than the
+cores can make). So a re-run's mean step is capped by what its workers made during the measured steps (their ``fetch`` lines: one per batch,
+written where it was made): where they made batches at a pace ``READ_AHEAD`` slower than the steps consumed them,
+the steps were reading the queue down, and the step time their pace sustains (``workers_step_s``) is the re-run's
+(``capped_from_s``: the steps' own mean). Where the workers keep up, they make a batch for each one taken, at the
+steps' pace: nothing is capped.
+
+For the tool's own script (``invoke verify`` without ``--``) a change is its flag, ``--workers N``: its other
+loader settings follow from it (``persistent_workers`` with workers, ``pin_memory`` on a GPU), and it has no
+prefetch flag, so no prefetch is timed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import subprocess
 import time
@@ -26,33 +45,85 @@ from collections.abc import Sequence
 from typing import Any
 
 from checks.verify.user import judge as j
+from checks.verify.user.itemcost import worker_batches
 from checks.verify.user.launch import CommandRun, StopRule, run_command
 from checks.verify.user.rerun import too_slow
 
 RERUN_WARMUP = 2  # the first step holds start-up; the second the workers' first batches
 RERUN_STEPS = 8
+READ_AHEAD = 1.25  # workers' pace this much slower than the steps': the queue was read down. Tool-defined: a
+# margin over the count's own grain (8 steps: one batch more or less at either end is 12%)
+MIN_MADE = 4  # the fewest batches made during the measured steps to time the workers' pace by
 
 
-def candidates(asked: dict[str, Any], cores: float, cuda: bool) -> list[dict[str, Any]]:
-    """Settings worth timing against the loader's own, most promising first (more workers, kept alive)."""
+def candidates(
+    asked: dict[str, Any], cores: float, cuda: bool, item: dict[str, Any] | None = None, wait_s: float = 0.0,
+    flag: str = "",
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Settings worth timing against the loader's own, most promising first: fewer workers where the loader has
+    more than the cores or the hand-off is the wait (``fewer``), then more workers, kept alive, and (not with a
+    ``flag``: the tool's script has no prefetch flag) more prefetch."""
     current = int(asked.get("num_workers") or 0)
     usable = max(1, int(cores))
-    counts = sorted({c for c in (usable, max(1, 2 * current), current + 1) if c > current}, reverse=True)
-    out: list[dict[str, Any]] = []
-    for count in counts[:2]:
-        setting: dict[str, Any] = {"num_workers": count, "persistent_workers": True}
-        if cuda:
-            setting["pin_memory"] = True
-        out.append(setting)
-    if out:
-        out.append({**out[0], "prefetch_factor": 4})
+    more = sorted({c for c in (usable, max(1, 2 * current), current + 1) if c > current}, reverse=True)[:2]
+    out = [workers(count, cuda) for count in (*fewer(current, usable, item, wait_s), *more)]
+    if more and not flag:
+        out.append({**workers(more[0], cuda), "prefetch_factor": 4})
     return out
 
 
-def mean_step_s(run: CommandRun, warmup: int, steps: int) -> float | None:
+def workers(count: int, cuda: bool) -> dict[str, Any]:
+    """The loader with ``count`` workers, kept alive between epochs, pinned on a GPU (templates/train.py's own)."""
+    setting: dict[str, Any] = {"num_workers": count, "persistent_workers": count > 0}
+    return setting | ({"pin_memory": True} if cuda else {})
+
+
+def fewer(current: int, usable: int, item: dict[str, Any] | None, wait_s: float) -> list[int]:
+    """Fewer workers worth timing: one per usable core where there are more workers than cores, and none where a
+    step waited at least as long as its batches took to make (the hand-off, not the making, is the wait)."""
+    cost = item or {}
+    made_ms = cost.get("getitem_ms_per_step")
+    if cost.get("where") == "workers" and made_ms is not None:
+        made_ms += cost.get("collate_ms_per_step") or 0.0
+    handoff = current > 0 and made_ms is not None and cost.get("where") == "workers" and wait_s * 1e3 >= made_ms
+    return ([usable] if current > usable else []) + ([0] if handoff else [])
+
+
+def workers_pace(lead: j.Rank, made: Sequence[float]) -> float | None:
+    """The step time the workers' batches made during ``lead``'s measured steps sustain (``made``: when each batch
+    was made), at its batches a step: from the first made to the last; with fewer than ``MIN_MADE`` made, at most
+    one more than those in the whole of the steps' time (its least). None without workers' lines."""
+    if not made:
+        return None
+    lo, hi = lead.steps[0].host_start, lead.steps[-1].host_end
+    inside = sorted(t for t in made if lo <= t <= hi)
+    per_step = statistics.median(s.batches for s in lead.steps) or 1
+    if len(inside) < MIN_MADE or inside[-1] <= inside[0]:
+        return per_step * (hi - lo) / (len(inside) + 1)
+    return per_step * (inside[-1] - inside[0]) / (len(inside) - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Steady:
+    """A re-run's mean step time (capped by its workers' pace where the steps read the queue down)."""
+
+    step_s: float | None
+    workers_step_s: float | None = None
+    capped_from_s: float | None = None  # the steps' own mean, where the workers' pace capped it
+
+
+def steady(run: CommandRun, warmup: int, steps: int) -> Steady:
+    """A re-run's mean step time over its measured steps, capped by its workers' pace (``workers_pace``) where
+    that is ``READ_AHEAD`` slower."""
     lead = j.rerun_lead(run, warmup, steps)
     figs = j.rank_figures(lead) if lead else None
-    return figs.fig.mean_s if figs else None
+    if lead is None or figs is None:
+        return Steady(None)
+    mean = figs.fig.mean_s
+    pace = workers_pace(lead, [e.t for e in worker_batches(lead, run.events)])
+    if pace is not None and pace > READ_AHEAD * mean:
+        return Steady(pace, pace, mean)
+    return Steady(mean, pace)
 
 
 def measure(
@@ -65,13 +136,20 @@ def measure(
     cuda: bool,
     budget_s: float,
     min_gain: float,
+    *,
+    item: dict[str, Any] | None = None,
+    wait_s: float = 0.0,
+    flag: str = "",
 ) -> dict[str, Any]:
     """``measurements.command_advice``: the baseline re-runs and their spread, each candidate's mean step time and
     speed-up over them, and the change to make (or none, or that none is measurable here). ``base_step_s`` (the
-    measured run's) is the baseline only when no re-run of the unchanged command fit the budget."""
+    measured run's) is the baseline only when no re-run of the unchanged command fit the budget. ``item`` (the
+    measured run's ``item_cost``) and ``wait_s`` (its mean data wait a step) say whether fewer workers are worth
+    timing; ``flag``: the command's own flag that sets the workers (the tool's script: ``--workers``)."""
     start = time.monotonic()
+    tried = candidates(asked, cores, cuda, item, wait_s, flag)
     if slow := too_slow(base_step_s, RERUN_WARMUP + RERUN_STEPS, budget_s):
-        unrun = [{"overrides": setting, "skipped": slow} for setting in candidates(asked, cores, cuda)]
+        unrun = [{"overrides": setting, "skipped": slow} for setting in tried]
         none: dict[str, Any] = {"baseline_mean_step_s": round(base_step_s, 6), "baseline_runs": [], "spread": 0.0}
         none |= {"site": site, "candidates": unrun, "min_gain": min_gain, "faster": None, "change": None}
         return none | {"not_measurable": slow, "seconds": 0.0, "interrupted": False}
@@ -81,7 +159,7 @@ def measure(
     first = timer.run(None)
     if first is not None and first[1]:
         baselines.append(first[1])
-    for setting in candidates(asked, cores, cuda):
+    for setting in tried:
         if timer.interrupted:
             break
         done = timer.run(setting)
@@ -90,6 +168,10 @@ def measure(
             continue
         run, step_s = done
         row: dict[str, Any] = {"overrides": setting, "ended": run.ended, "processes_left": run.left}
+        if timer.last.workers_step_s is not None:
+            row["workers_step_s"] = round(timer.last.workers_step_s, 6)
+        if timer.last.capped_from_s is not None:
+            row["capped_from_s"] = round(timer.last.capped_from_s, 6)
         rows.append(row | ({"mean_step_s": round(step_s, 6), "runs": [round(step_s, 6)]} if step_s else {}))
     if any(r.get("mean_step_s") for r in rows) and not timer.interrupted:
         last = timer.run(None)  # the closing baseline: a box that slowed down or sped up shows in the spread
@@ -117,7 +199,7 @@ def measure(
     faster = best if best and best["speedup"] >= 1 + max(min_gain, noise) else None
     out: dict[str, Any] = {"baseline_mean_step_s": round(base, 6), "baseline_runs": [round(b, 6) for b in baselines]}
     out |= {"spread": round(noise, 3), "site": site, "candidates": rows, "min_gain": min_gain, "faster": faster}
-    out["change"] = change(faster["overrides"], asked, site) if faster else None
+    out["change"] = change(faster["overrides"], asked, site, flag) if faster else None
     out["not_measurable"] = (
         f"re-runs of the unchanged command differed by {noise:.0%} (other processes on the box?), more than the "
         f"{min_gain:.0%} a change must gain"
@@ -150,6 +232,7 @@ class _Runs:
     def __init__(self, argv: Sequence[str], cwd: str, budget_s: float, start: float) -> None:
         self.argv, self.cwd, self.budget_s, self.start = argv, cwd, budget_s, start
         self.longest, self.interrupted = 0.0, False
+        self.last = Steady(None)  # the last run's timing
 
     def left(self) -> float:
         return self.budget_s - (time.monotonic() - self.start)
@@ -163,10 +246,14 @@ class _Runs:
         run = run_command(self.argv, rule, self.cwd, None, subprocess.DEVNULL, setting)
         self.longest = max(self.longest, time.monotonic() - t0)
         self.interrupted = self.interrupted or run.interrupted
-        return run, (None if run.interrupted else mean_step_s(run, RERUN_WARMUP, RERUN_STEPS))
+        self.last = Steady(None) if run.interrupted else steady(run, RERUN_WARMUP, RERUN_STEPS)
+        return run, self.last.step_s
 
 
-def change(setting: dict[str, Any], asked: dict[str, Any], site: str) -> str:
-    """The exact arguments to give the DataLoader, and where it is built."""
+def change(setting: dict[str, Any], asked: dict[str, Any], site: str, flag: str = "") -> str:
+    """The exact arguments to give the DataLoader, and where it is built; with ``flag`` (the command's own flag
+    for the workers: the tool's script's ``--workers``), that flag and the count."""
+    if flag:
+        return f"{flag} {setting['num_workers']}"
     args = ", ".join(f"{k}={v!r}" for k, v in setting.items() if asked.get(k) != v)
     return f"DataLoader(..., {args}) at {site}"

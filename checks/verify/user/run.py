@@ -35,7 +35,7 @@ from checks.verify.events import DdpLine, DeviceLine, Event, Moved, Saved, StepL
 from checks.verify.report import Setting
 from checks.verify.run import Judged, budget_s
 from checks.verify.sampler import Sampler, Trace
-from checks.verify.user import advice, exchange, modelfix
+from checks.verify.user import advice, exchange, itemcost, modelfix
 from checks.verify.user import judge as j
 from checks.verify.user import saved as saved_file
 from checks.verify.user import solo as solo_leg
@@ -194,7 +194,7 @@ def evaluate(request: CommandRequest, g: Gathered, say: Say) -> Judged:
         # the resume replay first: a checkpoint that does not resume outweighs any speed-up, and it is one short run
         replayed = _replay(request, run, found, kept, first.kept if first else "", cwd, say, deadline, cuts)
         one = _solo(request, run, found, stop, cwd, say, deadline, cuts)  # one short run, as the replay
-        advice = _advice(request, measured, stop, cwd, cores, say, deadline, cuts)
+        advice = _advice(request, measured, stop, cwd, cores, say, deadline, cuts, run.events)
         ab = _exchange(request, run, found, stop, cwd, say, deadline, cuts)
         waits = _comm_share(ab, run, found) >= cfg.verify.share_warn  # comm-bound: faster math would only wait longer
         model = None if advice or waits else _model_advice(request, run, measured, stop, cwd, say, deadline, cuts)
@@ -453,11 +453,14 @@ def _advice(
     say: Say,
     deadline: float = 0.0,
     cuts: list[Cut] | None = None,
+    events: Sequence[Event] = (),
 ) -> dict[str, Any] | None:
     """For a run that waited for data: time candidate DataLoader settings on the command itself, within
     ``verify.command_advice_s`` and what the budget leaves (``deadline``; less is a cut in ``cuts``). Under
     torchrun on this box every rank's loaders get the candidate (the re-run starts them all), the usable cores are
-    shared among the ranks, and the steps compared are rank 0's (DDP paces every rank to the slowest)."""
+    shared among the ranks, and the steps compared are rank 0's (DDP paces every rank to the slowest). ``events``:
+    the measured run's, whose workers' batch times say whether fewer workers are worth timing; the tool's own
+    script is advised by its ``--workers`` flag."""
     cfg = request.config.verify
     if m is None or m.lead.loader is None or m.figs.fig.shares["data_wait"] < cfg.share_warn:
         return None
@@ -469,6 +472,8 @@ def _advice(
     got = advice.measure(
         request.command, cwd, loader.asked, loader.site, m.base.fig.mean_s,
         cores / len(m.found), m.lead.device is not None and m.lead.device.type == "cuda", seconds, cfg.advice_min_gain,
+        item=itemcost.item_cost(m.lead, events), wait_s=statistics.fmean(s.data_wait for s in m.lead.steps),
+        flag="--workers" if request.builtin else "",
     )  # fmt: skip
     return _kept_cut(got, cuts)
 
