@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from checks.verify.contract import PHASES, Cut, StopFacts
@@ -46,9 +46,7 @@ _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 
 
 def rows_of(steps: Sequence[Any]) -> list[list[float]]:
-    """Seconds per phase of each step: ``Step`` records (attributes) or agent step lines (keys)."""
-    if steps and isinstance(steps[0], Mapping):
-        return [[float(s.get(p) or 0.0) for p in PHASES] for s in steps]
+    """Seconds per phase of each step: ``Step`` records or the agent's step lines (``checks.verify.events``)."""
     return [[float(getattr(s, p)) for p in PHASES] for s in steps]
 
 
