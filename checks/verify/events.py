@@ -16,6 +16,7 @@ on these records (``isinstance`` and attributes). Standard library only, as ``ch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -307,9 +308,10 @@ KINDS: dict[str, type[Event]] = {cls.KIND: cls for cls in _ALL}  # the agent's `
 
 def fields_of(cls: type[Event]) -> frozenset[str]:
     """The keys a line of ``cls`` may hold (``event`` and the parent's ``host`` tag left out)."""
-    import dataclasses
-
     return frozenset(f.name for f in dataclasses.fields(cls)) - {"host"}
+
+
+_KNOWN = {kind: fields_of(cls) | {"host"} for kind, cls in KINDS.items()}  # worked out once, not per line
 
 
 def parse(data: Any, strict: bool | None = None) -> Event | None:
@@ -321,12 +323,13 @@ def parse(data: Any, strict: bool | None = None) -> Event | None:
         if strict:
             raise ContractError(f"agent line that is not a JSON object: {str(data)[:80]!r}")
         return None
-    cls = KINDS.get(data.get("event"))  # type: ignore[arg-type]
+    kind = data.get("event")
+    cls = KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         if strict:
             raise ContractError(f"agent line of an unknown kind: {str(data.get('event'))[:80]!r}")
         return None
-    known = fields_of(cls) | {"host"}
+    known = _KNOWN[cls.KIND]
     body = {k: v for k, v in data.items() if k != "event"}
     unknown = sorted(set(body) - known)
     if unknown:
