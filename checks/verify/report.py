@@ -2,7 +2,8 @@
 
 Result ids (after bootstrap's own): ``verify-data``, ``verify-loop``, ``verify-throughput``, ``verify-loss``,
 ``verify-checkpoint``, ``verify-data-resume``, ``verify-mfu``, ``verify-sampler``, ``diagnosis`` (value: the verdict
-id, see ``checks/verify/diagnosis.py``), ``upgrade-estimate``, ``verify-cost``, ``verify-sweep``.
+id, see ``checks/verify/diagnosis.py``), ``upgrade-estimate``, ``verify-cost``, ``verify-sweep``, ``verify-phases``
+(a command's ``phase()`` marks, ``checks/verify/results.py``).
 The gate fails (exit 1) on a failed check, a run that did not complete, NaN/inf or a loss that does not go down,
 a checkpoint that does not reproduce, or throughput under the floor.
 """

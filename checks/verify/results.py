@@ -4,12 +4,14 @@ and the text block that lists every verdict. Pure functions over the child's res
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from checks.config import VerifyConfig
 from checks.result import Result, fail, ok, skip, warn
 from checks.verify.contract import ChildResult
 from checks.verify.diagnosis import Verdict
+from checks.verify.events import Event, PhaseLine
 from checks.verify.figures import StepFigures
 
 
@@ -34,6 +36,20 @@ def throughput(figs: StepFigures, cfg: VerifyConfig, command: bool = False) -> R
     if floor and rate < floor:
         return fail("verify-throughput", summary, "below preflight.verify.min_samples_per_s: see diagnosis", value=rate)
     return ok("verify-throughput", summary, value=round(rate, 3))
+
+
+def phases_result(events: Sequence[Event]) -> Result | None:
+    """``verify-phases``: the parts the script marked as no training step (``phase("eval")``), rank 0's (or the
+    only process's): how often, how long, and that the step time leaves them out; None without a phase."""
+    by: dict[str, list[float]] = {}
+    for e in events:
+        if isinstance(e, PhaseLine) and e.lead:
+            by.setdefault(e.name, []).append(e.seconds)
+    if not by:
+        return None
+    parts = [f"{name} {len(s)}x, {sum(s):.2f} s ({sum(s) / len(s):.2f} s each)" for name, s in by.items()]
+    summary = f"outside the steps (left out of the step time): {'; '.join(parts)}"
+    return ok("verify-phases", summary, value={name: round(sum(s), 3) for name, s in by.items()})
 
 
 def sweep_result(r: ChildResult) -> Result:

@@ -56,7 +56,7 @@ from checks.verify.events import (
 from checks.verify.figures import StepFigures, breakdown, enqueue_ratio, loss_trend, step_figures
 from checks.verify.plan import Outcome
 from checks.verify.report import Setting
-from checks.verify.results import sweep_result, throughput
+from checks.verify.results import phases_result, sweep_result, throughput
 from checks.verify.sampler import Trace
 from checks.verify.user import cpuflags
 from checks.verify.user.launch import CommandRun
@@ -335,6 +335,7 @@ def judge(
     else:
         results.append(_no_step(oom))
     results.append(_loss(lead, cfg))
+    results += [r for r in [phases_result(run.events)] if r is not None]
     results.append(contents_result(*(saved or (None, None))))
     verdicts = diagnose(s, cfg) if s is not None else []
     if oom is not None:
@@ -614,8 +615,9 @@ def command_result(run: CommandRun, found: Sequence[Rank], warmup: int) -> Resul
     if run.ended == "interrupted":
         summary = f"{cmd}: interrupted after {steps} step(s); the figures cover the steps before Ctrl-C"
         return warn("verify-command", summary, "let it run to the end for a full report", value=run.ended)
+    sent = "/".join(run.signals) or ("asked: should_stop()" if run.asked else "no signal")
     how = (
-        f"stopped by verify after {steps} steps ({'/'.join(run.signals) or 'no signal'})"
+        f"stopped by verify after {steps} steps ({sent})"
         if run.ended == "stopped"
         else f"ended by itself after {steps} steps ({status})"
     )

@@ -6,8 +6,9 @@ the agent writes its JSON lines to, and ``GPU_PREFLIGHT_LOADER`` when DataLoader
 
 It starts in a session of its own. Once every rank has done ``warmup + steps`` optimizer steps (or ``seconds``
 have passed since the first measured one), verify stops it: SIGINT to its process group, SIGTERM after
-``INT_GRACE_S``, SIGKILL after ``TERM_GRACE_S`` more. torchrun starts each rank in a session of its own and
-forwards the signal to them; DataLoader workers go with their process. Whatever is still alive afterwards
+``INT_GRACE_S``, SIGKILL after ``TERM_GRACE_S`` more; a script that asks the agent's ``should_stop()`` is asked
+first (``_ask``: the stop file) and gets ``ASK_GRACE_S`` to end itself. torchrun starts each rank in a session
+of its own and forwards the signal to them; DataLoader workers go with their process. Whatever is still alive afterwards
 (ranks a killed torchrun orphaned, a crashed script's workers) is killed by process id: verify makes itself a
 child subreaper, so orphans become its children and it can find them. The start, the signals and the kill by id
 are ``checks.probe.session``'s, the launcher of every child the tool starts.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -46,6 +48,15 @@ PEAK_ENV = "GPU_PREFLIGHT_PEAK"
 MODEL_ENV = "GPU_PREFLIGHT_MODEL"
 DDP_ENV = "GPU_PREFLIGHT_DDP"
 PROFILE_ENV = "GPU_PREFLIGHT_PROFILE_STEP"
+# A script that asks should_stop() (the agent's) is asked first: the stop file, then this long to leave its loop
+# and end as it would (its own save and exit: what a SIGINT gives it, INT_GRACE_S, plus the steps asked for ahead)
+# before the signals. Tool-defined.
+ASK_GRACE_S = 10.0
+# Under torchrun the ranks must leave their loops at one step: verify asks for a step count this far ahead of the
+# ranks at its pace (its view of them lags the agent's batched writes, 0.2 s, and its own poll, 0.1 s; each rank
+# reads the file every 0.05 s: checks/verify/user/inject/_gpu_preflight_agent.py, FLUSH_S and STOP_READ_S).
+ASK_LAG_S = 0.5
+ASKED_WHEN = ("stopped", "limit")  # the endings a script that listens is asked for: it was stepping
 INT_GRACE_S = 10.0  # SIGINT -> SIGTERM: time for the script's own teardown (torchrun closes its ranks). Tool-defined.
 TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL. Tool-defined.
 TREE_EVERY_S = 0.5  # how often the process tree is read (its members are killed by id at the end)
@@ -81,6 +92,7 @@ class CommandRun:
     stopped_by_verify: bool = False
     interrupted: bool = False
     signals: list[str] = field(default_factory=list)
+    asked: bool = False  # asked to stop (should_stop()), before any signal
     stderr_tail: list[str] = field(default_factory=list)
     seconds: float = 0.0
     pids: set[int] = field(default_factory=set)
@@ -275,7 +287,7 @@ def run_command(
             with _ctrl_c_noted(run):  # a Ctrl-C while the command shuts down must not lose the report
                 if proc.poll() is None:
                     run.stopped_by_verify = True
-                    _stop(proc, run)
+                    _stop(proc, run, folder / "events")
                 proc.wait()
                 _clean_up(run, reaper)
                 tee.join(timeout=5)
@@ -431,9 +443,17 @@ def _early(events: Sequence[Event], counts: dict[int | str, int], world: int, ru
     return ""
 
 
-def _stop(proc: subprocess.Popen[bytes], run: CommandRun) -> None:
-    """SIGINT, then SIGTERM, then SIGKILL to the command's process group, each after its grace time."""
+def _stop(proc: subprocess.Popen[bytes], run: CommandRun, events: Path) -> None:
+    """Ask a script that listens to stop (``_ask``) and give it its grace; then (or at once) SIGINT, then
+    SIGTERM, then SIGKILL to the command's process group, each after its grace time."""
     run.pids |= process_tree(proc.pid)
+    grace = _ask(events, run) if run.ended in ASKED_WHEN else None
+    if grace is not None:
+        run.asked = True
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+            return
+        run.pids |= process_tree(proc.pid)
     session.stop_group(proc, ((signal.SIGINT, INT_GRACE_S), (signal.SIGTERM, TERM_GRACE_S)), run.signals)
 
 
@@ -441,3 +461,24 @@ def _clean_up(run: CommandRun, reaper: Reaper) -> None:
     """Kill by id what the command left (``Reaper.clean_up``): every process it started that is still alive."""
     leftovers, run.left = reaper.clean_up(run.pids)
     run.pids |= leftovers
+
+
+def _ask(folder: Path, run: CommandRun) -> float | None:
+    """Write the stop file (``{"at": N}``) the agent's ``should_stop()`` reads, where a process of the command
+    asked it (its ``listening-PID`` file); the grace the command then gets, or None when nothing listens or its
+    ranks span nodes (each node's verify stops its own: they would not ask for one step). One process is asked to
+    stop now; several ranks for the step count ``ASK_LAG_S`` ahead of the furthest at the quickest pace."""
+    if not any(folder.glob("listening-*")):
+        return None
+    counts, world = step_counts(run.events)
+    lines = [e for e in run.events if isinstance(e, StepLine)]
+    if any((e.world_size or 1) > world for e in lines):
+        return None
+    paces = sorted(e.seconds + e.checkpoint for e in lines[-50:])
+    pace = max(paces[len(paces) // 4], 1e-4) if paces else 0.0
+    ahead = math.ceil(ASK_LAG_S / pace) + 1 if world > 1 and pace else 0
+    at = max(counts.values(), default=0) + ahead if world > 1 else 0
+    partial = folder / "stop.partial"  # whole or absent: the agent never reads half a file
+    partial.write_text(json.dumps({"at": at}), encoding="utf-8")
+    os.replace(partial, folder / "stop")
+    return ASK_GRACE_S + ahead * pace

@@ -714,7 +714,9 @@ def _gather(
         sampler = stack.enter_context(Sampler(request.config.verify.sample_interval_s, gpu, host))
         profile = request.config.verify.profile_steps > 0  # 0: no kernel profile of a warm-up step on a GPU
         run = run_command(request.command, stop, cwd, echo, stdout, None, event, started, profile=profile)
-    if run.ended == "stopped":  # its own KeyboardInterrupt traceback, if it prints one, is this stop
+    if run.ended == "stopped" and run.asked and not run.signals:
+        say("verify: your command stopped itself after its measured steps (asked by should_stop(), no signal)")
+    elif run.ended == "stopped":  # its own KeyboardInterrupt traceback, if it prints one, is this stop
         above = "" if request.quiet else ": a KeyboardInterrupt traceback above is this stop, not a failure"
         say(f"verify: stopped your command after its measured steps (SIGINT to its processes, as Ctrl-C does{above})")
     return run, sampler.trace, found.get("index"), gpu.error, dict(gpu.uuids)
