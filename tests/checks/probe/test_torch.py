@@ -190,7 +190,12 @@ def test_several_checkpoints_are_read_by_one_child(tmp_path: Path, monkeypatch: 
     torch.save({"model": torch.nn.Linear(2, 2).state_dict(), "step": 4}, good)
     children: list[list[str]] = []
     real = probe_torch.run_child
-    monkeypatch.setattr(probe_torch, "run_child", lambda argv, timeout: children.append(argv) or real(argv, timeout))
+
+    def counted(argv: list[str], timeout: float) -> dict[str, object]:
+        children.append(argv)
+        return real(argv, timeout)
+
+    monkeypatch.setattr(probe_torch, "run_child", counted)
     first, second = probe_torch.read_checkpoints([str(good), str(gone)], timeout=60)
     assert len(children) == 1 and children[0][-2:] == [str(good), str(gone)]
     assert first["model"]["tensors"] == 2 and first["position"] == {"step": 4.0}
