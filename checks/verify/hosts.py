@@ -45,6 +45,7 @@ from checks.errors import PreflightError
 from checks.reports.verify import Files
 from checks.result import Result, Status, ok, skip
 from checks.verify import plan as v
+from checks.verify import torchrun
 from checks.verify.events import StepLine, parse_all
 from checks.verify.report import Setting
 from checks.verify.sampler import Trace
@@ -59,9 +60,6 @@ LOST_PEER = ("connection closed", "connection reset", "broken pipe", "peer", "ti
 # seconds at most; a host that is hung, not failing, is stopped this much later.
 PEER_GRACE_S = 10.0
 NODE = "checks.verify.user.node"
-# torchrun's flags that say where this node is in the job: set per host here, the user's dropped
-NODE_FLAGS = ("nnodes", "node-rank", "master-addr", "master-port", "nproc-per-node", "standalone")
-VALUELESS = ("standalone", "m", "module", "no-python", "run-path")  # torchrun's flags that take no value
 RERUNS = "loader/model advice, the exchange A/B, the resume replay and --sweep re-run one box's command: not run across hosts"  # fmt: skip
 
 
@@ -99,30 +97,16 @@ def layout(hosts: list[Host], device: str) -> tuple[str, list[int]]:
 def torchrun_parts(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """The user's torchrun command as (torchrun's flags without the node ones, the program and its arguments);
     exit 2 for a command that is not torchrun or ``python -m torch.distributed.run``."""
-    first = os.path.basename(argv[0]) if argv else ""
-    if first == "torchrun":
-        rest = list(argv[1:])
-    elif first.startswith("python") and list(argv[1:3]) == ["-m", "torch.distributed.run"]:
-        rest = list(argv[3:])
-    else:
+    parts = torchrun.parse(argv)
+    if parts == torchrun.NOT_TORCHRUN or (isinstance(parts, torchrun.Torchrun) and parts.prefix):
         raise PreflightError(
             f"verify --hosts: {shlex.join(argv) or 'no command'}: across hosts verify runs a torchrun command "
             "(torchrun or python -m torch.distributed.run), its node flags set for each host",
             hint="invoke verify --hosts h1,h2 -- torchrun train.py ARGS (or leave -- out: the tool's own script)",
         )
-    kept: list[str] = []
-    i = 0
-    while i < len(rest) and rest[i].startswith("-"):
-        token = rest[i]
-        name, has_value = token.lstrip("-").split("=", 1)[0].replace("_", "-"), "=" in token
-        takes = not has_value and name not in VALUELESS
-        value = [rest[i + 1]] if takes and i + 1 < len(rest) else []
-        if name not in NODE_FLAGS and not name.startswith("rdzv-"):
-            kept += [token, *value]
-        i += 1 + len(value)
-    if i >= len(rest):
+    if isinstance(parts, str):
         raise PreflightError(f"verify --hosts: {shlex.join(argv)}: no training script after torchrun's flags")
-    return kept, rest[i:]
+    return list(parts.flags), list(parts.program)
 
 
 def node_flags(addr: str, port: int, index: int, nodes: int, local: int) -> list[str]:

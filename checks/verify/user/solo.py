@@ -11,21 +11,17 @@ links take it down). Where the leg cannot apply or did not measure, ``scaling_no
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 import time
 from collections.abc import Sequence
 
 from checks.reports.verify import DdpFigures
+from checks.verify import torchrun
 from checks.verify.user import judge as j
 from checks.verify.user.exchange import RERUN_STEPS, RERUN_WARMUP
 from checks.verify.user.launch import StopRule, run_command
 
 ONE = ["--standalone", "--nproc-per-node=1"]
-# torchrun's flags that place the run (replaced by ONE), and those that take no value: as --hosts reads a torchrun
-# command (checks/verify/hosts.py torchrun_parts; importing it from here closes an import cycle)
-NODE_FLAGS = ("nnodes", "node-rank", "master-addr", "master-port", "nproc-per-node", "standalone")
-VALUELESS = ("standalone", "m", "module", "no-python", "run-path")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,27 +38,12 @@ class Solo:
 def solo_argv(argv: Sequence[str]) -> list[str] | str:
     """The command as one process under torchrun, or why it cannot be (a launcher other than torchrun). A leading
     ``env NAME=VALUE ...`` (the tool's script sets the allocator so) stays in front."""
-    given = 1 if argv and os.path.basename(argv[0]) == "env" else 0
-    while given and given < len(argv) and "=" in argv[given] and not argv[given].startswith("-"):
-        given += 1
-    prefix, command = list(argv[:given]), list(argv[given:])
-    first = os.path.basename(command[0]) if command else ""
-    if first == "torchrun":
-        head, rest = command[:1], command[1:]
-    elif first.startswith("python") and command[1:3] == ["-m", "torch.distributed.run"]:
-        head, rest = command[:3], command[3:]
-    else:
+    parts = torchrun.parse(argv)
+    if parts == torchrun.NOT_TORCHRUN:
         return "the command is not torchrun or python -m torch.distributed.run: verify cannot run it as one process"
-    kept, i = [], 0
-    while i < len(rest) and rest[i].startswith("-"):  # torchrun's flags, up to the program
-        name = rest[i].lstrip("-").split("=", 1)[0].replace("_", "-")
-        value = rest[i + 1 : i + 2] if "=" not in rest[i] and name not in VALUELESS else []
-        if name not in NODE_FLAGS and not name.startswith("rdzv-"):
-            kept += [rest[i], *value]
-        i += 1 + len(value)
-    if i >= len(rest):
+    if isinstance(parts, str):
         return "no training script after torchrun's flags"
-    return [*prefix, *head, *ONE, *kept, *rest[i:]]
+    return [*parts.prefix, *parts.head, *ONE, *parts.flags, *parts.program]
 
 
 def measure(argv: Sequence[str], cwd: str, seconds: float) -> Solo:
