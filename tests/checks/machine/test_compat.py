@@ -89,7 +89,7 @@ def test_missing_torch_on_a_cpu_box_suggests_the_cpu_build() -> None:
     [(11080, "cu118"), (12020, "cu121"), (12040, "cu124"), (12060, "cu126"), (12080, "cu128"), (13000, "cu130")],
 )
 def test_missing_torch_hint_is_the_real_index_of_the_build_the_driver_runs(driver: int, build: str) -> None:
-    """Issue 11: a command one can paste, for the build that fits the driver (cu118 ... cu128, cu130)."""
+    """A command one can paste, for the build that fits the driver (cu118 ... cu128, cu130)."""
     m = machine(nvml={"cuda_driver_version": driver}, torch={"error": "x", "error_kind": "missing"})
     hint = _one(compat.torch_build(m, config())).hint or ""
     assert hint.endswith(f": pip install torch --index-url https://download.pytorch.org/whl/{build}"), hint

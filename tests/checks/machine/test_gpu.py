@@ -70,14 +70,14 @@ def test_a_one_gpu_slice_of_an_sxm_host_with_links_down_is_fine() -> None:
     ],
 )
 def test_sxm_part_outside_the_table_with_links_down_fails(changes: dict, nvswitches: int, evidence: str) -> None:
-    """Issue 11: an SXM module has no bridge; its links down are a fault, whatever the table knows."""
+    """An SXM module has no bridge; its links down are a fault, whatever the table knows."""
     r = _nvlink(nvswitches, nvlink_total=18, nvlink_active=4, **changes)
     assert r.status is Status.FAIL and evidence in r.summary, r.summary
     assert "seating" not in (r.hint or "")
 
 
 def test_pcie_board_links_all_inactive_is_no_bridge_and_a_partial_bridge_warns() -> None:
-    """Issue 11: data-center PCIe cards report links that exist; 0 active of N is no bridge fitted."""
+    """Data-center PCIe cards report links that exist; 0 active of N is no bridge fitted."""
     for name in ("NVIDIA A800 80GB PCIe", "NVIDIA A100-PCIE-40GB", "NVIDIA X100 PCIe", "NVIDIA H100 NVL"):
         r = _nvlink(name=name, nvlink_total=12, nvlink_active=0)
         assert r.status is Status.OK and "no NVLink bridge fitted" in r.summary, (name, r.summary)
@@ -88,7 +88,7 @@ def test_pcie_board_links_all_inactive_is_no_bridge_and_a_partial_bridge_warns()
 
 
 def test_a_bridged_board_is_whole_at_its_bridges_links_not_at_nvmls_slot_count() -> None:
-    """Issue 21 item 3: NVML lists 18 link slots on an H100 NVL; a fitted bridge makes 12 of them active."""
+    """NVML lists 18 link slots on an H100 NVL; a fitted bridge makes 12 of them active."""
     r = _nvlink(name="NVIDIA H100 NVL", nvlink_total=18, nvlink_active=12)
     assert r.status is Status.OK and "partly" not in r.summary, r.summary
     assert r.summary == "12 of the 12 links an NVLink bridge gives a H100 NVL active (18 slots listed)"
@@ -126,7 +126,7 @@ def test_rental_cards_are_in_the_table(name: str, model: str, sxm_links: int) ->
 
 
 def test_pcie_slot_below_the_card_blames_the_platform() -> None:
-    """Issue 11: when NVML says the slot itself tops out below the card, no riser or BIOS hint."""
+    """When NVML says the slot itself tops out below the card, no riser or BIOS hint."""
     [r] = g.gpu_pcie(machine(gpus=(gpu(pcie_gen_max=4, pcie_gen_loaded=4, pcie_width_loaded=16),)), config())
     assert "tops out at Gen4" in r.summary and r.hint is not None
     assert r.hint.startswith("the platform limits the link") and "riser" not in r.hint

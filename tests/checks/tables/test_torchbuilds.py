@@ -76,7 +76,7 @@ def test_install_command_uses_the_configured_index_or_pytorchs_own() -> None:
 
 @pytest.mark.parametrize("variant", ["cpu", *(v.name for v in VARIANTS)])
 def test_install_command_is_pasteable_for_every_build(variant: str) -> None:
-    """Issue 11: a real PyTorch wheel index folder, never a placeholder to fill in."""
+    """A real PyTorch wheel index folder, never a placeholder to fill in."""
     command = install_command(variant)
     assert re.fullmatch(r"pip install torch --index-url https://download\.pytorch\.org/whl/(cpu|cu1[1-3]\d)", command)
     assert {v.name for v in VARIANTS} >= {"cu118", "cu121", "cu124", "cu126", "cu128", "cu130"}

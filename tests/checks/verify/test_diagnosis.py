@@ -235,7 +235,7 @@ def test_more_workers_than_cores_are_told_to_shrink() -> None:
 
 
 def test_a_small_neighbour_on_saturated_cores_is_not_the_cause() -> None:
-    # Issue 9: 10% of one core of two taken by another process, ours at 89%: the wait is our pipeline's.
+    # 10% of one core of two taken by another process, ours at 89%: the wait is our pipeline's.
     small = signals(shares=shares(data_wait=0.3), workers=8, cpu_during_wait=0.89, machine_cpu_during_wait=0.94)
     v = diagnose(small, CFG)[0]
     assert v.id == "cpu-starved" and "other processes" not in v.summary and "others 5%, too little" in v.summary

@@ -122,7 +122,7 @@ def test_draw_writes_the_png_atomically(tmp_path: Path) -> None:
 
 
 def test_an_nproc_run_draws_its_exposed_exchange_and_names_the_phases_after_the_steps() -> None:
-    """Issue 21: a comm-bound --nproc title over a bar with no comm segment, and the comm/solo phases unnamed."""
+    """Once drawn wrong: a comm-bound --nproc title over a bar with no comm segment, and the comm/solo phases unnamed."""
     from checks.verify.plot import with_comm
 
     shares = with_comm(SHARES, 0.3)
