@@ -23,11 +23,10 @@ COLOURS = {
     "checkpoint": "#9467bd",
     "comm": "#e377c2",  # --nproc: the exposed gradient exchange, taken out of backward
 }
-# The child's phases after the measured steps, shaded and named on the top panel.
-_SHADE = {
-    "warmup": "#dddddd", "kernels": "#fde9c9", "checkpoint": "#e5dcf2", "comm": "#f6d5e8", "solo": "#e8e8f6",
-    "ab": "#d9ecd9", "sweep": "#d9e6f2", "loader_alone": "#f2e6d9", "data_cost": "#efefd0", "oom-search": "#f5d5d5",
-}  # fmt: skip
+# The run's phases, shaded and named on the top panel: the warm-up steps, and what the script marked with
+# ``phase(name)`` (its ``phase`` lines; a name not here gets ``_OTHER``).
+_SHADE = {"warmup": "#dddddd", "checkpoint": "#e5dcf2", "eval": "#d9ecd9", "save": "#e5dcf2"}
+_OTHER = "#efefd0"
 
 
 def draw(path: Path, trace: Trace, title: str, gpu: int | None, usable_cores: float, **details: Any) -> None:
@@ -48,7 +47,7 @@ def figure(
     steps: Sequence[Step] = (),
     warmup: Sequence[Step] = (),
     shares: dict[str, float] | None = None,
-    phases: Mapping[str, Sequence[float]] | None = None,
+    phases: Mapping[str, Sequence[tuple[float, float]]] | None = None,
     step_s: float | None = None,
     samples_per_s: float | None = None,
     comm_share: float | None = None,
@@ -178,12 +177,12 @@ def _steps_panel(ax: Any, steps: Sequence[Step], warmup: Sequence[Step], t0: flo
     _legend_outside(ax)
 
 
-def _shade(ax: Any, phases: Mapping[str, Sequence[float]], t0: float, label: bool = False) -> None:
-    for name, colour in _SHADE.items():
-        if name in phases:
-            a, b = phases[name]
-            ax.axvspan(a - t0, b - t0, color=colour, alpha=0.6, zorder=0, linewidth=0)
-            if label:  # just above the axes (x in data, y in axes units), clear of the lines
+def _shade(ax: Any, phases: Mapping[str, Sequence[tuple[float, float]]], t0: float, label: bool = False) -> None:
+    """Each phase's spans shaded; its name above the first span (on the top panel)."""
+    for name, spans in phases.items():
+        for k, (a, b) in enumerate(spans):
+            ax.axvspan(a - t0, b - t0, color=_SHADE.get(name, _OTHER), alpha=0.6, zorder=0, linewidth=0)
+            if label and k == 0:  # just above the axes (x in data, y in axes units), clear of the lines
                 ax.text(
                     a - t0, 1.01, name, fontsize=7, va="bottom", color="#555555", transform=ax.get_xaxis_transform()
                 )

@@ -52,6 +52,16 @@ def phases_result(events: Sequence[Event]) -> Result | None:
     return ok("verify-phases", summary, value={name: round(sum(s), 3) for name, s in by.items()})
 
 
+def phase_spans(events: Sequence[Event]) -> dict[str, list[tuple[float, float]]]:
+    """The timeline's shaded spans of the script's phases, rank 0's (or the only process's): each ``phase`` line
+    is written at the phase's end, ``seconds`` after it began (the same host clock as the steps')."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for e in events:
+        if isinstance(e, PhaseLine) and e.lead:
+            spans.setdefault(e.name, []).append((e.t - e.seconds, e.t))
+    return spans
+
+
 def sweep_result(r: ChildResult) -> Result:
     """``verify-sweep``: throughput per batch size and the knee (--sweep)."""
     s = r.sweep

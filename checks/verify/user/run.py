@@ -33,6 +33,7 @@ from checks.verify.builtin import Builtin, FirstSave, Replay, replay, resume_res
 from checks.verify.contract import Cut, StopFacts, StopSpec
 from checks.verify.events import DdpLine, DeviceLine, Event, Moved, Saved, StepLine, Waiting
 from checks.verify.report import Setting
+from checks.verify.results import phase_spans
 from checks.verify.run import Judged, budget_s
 from checks.verify.sampler import Sampler, Trace
 from checks.verify.user import advice, exchange, itemcost, modelfix
@@ -212,11 +213,16 @@ def evaluate(request: CommandRequest, g: Gathered, say: Say) -> Judged:
     results, measurements = _described(request, results, measurements, found, replayed)
     results, measurements = _scaling(results, measurements, one, g.reruns)
     steps = [j.step_record(s) for r in found[:1] for s in r.steps]
+    warm = [j.step_record(s) for r in found[:1] for s in r.warmup]
+    phases = phase_spans(run.events)
+    if warm:
+        phases = {"warmup": [(warm[0].host_start, warm[-1].host_end)], **phases}
     what = "invoke verify" if request.builtin else f"invoke verify -- {request.command[0]}"
     title = f"{what}: {verdicts[0].id if verdicts else 'cant-tell'}"
     block, ddp = measurements.steps, measurements.ddp
     problems = v.write_outputs(
-        csv, png, trace, title, gpu, cores, steps=steps, shares=block.step_breakdown if block else None,
+        csv, png, trace, title, gpu, cores, steps=steps, warmup=warm, phases=phases,
+        shares=block.step_breakdown if block else None,
         comm_share=ddp.comm_share if ddp else None, step_s=block.step_time.median_s if block else None,
         samples_per_s=block.samples_per_s if block else None,
     )  # fmt: skip

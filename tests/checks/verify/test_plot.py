@@ -115,24 +115,26 @@ def test_draw_writes_the_png_atomically(tmp_path: Path) -> None:
         2.0,
         steps=STEPS,
         shares=SHARES,
-        phases={"warmup": [100, 101]},
+        phases={"warmup": [(100.0, 101.0)]},
     )
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["verify.png"]
 
 
-def test_an_nproc_run_draws_its_exposed_exchange_and_names_the_phases_after_the_steps() -> None:
-    """Once drawn wrong: a comm-bound --nproc title over a bar with no comm segment, and the comm/solo phases unnamed."""
+def test_an_nproc_run_draws_its_exposed_exchange_and_names_the_phases_once_each() -> None:
+    """Once drawn wrong: a comm-bound --nproc title over a bar with no comm segment. The script's phases (its
+    ``phase("eval")`` lines) are shaded every time they ran and named once; a name without its own colour too."""
     from checks.verify.plot import with_comm
 
     shares = with_comm(SHARES, 0.3)
     assert shares["comm"] == 0.3 and math.isclose(shares["backward"], 0.22)
     assert math.isclose(sum(shares.values()), sum(SHARES.values()))
     assert with_comm(SHARES, None) == SHARES
-    phases = {"warmup": (101.0, 101.6), "comm": (104.0, 105.0), "solo": (105.0, 106.0)}
+    phases = {"warmup": [(101.0, 101.6)], "eval": [(104.0, 105.0), (106.0, 106.5)], "gather": [(107.0, 107.2)]}
     fig = figure(_trace(gpu=False), "invoke verify: comm-bound", None, 2.0, STEPS, (), SHARES, phases, comm_share=0.3)
     _rendered(fig)
     bar = fig.axes[-1]
     assert "comm\n30%" in {t.get_text() for t in bar.texts}
-    named = {t.get_text() for ax in fig.axes for t in ax.texts}
-    assert {"comm", "solo", "warmup"} <= named
+    named = [t.get_text() for t in fig.axes[0].texts]
+    assert sorted(n for n in named if n in phases) == ["eval", "gather", "warmup"]
+    assert len(fig.axes[0].patches) == 4  # every span shaded, eval twice
