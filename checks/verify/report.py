@@ -16,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from checks.config import VerifyConfig
 from checks.reports.verify import Files, Mfu
 from checks.result import Result, ok, skip, warn
 from checks.tables import datasheet
@@ -72,9 +71,7 @@ def mfu(r: ChildResult, median_s: float) -> Mfu:
     )
 
 
-def signals(
-    p: Setting, o: Outcome, cfg: VerifyConfig, figures: StepFigures, gate: Sequence[Result] | None = None
-) -> Signals:
+def signals(p: Setting, o: Outcome, figures: StepFigures, gate: Sequence[Result] | None = None) -> Signals:
     """Assemble what the verdict rules read from the child's result, the trace of the measured window and the
     gate's rows (bootstrap's fast checks; None where they did not run)."""
     r = o.child.result or ChildResult()

@@ -321,7 +321,7 @@ def judge(
             tokens_per_s_with_checkpoints=_times(f.tokens_per_s_with_checkpoints, world),
         )
         figs = dataclasses.replace(figs, fig=whole)
-        s = verify_report.signals(setting, outcome, cfg, figs.fig, gate)
+        s = verify_report.signals(setting, outcome, figs.fig, gate)
         ckpt = figs.checkpoint.to_json() if figs.checkpoint else None
         s = dataclasses.replace(s, checkpoint=ckpt, ddp=ddp, own_code=True)
         s = dataclasses.replace(s, **command_signals(lead, run.events, s.device, s.precision))
