@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,6 +87,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 _BOX_LOCK = "gpu_preflight_box_lock"  # the key in each worker's workerinput
 _made_locks: list[Path] = []  # the controller's: the one lock file of this run, made when the first worker starts
+# How the box lock went, per worker (sent to the controller at its end) and summed there: the seconds the measures
+# tests held the box alone, and the seconds tests waited for the lock (shared: for a measures test to finish).
+_box: defaultdict[str, float] = defaultdict(float)
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: the controller, once per worker it starts
@@ -103,12 +107,19 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if path is None:
         yield
         return
+    alone = item.get_closest_marker("measures") is not None
     with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX if item.get_closest_marker("measures") else fcntl.LOCK_SH)
+        asked = time.monotonic()
+        fcntl.flock(fh, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        got = time.monotonic()
+        _box[f"{'alone' if alone else 'shared'}_waited_s"] += got - asked
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+            if alone:
+                _box["alone_held_s"] += time.monotonic() - got
+                _box["alone_tests"] += 1
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -162,6 +173,11 @@ def mislabelled(seconds: dict[str, float], slow: set[str]) -> tuple[list[str], l
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    if _box:  # under xdist: what holding the box alone cost the other workers
+        terminalreporter.line(
+            f"box lock: {int(_box['alone_tests'])} measures tests held the box alone for {_box['alone_held_s']:.0f} s;"
+            f" other tests waited {_box['shared_waited_s']:.0f} s for them, they waited {_box['alone_waited_s']:.0f} s"
+        )
     if not config.getoption("--check-markers"):
         return
     unmarked, marked = mislabelled(dict(_seconds), _slow_marked)
@@ -174,7 +190,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
         terminalreporter.line("  " + line)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: the controller, as each worker ends
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    for key, value in getattr(node, "workeroutput", {}).get(_BOX_LOCK, {}).items():
+        _box[key] += value
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput"):
+        session.config.workeroutput[_BOX_LOCK] = dict(_box)  # type: ignore[attr-defined]
     if session.config.getoption("--record-file-seconds") and not hasattr(session.config, "workerinput"):
         per_file: defaultdict[str, float] = defaultdict(float)
         for nodeid, seconds in _seconds.items():
