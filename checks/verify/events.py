@@ -168,6 +168,24 @@ class FetchLine(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class TransformsLine(Event):
+    """One sampled batch (the measured run's, ``GPU_PREFLIGHT_SPLIT``) whose samples had each step of their
+    dataset's transform pipeline timed: the steps' seconds in order, and the samples' whole ``__getitem__`` time
+    (what the steps leave: the read and the decode). ``worker``: None where the training process built it."""
+
+    KIND = "transforms"
+    feed: str
+    ppid: int
+    worker: int | None = None
+    samples: int
+    getitem_s: float
+    method: str  # "compose": a Compose-like ``.transforms`` list; "transform": one callable
+    where: str  # the pipeline's attribute: "BlurredPhotos.transform"
+    names: tuple[str, ...]
+    seconds: tuple[float, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class FlopsLine(Ranked):
     """One warm-up step's FLOPs (None with ``note``: not counted)."""
 
@@ -302,7 +320,7 @@ class Waiting:
 
 _ALL: tuple[type[Event], ...] = (Hello, TorchVersion, AgentError, DeviceLine, StepLine, LoaderLine, FetchLine)
 _ALL += (FlopsLine, MemoryLine, KernelsLine, ModelChange, AutocastOff, Saved, Moved, DdpLine, DdpSkipped)
-_ALL += (PhaseLine,)
+_ALL += (PhaseLine, TransformsLine)
 KINDS: dict[str, type[Event]] = {cls.KIND: cls for cls in _ALL}  # the agent's ``event`` -> its record
 
 

@@ -58,7 +58,7 @@ from checks.verify.plan import Outcome
 from checks.verify.report import Setting
 from checks.verify.results import phases_result, sweep_result, throughput
 from checks.verify.sampler import Trace
-from checks.verify.user import cpuflags
+from checks.verify.user import cpuflags, itemcost
 from checks.verify.user.launch import CommandRun
 from checks.verify.user.saved import contents_result
 from checks.verify.user.signals import extra as command_signals
@@ -345,6 +345,7 @@ def judge(
                     for v in verdicts]  # fmt: skip
     if advice is not None:
         verdicts = apply_advice(verdicts, advice)
+    verdicts = itemcost.with_split(verdicts)  # where a sample's time goes, after whichever fix the loader got
     at = next((i for i, v in enumerate(verdicts) if v.id == "compute-bound"), None)  # after cpu-contended, if any
     if model is not None and at is not None and all(v.id == "cpu-contended" for v in verdicts[:at]):
         top = verdicts[at]

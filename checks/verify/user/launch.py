@@ -48,6 +48,10 @@ PEAK_ENV = "GPU_PREFLIGHT_PEAK"
 MODEL_ENV = "GPU_PREFLIGHT_MODEL"
 DDP_ENV = "GPU_PREFLIGHT_DDP"
 PROFILE_ENV = "GPU_PREFLIGHT_PROFILE_STEP"
+SPLIT_ENV = "GPU_PREFLIGHT_SPLIT"
+# The measured run times each step of the dataset's transforms in every SPLIT_EVERY-th batch a process fetches (the
+# agent's ``_Split``: a timing wrapper per transform call, on a sample of batches to keep its cost small).
+SPLIT_EVERY = 3
 # A script that asks should_stop() (the agent's) is asked first: the stop file, then this long to leave its loop
 # and end as it would (its own save and exit: what a SIGINT gives it, INT_GRACE_S, plus the steps asked for ahead)
 # before the signals. Tool-defined.
@@ -208,15 +212,19 @@ def environment(
     model: Mapping[str, Any] | None = None,
     ddp: str = "",
     profile_step: int = 0,
+    split: bool = False,
 ) -> dict[str, str]:
     """The user's environment with the start-up folder first on PYTHONPATH (theirs kept after it); ``count_step``
     > 0 asks the agent to count that optimizer step's FLOPs (the last warm-up step: counting slows it); ``peak``
     asks for each step's CUDA allocator peak; ``model`` is a model-side change for the agent to apply; ``ddp``
     "skip" runs DDP without its exchange (the exchange A/B); ``profile_step`` > 0 asks for that optimizer step's
-    CUDA kernels under torch.profiler (a warm-up step: profiling slows it; nothing on the CPU)."""
+    CUDA kernels under torch.profiler (a warm-up step: profiling slows it; nothing on the CPU); ``split`` asks for
+    the dataset's transforms timed step by step in a sample of its batches."""
     env = dict(os.environ)
-    for name in (COUNT_ENV, PEAK_ENV, MODEL_ENV, DDP_ENV, PROFILE_ENV):
+    for name in (COUNT_ENV, PEAK_ENV, MODEL_ENV, DDP_ENV, PROFILE_ENV, SPLIT_ENV):
         env.pop(name, None)
+    if split:
+        env[SPLIT_ENV] = str(SPLIT_EVERY)
     if ddp:
         env[DDP_ENV] = ddp
     if model:
@@ -257,13 +265,15 @@ def run_command(
     model: Mapping[str, Any] | None = None,
     ddp: str = "",
     profile: bool = True,
+    split: bool = False,
 ) -> CommandRun:
     """Run ``argv`` under the agent until it ends or the rule stops it; nothing it started is left running.
 
     ``echo``: where the command's stderr goes as it comes (None: only kept for the report); ``stdout``: its
     standard output (None: this process's; ``subprocess.DEVNULL`` to hide it); ``profile``: the measured run's
     kernel profile on a GPU (``verify.profile_steps`` > 0), one warm-up step (the one before the FLOP count's:
-    the first is start-up), with ``rule.warmup`` 3 or more; re-runs never profile.
+    the first is start-up), with ``rule.warmup`` 3 or more; re-runs never profile. ``split``: the measured run's
+    per-transform timing of a sample of batches (``SPLIT_EVERY``); re-runs never (they are compared with each other).
     """
     run = CommandRun(argv=tuple(argv))
     with Reaper() as reaper, tempfile.TemporaryDirectory(prefix="gpu-preflight-command-") as tmp:
@@ -273,7 +283,7 @@ def run_command(
         main = not (overrides or model or ddp)  # the measured run, not a re-run
         count = rule.warmup if rule.warmup >= 2 and main else 0  # the main run's only
         profiled = rule.warmup - 1 if profile and rule.warmup >= 3 and main else 0
-        env = environment(folder, overrides, count, peak, model, ddp, profiled)
+        env = environment(folder, overrides, count, peak, model, ddp, profiled, split=split and main)
         proc = session.start(argv, cwd, env, stdout, subprocess.PIPE)
         on_start(proc.pid)
         tee = threading.Thread(target=_tee, args=(proc, echo, run), daemon=True)

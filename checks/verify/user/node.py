@@ -102,7 +102,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         if not any(f.split("=")[0] in ("--log-dir", "--log_dir") for f in spec["launch"]):
             command.insert(3, f"--log-dir={logs}")  # else torchrun leaves a torchelastic_* folder in the temp dir
         try:
-            done = run_command(command, rule, cwd, None, subprocess.DEVNULL)
+            done = run_command(command, rule, cwd, None, subprocess.DEVNULL, split=True)
         except KeyboardInterrupt:  # a second signal while the ranks were being stopped: they are gone by now
             return {"argv": command, "ended": "interrupted", "interrupted": True, "events": [], "returncode": None}
     return to_json(done) | {"env": extra}

@@ -719,7 +719,7 @@ def _gather(
     with ExitStack() as stack:
         sampler = stack.enter_context(Sampler(request.config.verify.sample_interval_s, gpu, host))
         profile = request.config.verify.profile_steps > 0  # 0: no kernel profile of a warm-up step on a GPU
-        run = run_command(request.command, stop, cwd, echo, stdout, None, event, started, profile=profile)
+        run = run_command(request.command, stop, cwd, echo, stdout, None, event, started, profile=profile, split=True)
     if run.ended == "stopped" and run.asked and not run.signals:
         say("verify: your command stopped itself after its measured steps (asked by should_stop(), no signal)")
     elif run.ended == "stopped":  # its own KeyboardInterrupt traceback, if it prints one, is this stop

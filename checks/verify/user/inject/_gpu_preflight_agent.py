@@ -30,7 +30,10 @@ Once torch is imported it installs torch's global hooks and a few patches:
   regions on that device off instead, and one ``autocast-off`` line says the first one was;
 - a map-style dataset's cost, split (``_MapDatasetFetcher.fetch``): the samples' ``__getitem__``/``__getitems__``
   and the ``collate_fn``, as step fields in the training process (``num_workers=0``) and one ``fetch`` line per
-  batch in each DataLoader worker (forked or spawned, the agent runs there too);
+  batch in each DataLoader worker (forked or spawned, the agent runs there too); with ``GPU_PREFLIGHT_SPLIT``
+  set (the measured run), a sample of those batches also has each step of the dataset's transform pipeline timed
+  (a ``Compose``-like object's ``.transforms`` list, swapped in place for timing wrappers during the batch): one
+  ``transforms`` line per sampled batch, from whichever process built it;
 - with ``GPU_PREFLIGHT_PEAK`` set (the sweep's re-runs only: it resets torch's peak statistics, which the
   script might read itself), each step's CUDA allocator peak (``torch.cuda.max_memory_reserved``);
 - on CUDA only (a process whose script initialised CUDA itself), the caching allocator's figures: ``memory``
@@ -78,6 +81,10 @@ PEAK_ENV = "GPU_PREFLIGHT_PEAK"  # "1": each step's line holds the CUDA allocato
 MODEL_ENV = "GPU_PREFLIGHT_MODEL"  # a JSON object: the model-side change of a re-run (autocast, channels_last, compile)
 DDP_ENV = "GPU_PREFLIGHT_DDP"  # "skip": the exchange A/B's other leg, each gradient bucket handed back unreduced
 PROFILE_ENV = "GPU_PREFLIGHT_PROFILE_STEP"  # the (warm-up) optimizer step whose CUDA kernels are profiled (CUDA only)
+# "N" (the measured run only): every Nth batch a process fetches from a map-style dataset, from its second on (the
+# first carries one-time costs: lazy imports, caches), has each step of the dataset's transform pipeline timed.
+SPLIT_ENV = "GPU_PREFLIGHT_SPLIT"
+TRANSFORM_ATTRS = ("transform", "transforms")  # where datasets keep their pipeline (torchvision's: ``transform``)
 # The allocator's figures are read at a step's end at most this often (one memory_stats call: well under a
 # millisecond), and a line written only when they changed.
 MEMORY_EVERY_S = 1.0
@@ -654,6 +661,8 @@ def _patch_fetch(torch: Any, st: _Steps) -> None:
     fetcher = importlib.import_module("torch.utils.data._utils.fetch")._MapDatasetFetcher
     worker_info = importlib.import_module("torch.utils.data._utils.worker").get_worker_info
     real = fetcher.fetch
+    every = os.environ.get(SPLIT_ENV, "")
+    sample = _Sampled(int(every)) if every.isdigit() and int(every) > 0 else None
 
     @functools.wraps(real)
     def fetch(self: Any, possibly_batched_index: Any) -> Any:
@@ -666,18 +675,124 @@ def _patch_fetch(torch: Any, st: _Steps) -> None:
             finally:
                 spent[0] += time.monotonic() - a
 
+        split = _Split.of(self.dataset) if sample is not None and sample.due() else None
         self.collate_fn = timed_collate
         a = time.monotonic()
         try:
             batch = real(self, possibly_batched_index)
         finally:
             self.collate_fn = collate
+            if split is not None:
+                split.put_back()
         took = time.monotonic() - a
         n = len(possibly_batched_index) if self.auto_collation else 1
-        _safely(st.fetched_in, f"data:{id(self.dataset)}", n, took - spent[0], spent[0], worker_info())
+        key, worker = f"data:{id(self.dataset)}", worker_info()
+        _safely(st.fetched_in, key, n, took - spent[0], spent[0], worker)
+        if split is not None:
+            _safely(split.say, key, n, took - spent[0], worker)
         return batch
 
     fetcher.fetch = fetch
+
+
+class _Sampled:
+    """Which batches this process fetches get their transforms timed: every ``every``-th from the second on,
+    counted per process (a forked worker starts its own count)."""
+
+    def __init__(self, every: int) -> None:
+        self.every, self.pid, self.n = every, -1, 0
+
+    def due(self) -> bool:
+        if self.pid != os.getpid():
+            self.pid, self.n = os.getpid(), 0
+        self.n += 1
+        return self.n % self.every == 2 % self.every
+
+
+class _Timed:
+    """A transform that adds its own time to ``spent[k]``; other attributes are the transform's own."""
+
+    def __init__(self, inner: Any, spent: list[float], k: int) -> None:
+        self.inner, self.spent, self.k = inner, spent, k
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        a = time.monotonic()
+        try:
+            return self.inner(*args, **kwargs)
+        finally:
+            self.spent[self.k] += time.monotonic() - a
+
+    def __getattr__(self, name: str) -> Any:
+        if "inner" not in self.__dict__:  # copy and pickle ask before __init__ ran
+            raise AttributeError(name)
+        return getattr(self.__dict__["inner"], name)
+
+
+class _Split:
+    """One batch's transforms timed: each step of the dataset's pipeline swapped for a ``_Timed`` in its own
+    container (a ``Compose``-like object's ``.transforms`` list, in place; or the dataset's ``__dict__`` for one
+    callable ``transform``) until ``put_back``. Where the pipeline is: ``_pipeline``."""
+
+    def __init__(self, slots: Any, keys: list[Any], method: str, where: str) -> None:
+        self.slots, self.keys, self.method, self.where = slots, keys, method, where
+        self.originals = [slots[k] for k in keys]
+        self.names = [_step_name(t) for t in self.originals]
+        self.spent = [0.0] * len(keys)
+
+    @classmethod
+    def of(cls, dataset: Any) -> _Split | None:
+        """The dataset's pipeline with its steps timed from now on; None without one (its batch is fetched as it
+        is: no pipeline, attributes that raise, a container that refuses the swap)."""
+        try:
+            found = _pipeline(dataset)
+            if found is None:
+                return None
+            split = cls(*found)
+        except Exception:  # noqa: BLE001 - a dataset whose attributes raise
+            return None
+        try:
+            for i, k in enumerate(split.keys):
+                split.slots[k] = _Timed(split.originals[i], split.spent, i)
+        except Exception:  # noqa: BLE001 - the steps swapped so far go back
+            _safely(split.put_back)
+            return None
+        return split
+
+    def put_back(self) -> None:
+        for k, t in zip(self.keys, self.originals, strict=True):
+            self.slots[k] = t
+
+    def say(self, feed: str, samples: int, getitem_s: float, worker: Any) -> None:
+        _say("transforms", feed=feed, ppid=os.getppid(), worker=None if worker is None else worker.id,
+             samples=samples, getitem_s=getitem_s, method=self.method, where=self.where, names=self.names,
+             seconds=self.spent)  # fmt: skip
+
+
+def _pipeline(dataset: Any) -> tuple[Any, list[Any], str, str] | None:
+    """(container, keys, method, where) of the transforms ``dataset``'s ``__getitem__`` applies: a
+    ``Compose``-like object (a ``.transforms`` list of callables, as torchvision's and many libraries' have) in
+    its ``transform``/``transforms`` attribute, or the dataset's own ``.transforms`` list; else one callable in
+    that attribute; looked for on the dataset, then one level in (a ``Subset``'s ``.dataset``)."""
+    for ds in (dataset, getattr(dataset, "dataset", None)):
+        if ds is None:
+            continue
+        owners = [(getattr(ds, a, None), f"{type(ds).__name__}.{a}") for a in TRANSFORM_ATTRS]
+        for owner, where in [*owners, (ds, f"{type(ds).__name__}.transforms")]:
+            steps = getattr(owner, "transforms", None)
+            if isinstance(steps, list) and steps and all(callable(t) for t in steps):
+                return steps, list(range(len(steps))), "compose", where
+        own = getattr(ds, "__dict__", {})
+        for a in TRANSFORM_ATTRS:
+            if callable(own.get(a)) and not isinstance(own[a], type):
+                return own, [a], "transform", f"{type(ds).__name__}.{a}"
+    return None
+
+
+def _step_name(t: Any) -> str:
+    """A transform's name: its class's (``GaussianBlur``), a function's own, a ``functools.partial``'s function's."""
+    inner = t.func if isinstance(t, functools.partial) else t
+    name = getattr(inner, "__name__", None)  # a function's; an instance has none (its class has)
+    return name if isinstance(name, str) else type(inner).__name__
 
 
 def _batch_size(torch: Any, batch: Any, hint: Any = None, depth: int = 0) -> int | None:

@@ -13,7 +13,7 @@ from checks.reports.verify import Checkpoint
 from checks.verify import events
 from checks.verify.events import Event, Hello, StepLine
 from checks.verify.user import judge as j
-from checks.verify.user.launch import CommandRun, _Tails, environment, step_counts
+from checks.verify.user.launch import SPLIT_ENV, SPLIT_EVERY, CommandRun, _Tails, environment, step_counts
 from tests.checks.verify.recorded import parsed
 
 
@@ -179,6 +179,12 @@ def test_the_steps_precision_and_the_counted_flops_make_the_mfu_on_a_gpu() -> No
 def test_the_agent_counts_the_last_warm_up_step_of_the_run_only(tmp_path: Path) -> None:
     assert environment(tmp_path, None, 5)["GPU_PREFLIGHT_COUNT_STEP"] == "5"
     assert "GPU_PREFLIGHT_COUNT_STEP" not in environment(tmp_path, {"num_workers": 2}, 0)
+
+
+def test_the_agent_splits_a_samples_transforms_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SPLIT_ENV, "1")  # left in the shell by an earlier run: never passed on unasked
+    assert environment(tmp_path, None, split=True)[SPLIT_ENV] == str(SPLIT_EVERY)
+    assert SPLIT_ENV not in environment(tmp_path, None)
 
 
 def test_the_agent_profiles_a_warm_up_step_only_when_asked(tmp_path: Path) -> None:
