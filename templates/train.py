@@ -82,6 +82,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", default="", help="a checkpoint this script wrote: continue from it")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=10)
+    # verify's resume replay (BatchReplay): not for a real run
+    p.add_argument("--keep-batches", default="", help="keep the batches of the steps after the first save here")
+    p.add_argument("--keep-steps", type=int, default=2, help="how many steps' batches --keep-batches keeps")
+    p.add_argument("--replay-batches", default="", help="with --resume: train on the batches kept here")
     args = p.parse_args(argv)
     for name in ("accum", "epochs", "log_every"):
         if getattr(args, name) < 1:
@@ -243,8 +247,63 @@ class ResumableSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         order = torch.randperm(self.samples, generator=torch.Generator().manual_seed(self.seed * 1000 + self.epoch))
-        mine = order[self.rank :: self.world][: self.per_rank]
-        return iter(mine[self.start * self.batch_size :].tolist())
+        self.mine = order[self.rank :: self.world][: self.per_rank]
+        return iter(self.mine[self.start * self.batch_size :].tolist())
+
+    def batch_indices(self, position: int) -> list[int]:
+        """The samples of the epoch's batch ``position`` (this epoch's, once iteration began)."""
+        return self.mine[position * self.batch_size : (position + 1) * self.batch_size].tolist()
+
+
+class BatchReplay:
+    """verify's resume replay (nothing without its flags). The first run keeps the batches of the steps after its
+    first save, with their samples' indices; the run resumed from that save trains on those batches, so that its
+    losses judge the checkpoint alone, whatever the loader draws, and writes whether its own loader drew the same
+    (random augmentation in DataLoader workers cannot resume exactly: no checkpoint holds the workers' RNGs)."""
+
+    def __init__(self, args: argparse.Namespace, rank: int) -> None:
+        self.keep = Path(args.keep_batches, f"batches-{rank}.npz") if args.keep_batches else None
+        self.wanted, self.kept, self.linked = args.keep_steps * args.accum, [], False
+        self.replay, self.same = [], []
+        self.out = Path(args.replay_batches, f"same-{rank}.json") if args.replay_batches else None
+        if self.out is not None:
+            with np.load(self.out.with_name(f"batches-{rank}.npz")) as f:
+                self.replay = [(f[f"i{n}"], f[f"x{n}"], f[f"y{n}"]) for n in range(len(f.files) // 3)]
+
+    def batch(self, inputs: torch.Tensor, target: torch.Tensor, indices: list[int], saved: bool) -> tuple[Any, Any]:
+        """The batch to train on: the kept one while there is one to replay, else the loader's."""
+        if self.keep is not None and saved:
+            try:
+                self.kept.append((np.asarray(indices), inputs.numpy().copy(), target.numpy().copy()))
+            except TypeError:  # a dtype numpy cannot hold (bf16): nothing kept, the replay draws its own
+                self.keep = None
+            if len(self.kept) == self.wanted:
+                self.write()
+        if len(self.same) == len(self.replay):
+            return inputs, target
+        i, x, y = self.replay[len(self.same)]
+        same = {"indices": np.array_equal(i, indices), "inputs": np.array_equal(x, inputs.numpy())}
+        self.same.append({k: bool(v) for k, v in {**same, "targets": np.array_equal(y, target.numpy())}.items()})
+        self.out.write_text(json.dumps(self.same))  # after each batch: the replay may stop at any step
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    def saved(self, path: Path) -> None:
+        """The first save linked beside the batches that follow it (the script overwrites its own file; a link is
+        free, a copy across filesystems is not: then verify keeps the file itself)."""
+        if self.keep is not None and not self.linked:
+            self.linked = True
+            with contextlib.suppress(OSError):
+                os.link(path, self.keep.with_name("first.pt"))
+
+    def write(self) -> None:
+        """The kept batches to their file, once (np.savez: not a torch.save verify would take for a checkpoint)."""
+        if self.keep is not None and self.kept:
+            self.keep.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(
+                self.keep,
+                **{f"{k}{n}": a for n, kept in enumerate(self.kept) for k, a in zip("ixy", kept, strict=True)},
+            )
+        self.keep = None
 
 
 # --- models -----------------------------------------------------------------------------------------------------
@@ -426,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     steps_per_epoch = len(sampler) // batch // args.accum
     total = args.steps or steps_per_epoch * args.epochs
     step, epoch, position, loss_value = 0, 0, 0, math.nan
+    replay = BatchReplay(args, rank)
 
     if args.resume:
         saved = torch.load(args.resume, map_location=device, weights_only=True)
@@ -447,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seed": args.seed, "rng": rng_state(device),
             }  # fmt: skip
             save_checkpoint(Path(args.ckpt_dir) / args.ckpt_name, state)
+            replay.saved(Path(args.ckpt_dir) / args.ckpt_name)
 
     model.train()
     started, logged = time.monotonic(), step
@@ -457,6 +518,9 @@ def main(argv: list[str] | None = None) -> int:
             sampler.set_epoch(epoch, position)
             micro, running = 0, torch.zeros((), device=device)
             for inputs, target in loader:
+                if args.keep_batches or args.replay_batches:  # under verify only
+                    indices = sampler.batch_indices(position)
+                    inputs, target = replay.batch(inputs, target, indices, 0 < args.ckpt_every <= step)
                 with mark("h2d"):
                     inputs = inputs.to(device, non_blocking=True)
                     target = target.to(device, non_blocking=True)
@@ -487,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
                     break
             else:
                 epoch, position = epoch + 1, 0
+        replay.write()  # the batches kept so far, if the run ended before --keep-steps
         checkpoint()
     except KeyboardInterrupt:  # Ctrl-C (or verify's stop) after a step: say where it stood, no traceback
         print(f"interrupted at step {step}", flush=True)

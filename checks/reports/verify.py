@@ -66,7 +66,8 @@ class DataInfo(Record):
 
 @dataclass(frozen=True)
 class DataResume(Record):
-    """The loader rebuilt from the saved position against the kept batches (``ckpt.same_batches``)."""
+    """The tool's script's loader, rebuilt from the saved position, against the batches its first run kept
+    (``checks/verify/resume.py``'s ``same_batches``)."""
 
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"differs"})
     batches: int

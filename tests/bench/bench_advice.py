@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from checks.config import PreflightConfig, make_config  # noqa: E402
 from checks.facts import MachineFacts, NvmlFacts, TorchFacts  # noqa: E402
 from checks.probe.host import read_host  # noqa: E402
-from checks.verify import builtin as tool_script  # noqa: E402
+from checks.verify import resume  # noqa: E402
 from checks.verify.plan import Options  # noqa: E402
 from checks.verify.user.run import CommandRequest, verify_builtin  # noqa: E402
 from tests.bench.benchmarks_md import cpu_machine_line, write_section  # noqa: E402
@@ -160,7 +160,7 @@ def main() -> None:
     os.chdir(ROOT)  # --dataset/--model import paths resolve from the current directory
     os.environ["OMP_NUM_THREADS"] = "1"  # one intra-op thread in the script, as the tests (a shared 2-core box)
     # No resume replay: its re-start of the script is not what this bench times (the tests' fakes/planted.py alike).
-    tool_script.FirstSave.seen = lambda self, e: None  # type: ignore[method-assign]
+    resume.FirstSave.seen = lambda self, e: None  # type: ignore[method-assign]
     load, started = os.getloadavg()[0], time.monotonic()
     rows = [row(*p, args.steps, args.advice_s) for p in PIPELINES if args.only in p[0]]
     took = time.monotonic() - started

@@ -92,15 +92,15 @@ def builtin(
     (``checks.verify.plan.Options``: ``dataset``, ``model``, ``workers``, ``nproc``, ``ckpt_dir`` ...).
 
     The saved checkpoint is read back in this process (``read_in_process``). ``replay=False``: for a test that
-    asserts nothing of the resume, the script's first save is not kept aside (``builtin.FirstSave``), so no resume
+    asserts nothing of the resume, the script's first save is not kept aside (``resume.FirstSave``), so no resume
     replay runs (the script started once more: seconds of ``import torch`` on this box)."""
-    from checks.verify import builtin as tool_script
+    from checks.verify import resume
     from checks.verify.user import run as command_run
 
     monkeypatch.chdir(REPO)  # --dataset/--model import paths resolve from the current folder
     monkeypatch.setattr(command_run, "read_checkpoints", read_all_in_process)
     if not replay:
-        monkeypatch.setattr(tool_script.FirstSave, "seen", lambda self, event: None)
+        monkeypatch.setattr(resume.FirstSave, "seen", lambda self, event: None)
     json_path = str(tmp_path / "r.json")
     request = CommandRequest(cfg, (), steps=steps, warmup=warmup, json=json_path, gate=False, quiet=True, cwd=str(REPO))
     said: list[str] = []

@@ -29,11 +29,12 @@ from checks.result import Report, Result, Status, ok, skip
 from checks.verify import distributed
 from checks.verify import plan as v
 from checks.verify import stop as stopper
-from checks.verify.builtin import Builtin, FirstSave, Replay, replay, resume_result
+from checks.verify.builtin import Builtin
 from checks.verify.contract import Cut, StopFacts, StopSpec
 from checks.verify.events import DdpLine, DeviceLine, Event, Moved, Saved, StepLine, Waiting
 from checks.verify.report import Setting
 from checks.verify.results import phase_spans
+from checks.verify.resume import FirstSave, Replay, data_resume_result, replay, resume_result
 from checks.verify.run import Judged, budget_s
 from checks.verify.sampler import Sampler, Trace
 from checks.verify.user import advice, exchange, itemcost, modelfix
@@ -270,8 +271,11 @@ def _described(
 ) -> tuple[list[Result], Measurements]:
     """What the tool knows of its own script besides the agent's figures (``checks/verify/builtin.py``): the
     ``verify-data`` row before ``verify-loop``, the allocator setting it trained with, the data it read, and the
-    out-of-memory fix as the flag that sets the batch."""
+    out-of-memory fix as the flag that sets the batch; ``verify-data-resume`` after ``verify-checkpoint`` (a
+    command's says it is checked only for the tool's script)."""
     b = request.builtin
+    at = next((i + 1 for i, r in enumerate(results) if r.id == "verify-checkpoint"), len(results))
+    results = [*results[:at], data_resume_result(b, replayed), *results[at:]]
     if b is None:
         return results, m
     lead = found[0] if found else None
@@ -306,7 +310,7 @@ def _described(
         ckpt = dataclasses.replace(
             ckpt or Checkpoint(), dir=b.ckpt_dir, error=replayed.error or None, reproduced=replayed.reproduced,
             uninterrupted=replayed.uninterrupted, resumed=replayed.resumed,
-            max_rel_diff=None if replayed.error else replayed.max_rel_diff,
+            max_rel_diff=None if replayed.error else replayed.max_rel_diff, data=replayed.data,
         )  # fmt: skip
     return out, dataclasses.replace(m, run=dataclasses.replace(m.run, data=info), checkpoint=ckpt)
 
@@ -322,7 +326,7 @@ def _replay(
     deadline: float,
     cuts: list[Cut],
 ) -> Replay | None:
-    """The tool's own script: resume it from the checkpoint it saved and compare the losses (``builtin.replay``)."""
+    """The tool's own script: resume it from the checkpoint it saved and compare the losses (``resume.replay``)."""
     b, cfg = request.builtin, request.config.verify
     zero = j.rank_zero(found)
     if b is None or zero is None or saved is None or run.interrupted or run.ended not in ("stopped", "exited"):

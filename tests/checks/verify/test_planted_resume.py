@@ -1,10 +1,11 @@
 """The checkpoint round trip of the tool's own script on real pipelines: an ImageFolder of real photos decoded in
 DataLoader workers (a fixed crop, or random augmentation), a model with state outside its ``state_dict``.
 
-verify keeps the script's first checkpoint aside, starts the script again with ``--resume`` from it and compares
-the losses of the steps after the save (``checks/verify/builtin.py``'s replay): the resumed script draws its
-batches from the position the file holds, so equal losses prove model, optimizer, RNG states and the data
-position together.
+verify keeps the script's first checkpoint aside, and the script the batches of the steps after it; verify starts
+the script again with ``--resume`` from that file on those batches and compares the losses of the steps after the
+save (``checks/verify/resume.py``'s replay): equal losses prove model, optimizer and RNG states whatever the
+loader draws (``verify-checkpoint``), and the resumed script's own loader is compared with the kept batches apart
+(``verify-data-resume``).
 """
 
 from __future__ import annotations
@@ -51,40 +52,49 @@ def test_fixed_transforms_in_workers_resume_exactly(
     )  # fmt: skip
     ckpt = round_trip(run)
     row = run.rows["verify-checkpoint"]
-    assert row.status.value == "ok", row.summary
+    assert row.status.value == "ok" and "(same batches replayed)" in row.summary, row.summary
     assert ckpt["reproduced"] is True and ckpt["uninterrupted"] == ckpt["resumed"]
+    data = run.rows["verify-data-resume"]
+    assert data.status.value == "ok" and "yields the next 2 batches bit for bit" in data.summary, data.summary
+    assert ckpt["data"] == {"batches": 2, "exact": True, "order_same": True, "first_difference": None, "workers": 2}
 
 
-def test_random_augmentation_in_workers_fails_the_round_trip_naming_the_data(
+def test_data_that_cannot_resume_warns_on_data_resume_and_passes_the_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, photo_tree: Path
 ) -> None:
-    """Each worker's RNG is seeded when the loader starts: the resumed script draws other crops and flips for the
-    same samples, and no checkpoint can hold them. The fix names the data beside the model (the same code path as
-    a dataset drawing from the OS entropy pool, which the built-in loop's test planted in the training process)."""
+    """Each worker's RNG is seeded when the loader starts: the resumed script's loader draws other crops and flips
+    for the same samples, and no checkpoint can hold them. The replay trains on the first run's batches, so the
+    checkpoint passes, and the data warns apart naming the workers' reseeding."""
     run = builtin(
         tmp_path, monkeypatch, config(), **ROUND_TRIP, dataset=f"{PLUGINS}:photos_augmented",
         model=f"{PLUGINS}:tiny_model", workers=2,
     )  # fmt: skip
     ckpt = round_trip(run)
     row = run.rows["verify-checkpoint"]
-    assert ckpt["reproduced"] is False and row.status.value == "fail", row.summary
-    assert "on the same samples" in row.summary, row.summary
-    hint = row.hint or ""
-    assert "random augmentation in DataLoader workers" in hint and "OS entropy pool" in hint, hint
-    assert "persistent=False" in hint  # the model's causes are still named: the replay cannot tell them apart
+    assert row.status.value == "ok" and ckpt["reproduced"] is True, row.summary
+    assert ckpt["uninterrupted"] == ckpt["resumed"]
+    data = run.rows["verify-data-resume"]
+    assert data.status.value == "warn", data.summary
+    assert "the same samples in the same order" in data.summary and "2 DataLoader worker(s)" in data.summary
+    assert "index and epoch" in (data.hint or ""), data.hint
+    assert ckpt["data"]["exact"] is False and ckpt["data"]["order_same"] is True
+    assert "inputs" in ckpt["data"]["differs"], ckpt["data"]
 
 
-@pytest.mark.skip(
-    reason="not on the command path: it has no verify-data-resume row. The built-in loop fed the first leg's "
-    "batches to the reloaded model (proving the checkpoint whatever the pipeline draws) and compared the rebuilt "
-    "loader's batches apart, so data that cannot resume exactly (random augmentation in workers, OS entropy) "
-    "warned there while the checkpoint passed; the script's replay draws its own batches, so the same data fails "
-    "verify-checkpoint (test above), its fix naming data and model causes together"
-)
-def test_data_that_cannot_resume_warns_on_data_resume_and_passes_the_checkpoint() -> None:
-    """Was test_ckpt_resume.py's random-augmentation-in-workers and entropy tests: ``verify-checkpoint`` ok
-    (uninterrupted == resumed on the same batches), ``verify-data-resume`` warn naming the workers' reseeding
-    ('(epoch, index)' in its fix) or the OS entropy pool."""
+def test_a_dataset_drawing_os_entropy_warns_in_the_training_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No workers: the noise comes from the OS entropy pool in the training process itself, which no saved RNG
+    state reproduces; the checkpoint passes on the kept batches all the same."""
+    run = builtin(
+        tmp_path, monkeypatch, config(), **ROUND_TRIP, dataset=f"{PLUGINS}:entropy", model=f"{PLUGINS}:tiny_model",
+        workers=0,
+    )  # fmt: skip
+    ckpt = round_trip(run)
+    row = run.rows["verify-checkpoint"]
+    assert row.status.value == "ok" and ckpt["uninterrupted"] == ckpt["resumed"], (row.summary, ckpt)
+    data = run.rows["verify-data-resume"]
+    assert data.status.value == "warn" and "its own generator or OS entropy" in data.summary, data.summary
 
 
 def test_state_outside_the_checkpoint_fails_the_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,4 +106,6 @@ def test_state_outside_the_checkpoint_fails_the_round_trip(tmp_path: Path, monke
     assert ckpt["reproduced"] is False and ckpt["uninterrupted"] != ckpt["resumed"]
     row = run.rows["verify-checkpoint"]
     assert row.status.value == "fail" and "does not reproduce the next 2 steps' loss" in row.summary, row.summary
-    assert "persistent=False" in (row.hint or "")
+    hint = row.hint or ""
+    assert "persistent=False" in hint and "augmentation" not in hint, hint  # the same batches: not the data
+    assert run.rows["verify-data-resume"].status.value == "ok"  # the rebuilt loader drew the kept batches

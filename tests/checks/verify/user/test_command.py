@@ -115,6 +115,10 @@ def test_checkpoint_every_step(tmp_path: Path) -> None:
     assert list(contents["position"]) == ["step"]
     saved = row(judged, "verify-checkpoint")
     assert saved.status.value == "ok" and "not saved: loss; RNG state" in saved.summary
+    data = row(judged, "verify-data-resume")  # right after it, saying why a command's is not checked
+    assert data.status.value == "skip" and "checked only for the tool's script" in data.summary
+    ids = [r.id for r in judged.report.results]
+    assert ids.index("verify-data-resume") == ids.index("verify-checkpoint") + 1
 
 
 def test_transformers_dict_batches_with_accumulation(tmp_path: Path) -> None:
