@@ -312,6 +312,7 @@ def _script(
     wanted = {"--device": "cuda" if gpu else "cpu", "--batch-size": str(batch), "--steps": str(warmup + steps)}
     if not (options.ckpt_dir or eff.checkpoint_dir):
         wanted["--ckpt-dir"] = "{tmp}/ckpt"  # each host's own
+    wanted["--keep-batches"] = "{tmp}/keep"  # for a resume replay, which --hosts does not run: each host's own
     for i, flag in enumerate(flags[:-1]):
         if flag in wanted:
             flags[i + 1] = wanted[flag]

@@ -63,6 +63,8 @@ def test_two_ranks_measure_the_exchange_and_judge_it_comm_bound(
     # the checkpoint round trip under DDP: rank 0 saved, both ranks resumed from it, the same steps' loss
     status, summary, _ = row(run, "verify-checkpoint")
     assert status == "ok" and "reproduces the next 2 steps' loss exactly" in summary, summary
+    status, summary, _ = row(run, "verify-data-resume")  # each rank's rebuilt loader drew its kept batches
+    assert status == "ok" and "bit for bit" in summary, summary
 
 
 @pytest.mark.slow
