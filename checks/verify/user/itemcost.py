@@ -22,6 +22,7 @@ the shares, never measured.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -32,7 +33,8 @@ from checks.verify.events import Event, FetchLine, StepLine, TransformsLine
 
 REST = "read + decode"  # what __getitem__ spends outside its timed transforms
 # Transforms of fixed geometry that stage-data does once ahead: it stores decoded images resized to S x S (shorter
-# side to S, centre crop: docs/stage-data.md), so these and the read + decode leave the per-sample work.
+# side to S, centre crop: docs/stage-data.md), so these and the read + decode leave the per-sample work, where they
+# come first in the pipeline (a resize after a random crop sees a different crop each time: it stays).
 STAGED = ("Resize", "CenterCrop")
 # From this share of a sample's time, pre-decoding is advised before the costliest transform (tool-defined).
 STAGE_MIN_SHARE = 0.2
@@ -111,7 +113,11 @@ def transform_split(lead: _Lead, events: Sequence[Event]) -> dict[str, Any] | No
         return None
     spent = [sum(e.seconds[k] for e in rows) for k in range(len(pipeline[1]))]
     named = [*zip(pipeline[1], spent, strict=True), (REST, max(0.0, total - sum(spent)))]
-    parts = [{"name": k, "ms": round(1e3 * v / samples, 3), "share": round(min(1.0, v / total), 4)} for k, v in named]
+    ahead = set(itertools.takewhile(lambda name: name in STAGED, pipeline[1])) | {REST}  # before any other step
+    parts = [
+        {"name": k, "ms": round(1e3 * v / samples, 3), "share": round(min(1.0, v / total), 4), "staged": k in ahead}
+        for k, v in named
+    ]
     return {
         "method": rows[0].method,
         "pipeline": pipeline[0],
@@ -135,7 +141,7 @@ def split_fix(split: dict[str, Any]) -> str:
         f"where a sample's {split['ms_per_sample']:,.1f} ms go ({split['pipeline']}, {split['samples']} samples "
         f"timed): {split_text(split)}"
     )
-    staged = [p for p in parts if p["name"] == REST or p["name"] in STAGED]
+    staged = [p for p in parts if p.get("staged", p["name"] == REST)]
     removed = sum(p["share"] for p in staged)
     names = " and ".join(p["name"] for p in staged)
     stage = (

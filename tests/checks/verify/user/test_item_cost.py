@@ -160,13 +160,25 @@ def test_the_split_is_each_transforms_share_of_a_samples_time_and_the_rest_is_re
     shares = {p["name"]: p["share"] for p in split["parts"]}
     assert shares == pytest.approx({"GaussianBlur": 0.6, "ColorJitter": 0.1, "Resize": 0.1, REST: 0.2})
     assert split["parts"][0]["name"] == "GaussianBlur"
+    # Staged ahead by stage-data: the read + decode, and a fixed resize only where it comes first (after a random
+    # ColorJitter here, it stays per sample)
+    assert {p["name"] for p in split["parts"] if p["staged"]} == {REST}
+    first = [line.to_json() | {"names": ["Resize", "ColorJitter", "GaussianBlur"]} for line in lines]
+    resized = transform_split(lead, [e for e in map(parse, first) if e is not None])
+    assert resized is not None and {p["name"] for p in resized["parts"] if p["staged"]} == {REST, "Resize"}
     assert transform_split(_Lead(9, lead.steps), lines) is not None  # the worker's own lines
     assert transform_split(_Lead(5, lead.steps), lines) is None  # none of its processes timed a transform
 
 
 def test_the_fix_names_the_costliest_transform_and_what_pre_decoding_would_remove_as_an_estimate() -> None:
-    parts = [{"name": "GaussianBlur", "ms": 15.0, "share": 0.6}, {"name": REST, "ms": 5.0, "share": 0.2}]
-    parts += [{"name": "Resize", "ms": 2.5, "share": 0.1}, {"name": "ColorJitter", "ms": 2.5, "share": 0.1}]
+    parts = [
+        {"name": "GaussianBlur", "ms": 15.0, "share": 0.6},
+        {"name": REST, "ms": 5.0, "share": 0.2, "staged": True},
+    ]
+    parts += [
+        {"name": "Resize", "ms": 2.5, "share": 0.1, "staged": True},
+        {"name": "ColorJitter", "ms": 2.5, "share": 0.1},
+    ]
     split = {"method": "compose", "pipeline": "Photos.transform", "batches": 2, "samples": 16}
     split |= {"ms_per_sample": 25.0, "parts": parts}
     fix = split_fix(split)
