@@ -10,6 +10,8 @@ import pytest
 
 from tests.checks.verify.user.test_command import row, verify
 
+pytestmark = pytest.mark.slow  # every test runs a real command under verify (4-8 s each on the 2-core box)
+
 
 def on_disk(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())

@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from checks.verify.contract import Cut
 from checks.verify.user import advice, judge, modelfix
 from checks.verify.user import run as run_user
@@ -42,6 +44,7 @@ def test_loader_reruns_that_cannot_fit_are_skipped_and_say_why() -> None:
     assert got["not_measurable"].startswith("2 re-runs of 10 steps at 11.60 s a step")
 
 
+@pytest.mark.slow  # a real command under verify: 7.5 s on the 2-core box
 def test_channels_last_is_not_timed_for_a_model_without_4d_weights(tmp_path: Path) -> None:
     """A run already in bf16 gets no bf16 re-run, so channels_last was the first change and nothing told it the
     model has no convolution: its re-run changed nothing and was named "1.90x faster" from the box's noise (and the
