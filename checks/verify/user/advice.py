@@ -24,12 +24,13 @@ across processes, is what the loop waits for, and the training process would bui
 Workers start making batches as soon as the loader's iterator exists, while the script is still starting: up to
 ``num_workers x prefetch_factor`` batches wait in the queue when the first step asks. A short re-run that reads
 them times batches made before it (16 workers with prefetch 4 on 2 cores once "measured" 5.71x, more than the
-cores can make). So a re-run's mean step is capped by what its workers made during the measured steps (their ``fetch`` lines: one per batch,
+cores can make). So a re-run leaves out one step more for each batch queued that way (``rerun_warmup``), and its
+mean step is capped by what its workers made during the measured steps (their ``fetch`` lines: one per batch,
 written where it was made): where they made batches slower than the steps consumed them, the steps were reading
 the queue down, and the step time their pace sustains (``workers_step_s``) is the re-run's (``capped_from_s``: the
 steps' own mean). Where the workers keep up, they make a batch for each one taken, at the steps' pace: nothing is
-capped. No margin: a margin of 25% let unchanged re-runs of 10 ms-a-sample batches read 66-70 ms a step where the
-2 cores make one in no less than 80 ms.
+capped. With the cap alone (2 steps left out), unchanged re-runs of 10 ms-a-sample batches through eight workers
+read 60-71 ms a step where 2 cores make one in no less than 80 ms: all their steps read the queue.
 
 For the tool's own script (``invoke verify`` without ``--``) a change is its flag, ``--workers N``: its other
 loader settings follow from it (``persistent_workers`` with workers, ``pin_memory`` on a GPU), and it has no
@@ -45,12 +46,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from checks.verify.events import FetchLine
 from checks.verify.user import judge as j
 from checks.verify.user.itemcost import worker_batches
 from checks.verify.user.launch import CommandRun, StopRule, run_command
 from checks.verify.user.rerun import too_slow
 
-RERUN_WARMUP = 2  # the first step holds start-up; the second the workers' first batches
+RERUN_WARMUP = 2  # the first step holds start-up; the second the workers' first batches (and see rerun_warmup)
 RERUN_STEPS = 8
 MIN_MADE = 4  # the fewest batches made during the measured steps to time the workers' pace by
 
@@ -88,18 +90,37 @@ def fewer(current: int, usable: int, item: dict[str, Any] | None, wait_s: float)
     return ([usable] if current > usable else []) + ([0] if handoff else [])
 
 
-def workers_pace(lead: j.Rank, made: Sequence[float]) -> float | None:
-    """The step time the workers' batches made during ``lead``'s measured steps sustain (``made``: when each batch
-    was made), at its batches a step: from the first made to the last; with fewer than ``MIN_MADE`` made, at most
-    one more than those in the whole of the steps' time (its least). None without workers' lines."""
+def rerun_warmup(loader: dict[str, Any]) -> int:
+    """The steps a re-run of ``loader`` (the asked settings with a candidate's over them) leaves out before its
+    measured ones: ``RERUN_WARMUP``, plus one a batch its workers queue while the script starts (``num_workers x
+    prefetch_factor``, 2 by default). Steps that read those time batches made before them; a step takes one batch
+    or more, so by then the queue is spent."""
+    count = int(loader.get("num_workers") or 0)
+    return RERUN_WARMUP + (count * int(loader.get("prefetch_factor") or 2) if count else 0)
+
+
+def workers_pace(lead: j.Rank, made: Sequence[FetchLine]) -> float | None:
+    """The step time the workers' batches made during ``lead``'s measured steps sustain (``made``: their
+    ``fetch`` lines), at its batches a step; None without workers' lines. The slower of two readings:
+
+    - their rate: from the first made to the last; with fewer than ``MIN_MADE`` made, at most one more than those
+      in the whole of the steps' time (its least);
+    - their making: the median time a worker took to build one (its samples' ``__getitem__`` and collate, on the
+      worker's clock, sharing the cores) over the workers building at once. Workers that started together finish
+      together, so their batches come in bursts: eight workers on 2 cores made eight batches within milliseconds
+      every ~640 ms, and the rate over 8 steps read faster than the cores allow."""
     if not made:
         return None
     lo, hi = lead.steps[0].host_start, lead.steps[-1].host_end
-    inside = sorted(t for t in made if lo <= t <= hi)
+    inside = sorted(e.t for e in made if lo <= e.t <= hi)
     per_step = statistics.median(s.batches for s in lead.steps) or 1
     if len(inside) < MIN_MADE or inside[-1] <= inside[0]:
-        return per_step * (hi - lo) / (len(inside) + 1)
-    return per_step * (inside[-1] - inside[0]) / (len(inside) - 1)
+        rate = per_step * (hi - lo) / (len(inside) + 1)
+    else:
+        rate = per_step * (inside[-1] - inside[0]) / (len(inside) - 1)
+    built = [e for e in made if lo <= e.t <= hi] or [e for e in made if e.t >= lo] or list(made)
+    making = statistics.median(e.getitem_s + e.collate_s for e in built) / max(1, max(e.workers for e in built))
+    return max(rate, per_step * making)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +140,7 @@ def steady(run: CommandRun, warmup: int, steps: int) -> Steady:
     if lead is None or figs is None:
         return Steady(None)
     mean = figs.fig.mean_s
-    pace = workers_pace(lead, [e.t for e in worker_batches(lead, run.events)])
+    pace = workers_pace(lead, worker_batches(lead, run.events))
     if pace is not None and pace > mean:
         return Steady(pace, pace, mean)
     return Steady(mean, pace)
@@ -147,12 +168,12 @@ def measure(
     timing; ``flag``: the command's own flag that sets the workers (the tool's script: ``--workers``)."""
     start = time.monotonic()
     tried = candidates(asked, cores, cuda, item, wait_s, flag)
-    if slow := too_slow(base_step_s, RERUN_WARMUP + RERUN_STEPS, budget_s):
+    if slow := too_slow(base_step_s, rerun_warmup(asked) + RERUN_STEPS, budget_s):
         unrun = [{"overrides": setting, "skipped": slow} for setting in tried]
         none: dict[str, Any] = {"baseline_mean_step_s": round(base_step_s, 6), "baseline_runs": [], "spread": 0.0}
         none |= {"site": site, "candidates": unrun, "min_gain": min_gain, "faster": None, "change": None}
         return none | {"not_measurable": slow, "seconds": 0.0, "interrupted": False}
-    timer = _Runs(argv, cwd, budget_s, start)
+    timer = _Runs(argv, cwd, asked, budget_s, start)
     baselines: list[float] = []
     rows: list[dict[str, Any]] = []
     first = timer.run(None)
@@ -189,7 +210,7 @@ def measure(
             best["runs"].append(round(again[1], 6))
             best["mean_step_s"] = round(statistics.fmean(best["runs"]), 6)
             baselines.append(back[1])
-    base = statistics.fmean(baselines) if baselines else base_step_s
+    base = round(statistics.fmean(baselines) if baselines else base_step_s, 6)  # as the report holds it
     for r in rows:
         if r.get("mean_step_s"):
             r["speedup"] = round(base / r["mean_step_s"], 3)
@@ -228,8 +249,8 @@ class _Runs:
     """Re-runs of the command within the advice budget: one is started only when the time left covers the longest
     so far; ``run`` gives (the run, its mean step time or None), or None when it did not fit."""
 
-    def __init__(self, argv: Sequence[str], cwd: str, budget_s: float, start: float) -> None:
-        self.argv, self.cwd, self.budget_s, self.start = argv, cwd, budget_s, start
+    def __init__(self, argv: Sequence[str], cwd: str, asked: dict[str, Any], budget_s: float, start: float) -> None:
+        self.argv, self.cwd, self.asked, self.budget_s, self.start = argv, cwd, asked, budget_s, start
         self.longest, self.interrupted = 0.0, False
         self.last = Steady(None)  # the last run's timing
 
@@ -240,12 +261,13 @@ class _Runs:
         left = self.left()
         if self.interrupted or left <= max(self.longest, 1.0):
             return None
-        rule = StopRule(RERUN_WARMUP, RERUN_STEPS, first_step_s=left, stall_s=left, limit_s=left)
+        warmup = rerun_warmup(self.asked | (setting or {}))
+        rule = StopRule(warmup, RERUN_STEPS, first_step_s=left, stall_s=left, limit_s=left)
         t0 = time.monotonic()
         run = run_command(self.argv, rule, self.cwd, None, subprocess.DEVNULL, setting)
         self.longest = max(self.longest, time.monotonic() - t0)
         self.interrupted = self.interrupted or run.interrupted
-        self.last = Steady(None) if run.interrupted else steady(run, RERUN_WARMUP, RERUN_STEPS)
+        self.last = Steady(None) if run.interrupted else steady(run, warmup, RERUN_STEPS)
         return run, self.last.step_s
 
 

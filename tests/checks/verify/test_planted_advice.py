@@ -87,13 +87,6 @@ def test_memory_mapped_samples_through_workers_time_no_workers_and_name_it_only_
         assert not fix.startswith("--workers 0"), fix  # measured no faster: never advised
 
 
-@pytest.mark.xfail(
-    reason="the workers'-pace cap does not catch every short re-run yet: on the quiet box, holding it alone, unchanged "
-    "re-runs read 60-71 ms a step (and one candidate faster) where 2 cores make a batch in no less than 80 ms; it "
-    "passed in 1 of 2 runs after the cap lost its 25% margin (the re-runs' steps can all come from the batches made "
-    "before them, with no worker line inside the steps to time the pace by)",
-    strict=False,
-)
 def test_a_short_re_run_claims_no_more_than_the_cores_can_make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """~10 ms of CPU per sample (``thread_time``), batches of 16, eight workers: a step needs 160 ms of CPU, so no
     loader setting can run it faster than 160 ms over the usable cores. Workers make ``num_workers x

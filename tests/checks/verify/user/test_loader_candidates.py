@@ -27,9 +27,9 @@ def step(i: int, start: float, seconds: float, batches: int = 1, pid: int = 10) 
     return got
 
 
-def made(t: float, ppid: int = 10) -> FetchLine:
-    line = {"event": "fetch", "t": t, "pid": 99, "feed": "data:1", "ppid": ppid, "worker": 0, "workers": 16}
-    got = parse(line | {"samples": 16, "getitem_s": 0.16, "collate_s": 0.001})
+def made(t: float, ppid: int = 10, workers: int = 16, getitem_s: float = 0.16) -> FetchLine:
+    line = {"event": "fetch", "t": t, "pid": 99, "feed": "data:1", "ppid": ppid, "worker": 0, "workers": workers}
+    got = parse(line | {"samples": 16, "getitem_s": getitem_s, "collate_s": 0.001})
     assert isinstance(got, FetchLine)
     return got
 
@@ -98,6 +98,25 @@ def test_steps_that_read_the_queue_down_are_timed_at_the_pace_the_workers_made_b
     assert got.workers_step_s is None and got.step_s == pytest.approx((10 * 0.01 + 6 * 0.08) / 16)
 
 
+def test_workers_that_make_their_batches_in_bursts_are_timed_by_how_long_one_takes_them() -> None:
+    """Eight workers on 2 cores, 160 ms of CPU a batch: all eight finish together every 640 ms. Eight measured
+    steps: one waits 400 ms for a burst, seven read it in 5 ms each: 55 ms a step, a rate of 8 batches within
+    7 ms. Each batch took its worker 640 ms, eight at once: 80 ms a step is what they sustain."""
+
+    def burst(t: float) -> list[Event]:
+        return [made(t + 0.001 * k, workers=8, getitem_s=0.639) for k in range(8)]
+
+    events: list[Event] = [*burst(0.6), *burst(1.4)]
+    steps, t = [], 1.0
+    for i in range(1, 11):
+        seconds = 0.405 if i == 3 else 0.005
+        steps.append(step(i, t, seconds))
+        t += seconds
+    got = advice.steady(run_of([*events, *steps]), 2, 8)
+    assert got.capped_from_s == pytest.approx((0.405 + 7 * 0.005) / 8)
+    assert got.step_s == got.workers_step_s == pytest.approx(0.08)
+
+
 def test_workers_that_keep_up_leave_the_steps_mean_as_it_is() -> None:
     """A full queue: each step takes a batch made long before, and the workers make one for each taken, 20 ms
     after it (the batch in the making at the end is not counted): the same pace, nothing capped."""
@@ -121,9 +140,31 @@ def test_a_capped_re_run_says_so_in_its_row(monkeypatch: pytest.MonkeyPatch) -> 
         return CommandRun(argv=("python",), ended="stopped"), self.last.step_s
 
     monkeypatch.setattr(advice._Runs, "run", run)
-    out = advice.measure(("python", "t.py"), ".", {"num_workers": 8}, "t.py:9", 2.5, 2.0, False, 60.0, 0.10)
+    out = advice.measure(("python", "t.py"), ".", {"num_workers": 8}, "t.py:9", 2.5, 2.0, False, 300.0, 0.10)
     first, second = out["candidates"][:2]
     assert first["overrides"]["num_workers"] == 2 and first["mean_step_s"] == 1.1
     assert first["workers_step_s"] == 1.1 and first["capped_from_s"] == 0.2
     assert second["workers_step_s"] == 1.0 and "capped_from_s" not in second
     assert out["faster"] is None
+
+
+def test_a_re_run_leaves_out_a_step_for_each_batch_its_workers_queued_while_the_script_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The asked loader has 8 workers (2 batches each queued by default): its re-runs leave out 2 + 16 steps; a
+    candidate of 2 workers with prefetch 4, 2 + 8; with no workers, the 2 of start-up."""
+    rules: list[tuple[Any, Any]] = []
+
+    def run_command(argv: Any, rule: Any, cwd: Any, env: Any, out: Any, setting: Any) -> CommandRun:
+        rules.append((setting, rule))
+        return CommandRun(argv=tuple(argv), ended="stopped")
+
+    monkeypatch.setattr(advice, "run_command", run_command)
+    runs = advice._Runs(("python", "t.py"), ".", {"num_workers": 8}, 60.0, advice.time.monotonic())
+    for setting in (None, {"num_workers": 2, "prefetch_factor": 4}, {"num_workers": 0}):
+        runs.run(setting)
+    assert [(s, r.warmup, r.steps) for s, r in rules] == [
+        (None, 18, advice.RERUN_STEPS),
+        ({"num_workers": 2, "prefetch_factor": 4}, 10, advice.RERUN_STEPS),
+        ({"num_workers": 0}, 2, advice.RERUN_STEPS),
+    ]
