@@ -16,12 +16,13 @@ import os
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from checks.probe.tcp import free_port
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sinfo", "srun", "sbatch", "scontrol")
 
@@ -34,14 +35,10 @@ def unavailable() -> str | None:
 
 
 def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """``n`` ports in a row, free, below the ephemeral range: slurmd retries slurmctld's port until it listens
+    (a retried port inside that range can connect to itself: ``checks.probe.tcp.free_port``)."""
+    base = free_port("127.0.0.1", span=n)
+    return [base + k for k in range(n)]
 
 
 def _binary(name: str) -> str:

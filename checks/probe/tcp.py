@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import socket
 import statistics
@@ -26,6 +27,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from checks.probe.iperf import iperf3_client, iperf3_server
@@ -101,12 +103,39 @@ def pair_rounds(n: int) -> list[list[tuple[int, int]]]:
     return out
 
 
-def free_port(host: str = "") -> int:
-    """Find a TCP port nothing listens on right now at ``host`` ("": every address, as a rendezvous that other
-    hosts reach needs; "127.0.0.1" for one box), the kernel's pick, so a busy 29500 never blocks torch.distributed."""
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+BELOW_EPHEMERAL = 8000  # how far below the ephemeral range a free port is looked for
+
+
+def free_port(host: str = "", span: int = 1, ranges: str = EPHEMERAL_RANGE, below: int = BELOW_EPHEMERAL) -> int:
+    """A TCP port that ``span`` ports from it are free at ``host`` right now ("": every address, as a rendezvous
+    that other hosts reach needs; "127.0.0.1" for one box), so a busy 29500 never blocks torch.distributed; drawn
+    below the kernel's ephemeral range (``ranges``), never from it. A client that retries connecting to a local port
+    inside that range, before its server listens (a TCPStore's other ranks), can be given that very port as its
+    own and connect to itself (TCP simultaneous open): it then waits on itself for its whole timeout, and the server
+    cannot bind (docs/sources.md#tcp-self-connect). Looked for in the ``below`` ports under the range; with no free
+    run there, the kernel's pick."""
+    try:
+        low = int(Path(ranges).read_text(encoding="ascii").split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    first = max(1024, low - below)
+    for _ in range(200):
+        base = random.randrange(first, max(first + 1, low - span + 1))
+        if all(_bindable(host, base + k) for k in range(span)):
+            return base
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def route(host: str) -> dict[str, Any]:

@@ -157,7 +157,9 @@ def verify_job(request: Any, options: v.Options, ctx: LaunchContext, say: Say) -
             return _sent(ctx, got, problem)
         if problem:
             say(f"verify: {problem}")
-        names, runs, counts, addresses, order = _gathered(ctx, records, record, cfg.hosts.job_wait_s, interrupted)
+        names, runs, counts, addresses, order = _gathered(
+            ctx, records, record, cfg.hosts.job_wait_s, interrupted, problem
+        )
         interrupted = interrupted or any(r.get("interrupted") for r in runs)
         world = sum(counts)
         if user:
@@ -223,10 +225,15 @@ def _exchange(
 
 
 def _gathered(
-    ctx: LaunchContext, records: dict[str, str], own: dict[str, Any], wait_s: float, interrupted: bool
+    ctx: LaunchContext,
+    records: dict[str, str],
+    own: dict[str, Any],
+    wait_s: float,
+    interrupted: bool,
+    problem: str = "",
 ) -> tuple[list[str], list[dict[str, Any]], list[int], list[str | None], list[int]]:
     """Node 0's view of every node: names, runs, rank counts, addresses, and the order in which they ended (a node
-    with no record last, its run the reason)."""
+    with no record last, its run the reason: the exchange's ``problem`` where it failed, else the wait)."""
     names: list[str] = []
     runs: list[dict[str, Any]] = []
     counts: list[int] = []
@@ -241,7 +248,12 @@ def _gathered(
         name = ctx.nodes[i] if i < len(ctx.nodes) else f"node {i}"
         if not isinstance(got, dict):
             waited = INTERRUPTED_WAIT_S if interrupted else wait_s
-            why = f"no result from {name} within {waited:g} s after {ctx.node_name}'s run ended (its task died, or never ran verify)"  # fmt: skip
+            why = (
+                f"no result from {name}: {problem}"
+                if problem
+                else f"no result from {name} within {waited:g} s after {ctx.node_name}'s run ended (its task died, "
+                "or never ran verify)"
+            )
             names.append(name)
             runs.append({"error": why, "events": []})
             counts.append(own["local"])  # the nodes are alike: its ranks are numbered as if it had run

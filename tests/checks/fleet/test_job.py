@@ -11,22 +11,17 @@ from __future__ import annotations
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from checks.probe.tcp import free_port
+
 pytestmark = pytest.mark.slow  # each node is a real bootstrap process
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _low_nofile() -> None:
@@ -38,7 +33,7 @@ def _srun(tmp_path: Path, tasks: int, started: tuple[int, ...]) -> tuple[list[su
     """srun's task variables for ``tasks`` tasks on nodes n1..nN, one a node; only the ranks in ``started`` run
     (a node that never starts its task is one the job lists but never hears from). Rank 1 runs with a soft
     open-files limit of 1024."""
-    port = _free_port()
+    port = free_port("127.0.0.1", span=2)  # the exchange takes MASTER_PORT + 1
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "TORCHELASTIC", "MASTER_", "INVOKE_"))}
     base |= {"SLURM_NTASKS": str(tasks), "SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": f"n[1-{tasks}]"}
     base |= {"SLURM_STEP_TASKS_PER_NODE": f"1(x{tasks})", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from checks.probe.tcp import free_port
 from tests.slurmcluster import Cluster, cluster, unavailable
 from tests.waiting import until
 
@@ -99,7 +100,7 @@ def _srun_verify(
         f'--json "{tmp_path}/verify-$SLURMD_NODENAME.json" {shlex.join(args)}'
     )
     # A port of the test's own: the port from the job id is the same for another test cluster's job on this box.
-    env = slurm.env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), **_quick(tmp_path), INVOKE_PREFLIGHT_VERIFY_STEPS="4",
+    env = slurm.env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port("127.0.0.1", span=2)), **_quick(tmp_path), INVOKE_PREFLIGHT_VERIFY_STEPS="4",
                     INVOKE_PREFLIGHT_VERIFY_WARMUP="2",
                     # What is asserted is the run's shape, not its data: small images, no advice re-runs.
                     INVOKE_PREFLIGHT_VERIFY_IMAGE_SIZE="16", INVOKE_PREFLIGHT_VERIFY_COMMAND_ADVICE_S="0", **extra)  # fmt: skip
@@ -110,21 +111,6 @@ def _srun_verify(
     finally:
         slurm.cancel_all()
     return done, time.monotonic() - began
-
-
-def _free_port() -> int:
-    """A port free here with the next one free too (the nodes' exchange after the run takes MASTER_PORT + 1)."""
-    import socket
-
-    while True:
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
 
 
 def test_srun_verify_trains_one_ddp_run_across_both_nodes(slurm: Cluster, tmp_path: Path) -> None:

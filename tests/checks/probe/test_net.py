@@ -182,6 +182,34 @@ def test_route_and_free_port() -> None:
     assert 0 < agent("free-port")["port"] < 65536  # the agent the fleet asks for the rendezvous port
 
 
+def test_a_free_port_is_drawn_below_the_ephemeral_range_with_its_span_free(tmp_path: Path) -> None:
+    """A client that retries a local port inside the ephemeral range can be handed that port and connect to
+    itself; the rendezvous port (and the exchange's, one above it) come from below the range, all of the span
+    free, and a busy port is never returned."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(20):
+        port = free_port("127.0.0.1", span=2)
+        assert low - 8000 <= port and port + 1 < low, (port, low)
+        with socket.socket() as a, socket.socket() as b:  # both free
+            a.bind(("127.0.0.1", port))
+            b.bind(("127.0.0.1", port + 1))
+    # a range file that leaves one run of two free ports: it is the one found, its busy neighbours never
+    ranges = tmp_path / "range"
+    held = []
+    try:
+        base = free_port("127.0.0.1", span=6)
+        for k in (0, 1, 4, 5):
+            s = socket.socket()
+            s.bind(("127.0.0.1", base + k))
+            s.listen()
+            held.append(s)
+        ranges.write_text(f"{base + 6}\t60999\n")  # looked for in the 6 ports below: base .. base + 5
+        assert {free_port("127.0.0.1", span=2, ranges=str(ranges), below=6) for _ in range(30)} == {base + 2}
+    finally:
+        for s in held:
+            s.close()
+
+
 @pytest.mark.slow
 def test_agent_reports_errors_as_json() -> None:
     with socket.socket() as s:
