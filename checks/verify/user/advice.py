@@ -112,13 +112,14 @@ def workers_pace(lead: j.Rank, made: Sequence[FetchLine]) -> float | None:
     if not made:
         return None
     lo, hi = lead.steps[0].host_start, lead.steps[-1].host_end
-    inside = sorted(e.t for e in made if lo <= e.t <= hi)
+    during = [e for e in made if lo <= e.t <= hi]
+    inside = sorted(e.t for e in during)
     per_step = statistics.median(s.batches for s in lead.steps) or 1
     if len(inside) < MIN_MADE or inside[-1] <= inside[0]:
         rate = per_step * (hi - lo) / (len(inside) + 1)
     else:
         rate = per_step * (inside[-1] - inside[0]) / (len(inside) - 1)
-    built = [e for e in made if lo <= e.t <= hi] or [e for e in made if e.t >= lo] or list(made)
+    built = during or [e for e in made if e.t >= lo] or list(made)
     making = statistics.median(e.getitem_s + e.collate_s for e in built) / max(1, max(e.workers for e in built))
     return max(rate, per_step * making)
 
